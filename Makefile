@@ -1,0 +1,45 @@
+# sdpa developer commands. `make demo` and `make test` do all the set-up on a fresh clone.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: install demo test lint fmt golden bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The runtime install (what a user gets).
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+# The dev install: test and lint tools on top.
+$(VENV)/.dev-installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/sdpa compute samples/scorecard.yaml --no-color
+	$(BIN)/sdpa compute samples/causal.yaml --stages masked,weights,output --no-color
+
+test: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+fmt: $(VENV)/.dev-installed
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# Re-render the golden text files under tests/golden; review them in the diff.
+golden: $(VENV)/.dev-installed
+	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

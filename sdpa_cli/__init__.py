@@ -1,0 +1,49 @@
+"""sdpa: numerical inspection of scaled dot-product attention.
+
+``softmax(Q Kᵀ · scale + bias + mask) · V``, computed stage by stage in float64.
+Kept free of heavy imports so that ``sdpa --help`` starts instantly: the public
+API below is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionSpec",
+    "InputError",
+    "SdpaError",
+    "SpecError",
+    "Trace",
+    "__version__",
+    "build_spec",
+    "load_array",
+    "trace",
+]
+
+_LAZY = {
+    "AttentionSpec": "sdpa_cli.spec",
+    "build_spec": "sdpa_cli.spec",
+    "Trace": "sdpa_cli.compute",
+    "trace": "sdpa_cli.compute",
+    "load_array": "sdpa_cli.loaders",
+    "SdpaError": "sdpa_cli.errors",
+    "InputError": "sdpa_cli.errors",
+    "SpecError": "sdpa_cli.errors",
+}
+
+if TYPE_CHECKING:
+    from sdpa_cli.compute import Trace, trace
+    from sdpa_cli.errors import InputError, SdpaError, SpecError
+    from sdpa_cli.loaders import load_array
+    from sdpa_cli.spec import AttentionSpec, build_spec
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sdpa_cli' has no attribute {name!r}")

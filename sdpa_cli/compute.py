@@ -1,0 +1,240 @@
+"""The pure numpy pipeline: attention computed one block of query rows at a time.
+
+For one position of the leading axes (a (batch, head) slice) and query rows i0..i1:
+
+    raw     = Q Kᵀ                                   (rows, S)
+    scaled  = raw · scale / temperature
+    capped  = C · tanh(scaled / C)                   only with a softcap C
+    biased  = capped + bias + ALiBi                  only with a bias or ALiBi
+    masked  = biased + float mask, hidden keys set to the mask value
+    weights = softmax over keys, max-subtracted; zero for a row with no visible key
+    dropped = weights · keep / (1 − p)               only with dropout
+    output  = weights (or dropped) · V               (rows, Ev)
+
+:func:`attend_block` is the one place this is computed; :func:`trace` assembles
+blocks into whole arrays, and every command goes through it. Blocks are independent,
+so any blocking gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli import masks
+from sdpa_cli.spec import AttentionSpec
+
+F64 = NDArray[np.float64]
+
+STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "output")
+"""Every stage, in the order of computation."""
+
+BLOCK_ELEMENTS = 1 << 18
+"""Scores per block (rows × S): 2 MiB of float64 per stage array, cache-friendly."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """Every stage of one block: query rows ``rows`` of the slice at ``lead_index``."""
+
+    lead_index: tuple[int, ...]
+    rows: slice
+    raw: F64
+    scaled: F64
+    capped: F64 | None
+    biased: F64 | None
+    masked: F64
+    visible: NDArray[np.bool_]
+    weights: F64
+    dropped: F64 | None
+    output: F64
+
+
+def applicable_stages(spec: AttentionSpec) -> tuple[str, ...]:
+    """The stages this spec's options bring about, in order."""
+    o = spec.options
+    skip = set()
+    if o.softcap is None:
+        skip.add("capped")
+    if spec.bias is None and not o.alibi:
+        skip.add("biased")
+    if o.dropout == 0:
+        skip.add("dropped")
+    return tuple(s for s in STAGES if s not in skip)
+
+
+def block_rows(spec: AttentionSpec) -> int:
+    """Query rows per block: about :data:`BLOCK_ELEMENTS` scores, at least one row."""
+    return max(1, BLOCK_ELEMENTS // max(spec.S, 1))
+
+
+def iter_blocks(spec: AttentionSpec, rows: int | None = None) -> Iterator[tuple[tuple[int, ...], slice]]:
+    """Every (lead index, query-row slice) pair, in C order."""
+    step = rows or block_rows(spec)
+    for lead_index in np.ndindex(*spec.lead):
+        for i0 in range(0, spec.L, step):
+            yield tuple(int(x) for x in lead_index), slice(i0, min(i0 + step, spec.L))
+
+
+def _rows_of(a: NDArray[Any], rows: slice) -> NDArray[Any]:
+    """The block's rows of a (L or 1, S or 1) mask/bias slice."""
+    return a if a.shape[0] == 1 else a[rows]
+
+
+def visibility(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> NDArray[np.bool_]:
+    """Which keys each query row of the block may attend to: every mask combined."""
+    o = spec.options
+    i0, i1 = rows.start, rows.stop
+    n_rows, S, L = i1 - i0, spec.S, spec.L
+    visible = np.ones((n_rows, S), dtype=np.bool_)
+    if o.causal:
+        visible &= masks.causal(i0, i1, L, S, o.causal_align)
+    if o.window is not None:
+        visible &= masks.window(i0, i1, L, S, *o.window, o.causal_align)
+    if o.key_lengths is not None:
+        b = lead_index[-2] if len(o.key_lengths) > 1 else 0
+        visible &= masks.key_padding(o.key_lengths[b], n_rows, S)
+    if spec.mask_is_bool:
+        assert spec.mask is not None
+        allowed = _rows_of(spec.mask[spec.operand_index("mask", lead_index)], rows)
+        visible &= ~allowed if o.mask_true_means == "masked" else allowed
+    return visible
+
+
+def _dropout_keep(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> NDArray[np.bool_]:
+    """The dropout keep-mask of a block, drawn by element position.
+
+    Philox is counter-based: the counter of row r of slice n starts at
+    (n·L + r) · ⌈S/4⌉, so a row's draws do not depend on how rows are blocked.
+    """
+    o = spec.options
+    words = -(-spec.S // 4)  # Philox4x64 gives 4 words per counter step
+    flat = int(np.ravel_multi_index(lead_index, spec.lead)) if spec.lead else 0
+    first_row = flat * spec.L + rows.start
+    gen = np.random.Philox(key=o.seed, counter=first_row * words)
+    n_rows = rows.stop - rows.start
+    draws = gen.random_raw(n_rows * words * 4).reshape(n_rows, words * 4)[:, : spec.S]
+    uniform = (draws >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53-bit uniform in [0, 1)
+    return uniform >= o.dropout  # type: ignore[no-any-return]
+
+
+def attend_block(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> Block:
+    """Compute every stage for query rows ``rows`` of the slice at ``lead_index``."""
+    o = spec.options
+    f64 = np.float64
+    q = np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=f64)
+    k = np.asarray(spec.k[spec.operand_index("k", lead_index)], dtype=f64)
+    v = np.asarray(spec.v[spec.operand_index("v", lead_index)], dtype=f64)
+
+    # Non-finite inputs are reported by the diagnostics, not warned about by numpy.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        raw = q @ k.T
+        scaled = raw * (spec.scale / o.temperature)
+        logits = scaled
+        capped = None
+        if o.softcap is not None:
+            capped = o.softcap * np.tanh(scaled / o.softcap)
+            logits = capped
+        biased = None
+        if spec.bias is not None or o.alibi:
+            biased = logits.copy()
+            if spec.bias is not None:
+                bias = spec.bias[spec.operand_index("bias", lead_index)]
+                biased += np.asarray(_rows_of(bias, rows), dtype=f64)
+            if o.alibi:
+                h = lead_index[-1] if lead_index else 0
+                slope = float(masks.alibi_slopes(spec.H)[h])
+                biased += masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope)
+            logits = biased
+
+        visible = visibility(spec, lead_index, rows)
+        masked = logits.copy()
+        if spec.mask is not None and not spec.mask_is_bool:
+            additive = spec.mask[spec.operand_index("mask", lead_index)]
+            masked += np.asarray(_rows_of(additive, rows), dtype=f64)
+        masked[~visible] = o.mask_value
+
+        weights = softmax(masked)
+        dropped = None
+        if o.dropout > 0:
+            keep = _dropout_keep(spec, lead_index, rows)
+            dropped = np.where(keep, weights / (1.0 - o.dropout), 0.0)
+        output = (weights if dropped is None else dropped) @ v
+
+    return Block(lead_index, rows, raw, scaled, capped, biased, masked, visible, weights, dropped, output)
+
+
+def softmax(logits: F64) -> F64:
+    """Row softmax over the last axis, max-subtracted.
+
+    A row whose logits are all −inf (no visible key) gets zero weights, as PyTorch's
+    safe softmax, FlashAttention and ONNX return; a finite mask value keeps such a
+    row uniform, as kernels that mask with −1e9 or finfo.min do.
+    """
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        # initial=−inf keeps an empty key axis (S = 0) valid; NaN still propagates.
+        m = np.max(logits, axis=-1, keepdims=True, initial=-math.inf)
+        # Subtracting the row max keeps exp ≤ 1 (no overflow); an all −inf row subtracts 0.
+        e = np.exp(logits - np.where(m == -math.inf, 0.0, m))
+        total = e.sum(axis=-1, keepdims=True)
+        return e / np.where(total == 0.0, 1.0, total)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Every stage of the computation, as whole arrays.
+
+    Score-shaped stages are ``(*lead, L, S)``, ``output`` is ``(*lead, L, Ev)``.
+    Stages that the options do not bring about (``capped``, ``biased``, ``dropped``)
+    and stages not asked for are ``None``.
+    """
+
+    spec: AttentionSpec
+    raw: F64 | None
+    scaled: F64 | None
+    capped: F64 | None
+    biased: F64 | None
+    masked: F64 | None
+    visible: NDArray[np.bool_]
+    weights: F64 | None
+    dropped: F64 | None
+    output: F64 | None
+
+    def stage(self, name: str) -> F64 | None:
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    @property
+    def merged_output(self) -> F64 | None:
+        """The output with heads merged back, ``(..., L, heads · Ev)``, under ``--heads``."""
+        if self.output is None or self.spec.options.heads is None:
+            return self.output
+        out = np.moveaxis(self.output, -3, -2)  # (..., L, heads, Ev)
+        return out.reshape(self.spec.merged_output_shape)
+
+
+def trace(spec: AttentionSpec, stages: tuple[str, ...] | None = None, rows: int | None = None) -> Trace:
+    """Run the engine over every block and keep the stages asked for (default: all).
+
+    Args:
+        spec: the validated computation.
+        stages: names from :data:`STAGES` to keep; the others are not stored.
+        rows: query rows per block (default :func:`block_rows`); any value gives the
+            same numbers.
+    """
+    keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
+    ws, os_ = spec.weights_shape, spec.output_shape
+    arrays: dict[str, Any] = {
+        s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
+    }
+    visible = np.empty(ws, dtype=np.bool_)
+    for lead_index, r in iter_blocks(spec, rows):
+        block = attend_block(spec, lead_index, r)
+        visible[(*lead_index, r)] = block.visible
+        for name, arr in arrays.items():
+            arr[(*lead_index, r)] = getattr(block, name)
+    return Trace(spec=spec, visible=visible, **{s: arrays.get(s) for s in STAGES})

@@ -1,0 +1,47 @@
+"""One exception tree and the exit codes.
+
+Every error the library raises on purpose is an :class:`SdpaError`. Each carries
+``where`` (the file or option at fault) and ``problem`` (what is wrong with it), so
+the command line can print the single line ``sdpa: error: <where>: <problem>``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """The process exit statuses, the same for every command."""
+
+    OK = 0
+    """Success (``compute`` and ``explain`` exit 0 whatever they find)."""
+    CHECK_FAILED = 1
+    """``check`` ran and a check failed."""
+    BAD_INPUT = 2
+    """Bad usage, or an unreadable or invalid input. Never 1."""
+    INTERNAL = 3
+    """A bug in sdpa: the message asks for a report."""
+    INTERRUPTED = 130
+    """Ctrl-C."""
+
+
+class SdpaError(Exception):
+    """Base of every error sdpa raises on purpose.
+
+    Args:
+        where: the file (as given) or option (``--window``) at fault; empty if none.
+        problem: what is wrong, in one line, saying what was expected and what came.
+    """
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.where = where
+        self.problem = problem
+
+
+class InputError(SdpaError):
+    """A file that cannot be read, or whose content is not what it should be."""
+
+
+class SpecError(SdpaError):
+    """Inputs or options that do not fit together: shapes, masks, option values."""

@@ -1,0 +1,356 @@
+"""Paths → numpy arrays, for every input format, with the safety checks at the door.
+
+Formats: ``.npy`` (memory-mapped, never unpickled), ``.npz`` (``file.npz:name`` picks
+an array), ``.json`` and ``.yaml``/``.yml`` (nested lists of numbers; YAML through the
+safe loader, aliases refused). The format is sniffed from the file's first bytes
+(``\\x93NUMPY``, ``PK``) before the extension is trusted. Every error is an
+:class:`~sdpa_cli.errors.InputError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from numpy.typing import NDArray
+
+from sdpa_cli.errors import InputError
+
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+TEXT_SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+MAX_TEXT_BYTES = 256 << 20
+"""Text inputs above this size are refused: nested lists of that size do not fit in memory."""
+MAX_DEPTH = 32
+"""Nesting deeper than any tensor sdpa handles (numpy allows 64 axes)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an array comes from: ``path`` and, for ``.npz``, a member ``name``."""
+
+    path: Path
+    member: str | None
+    label: str
+
+    @classmethod
+    def parse(cls, text: str, base: Path | None = None) -> Source:
+        """``file`` or ``file.npz:name``, relative to ``base`` when given."""
+        member = None
+        path_text = text
+        head, sep, tail = text.rpartition(":")
+        if sep and head.lower().endswith(".npz") and not Path(text).exists():
+            path_text, member = head, tail
+        path = Path(path_text).expanduser()
+        if base is not None and not path.is_absolute():
+            path = base / path
+        return cls(path=path, member=member, label=text if base is None else str(path) + (f":{member}" if member else ""))
+
+
+def _sniff(path: Path, label: str) -> str:
+    """The format of ``path``: ``npy``, ``npz``, ``json`` or ``yaml``."""
+    try:
+        if path.is_dir():
+            raise InputError(label, "is a directory, not a tensor file")
+        with path.open("rb") as fh:
+            head = fh.read(8)
+    except FileNotFoundError:
+        raise InputError(label, "no such file") from None
+    except PermissionError:
+        raise InputError(label, "permission denied") from None
+    except OSError as exc:
+        raise InputError(label, f"cannot be read: {exc.strerror or exc}") from None
+    suffix = path.suffix.lower()
+    if head.startswith(NPY_MAGIC):
+        return "npy"
+    if head.startswith(ZIP_MAGIC) or (not head and suffix == ".npz"):
+        return "npz"
+    if suffix == ".npy":
+        raise InputError(label, "is not a .npy file (it does not start with the NUMPY magic bytes)")
+    if suffix == ".npz":
+        raise InputError(label, "is not a .npz file (it is not a zip archive)")
+    if suffix in TEXT_SUFFIXES:
+        return TEXT_SUFFIXES[suffix]
+    raise InputError(label, f"unknown format {suffix or '(no extension)'!r}; expected .npy, .npz, .json, .yaml or .yml")
+
+
+def _check_dtype(dtype: np.dtype[Any], label: str) -> None:
+    if dtype.hasobject:
+        raise InputError(label, "holds Python objects (a pickle); sdpa never unpickles")
+    if dtype.names is not None:
+        raise InputError(label, f"has a structured dtype {dtype}; expected a plain numeric array")
+    if dtype.kind not in "biuf":
+        kinds = {"c": "complex", "U": "string", "S": "bytes", "M": "datetime", "m": "timedelta", "V": "raw bytes"}
+        raise InputError(label, f"has {kinds.get(dtype.kind, str(dtype))} dtype {dtype}; expected real numbers")
+
+
+def _load_npy(path: Path, label: str) -> NDArray[Any]:
+    """Read the header, check the declared size against the file, then memory-map."""
+    try:
+        with path.open("rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+            else:
+                raise InputError(label, f"unsupported .npy version {version}")
+            offset = fh.tell()
+    except InputError:
+        raise
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise InputError(label, f"has a corrupt .npy header ({exc})") from None
+    _check_dtype(dtype, label)
+    count = 1
+    for n in shape:
+        count *= int(n)
+    needed = count * dtype.itemsize
+    available = path.stat().st_size - offset
+    if needed > available:
+        raise InputError(
+            label, f"is truncated: its header declares {shape} {dtype} ({needed} bytes) but {available} bytes follow"
+        )
+    if count == 0:
+        return np.zeros(shape, dtype=dtype)
+    del fortran
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
+    except (ValueError, OSError) as exc:
+        raise InputError(label, f"cannot be read as .npy ({exc})") from None
+
+
+def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+            names = sorted(infos)
+            if member is None:
+                if len(names) != 1:
+                    raise InputError(label, f"holds {len(names)} arrays; pick one with {label}:NAME (names: {', '.join(names) or 'none'})")
+                member = names[0]
+            if member not in infos:
+                raise InputError(label, f"has no array {member!r} (names: {', '.join(names) or 'none'})")
+            with zf.open(infos[member]) as fh:
+                version = np.lib.format.read_magic(fh)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+                _check_dtype(dtype, f"{label}:{member}")
+                count = int(np.prod(shape, dtype=np.float64))
+                declared = count * dtype.itemsize
+                if declared > infos[member].file_size:
+                    raise InputError(f"{label}:{member}", f"is truncated: declares {shape} {dtype} ({declared} bytes) in a {infos[member].file_size}-byte member")
+            with zf.open(infos[member]) as fh:  # read_array reads the header again
+                return np.lib.format.read_array(fh, allow_pickle=False)  # type: ignore[no-any-return]
+    except InputError:
+        raise
+    except zipfile.BadZipFile as exc:
+        raise InputError(label, f"is not a valid .npz archive ({exc})") from None
+    except (ValueError, OSError, EOFError, zipfile.LargeZipFile) as exc:
+        raise InputError(label, f"cannot be read as .npz ({exc})") from None
+
+
+def _read_text(path: Path, label: str) -> str:
+    size = path.stat().st_size
+    if size > MAX_TEXT_BYTES:
+        raise InputError(label, f"is {size} bytes of text; tensors this large belong in .npy")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(label, "is not UTF-8 text") from None
+
+
+def parse_text(path: Path, fmt: str, label: str) -> Any:
+    """The data of a JSON or YAML file (YAML through the safe loader, no aliases)."""
+    text = _read_text(path, label)
+    if fmt == "json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(label, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        except RecursionError:
+            raise InputError(label, "is nested too deeply") from None
+    try:
+        return yaml.load(text, Loader=_SafeNoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise InputError(label, f"invalid YAML{where}: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(label, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise InputError(label, "is nested too deeply") from None
+
+
+class _SafeNoAliasLoader(yaml.SafeLoader):
+    """The safe loader, refusing aliases: a few lines of them can expand to gigabytes."""
+
+    def fetch_alias(self) -> None:
+        raise yaml.constructor.ConstructorError(
+            None, None, "YAML aliases (*name) are not accepted", self.get_mark()
+        )
+
+
+def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:
+    """Nested lists of numbers (or booleans) → an array; names the first bad element.
+
+    Raises:
+        InputError: ``q[3][1]: expected a number, got 'x'``, ragged rows, too deep.
+    """
+    if isinstance(data, Mapping):
+        raise InputError(label, f"{name} is a mapping; expected a number or nested lists of numbers")
+    shape: list[int] = []
+    probe = data
+    while isinstance(probe, list):
+        if len(shape) >= MAX_DEPTH:
+            raise InputError(label, f"{name} is nested more than {MAX_DEPTH} levels deep")
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    has_bool = False
+    has_number = False
+
+    def walk(node: Any, depth: int, path: str) -> None:
+        nonlocal has_bool, has_number
+        if depth == len(shape):
+            if isinstance(node, bool):
+                has_bool = True
+            elif isinstance(node, (int, float)):
+                has_number = True
+            elif isinstance(node, list):
+                raise InputError(label, f"{path}: rows are ragged: expected a number, got a list")
+            else:
+                raise InputError(label, f"{path}: expected a number, got {type(node).__name__} {node!r:.40}")
+            return
+        if not isinstance(node, list):
+            raise InputError(label, f"{path}: rows are ragged: expected a list of {shape[depth]}, got {node!r:.40}")
+        if len(node) != shape[depth]:
+            raise InputError(label, f"{path}: rows are ragged: expected {shape[depth]} entries, got {len(node)}")
+        for i, child in enumerate(node):
+            walk(child, depth + 1, f"{path}[{i}]")
+
+    walk(data, 0, name)
+    if has_bool and has_number:
+        raise InputError(label, f"{name} mixes booleans and numbers")
+    if has_bool:
+        return np.array(data, dtype=np.bool_)
+    arr = np.array(data, dtype=np.float64) if shape and 0 in shape else np.array(data)
+    if arr.dtype.kind not in "biuf":
+        arr = arr.astype(np.float64)
+    return arr
+
+
+def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
+    """Load one array from ``path`` or ``path.npz:name``.
+
+    ``.npy`` files come back memory-mapped and uncast; text files as int, float or bool
+    arrays. Shapes and dtypes are judged later, by the spec.
+
+    Raises:
+        InputError: naming the file and the problem.
+    """
+    src = source if isinstance(source, Source) else Source.parse(source)
+    fmt = _sniff(src.path, src.label)
+    if fmt == "npy":
+        return _load_npy(src.path, src.label)
+    if fmt == "npz":
+        return _load_npz(src.path, src.member, src.label)
+    data = parse_text(src.path, fmt, src.label)
+    return nested_to_array(data, src.label, name)
+
+
+def write_atomic(path: str | os.PathLike[str], write: Any) -> None:
+    """Call ``write(fh)`` on a temporary file beside ``path``, then rename it into place.
+
+    Nothing is created or clobbered at ``path`` unless ``write`` succeeds.
+    """
+    import tempfile
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+TENSOR_KEYS = ("q", "k", "v", "bias", "mask")
+TEXT_KEYS = ("description",)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A case file: tensors, options and a description, all keyed by name.
+
+    Attributes:
+        tensors: ``q``, ``k``, ``v`` and optionally ``bias``, ``mask``, as arrays.
+        sources: tensor name → where it came from (``case.yaml: q`` or a path).
+        options: option name (underscored) → the value as written.
+        where: option name → ``case.yaml: name``, for messages.
+    """
+
+    path: Path
+    tensors: dict[str, NDArray[Any]]
+    sources: dict[str, str]
+    options: dict[str, Any]
+    where: dict[str, str]
+    description: str | None
+
+
+def is_case_file(text: str) -> bool:
+    """Whether a single positional argument should be read as a case file."""
+    return Path(text).suffix.lower() in TEXT_SUFFIXES
+
+
+def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
+    """Read a YAML or JSON case file holding ``q``, ``k``, ``v`` and options.
+
+    Tensor entries are inline nested lists or paths relative to the case file.
+    """
+    src = Source.parse(path_text)
+    fmt = _sniff(src.path, src.label)
+    if fmt not in ("json", "yaml"):
+        raise InputError(src.label, "a single input must be a case file (.yaml or .json); give Q K V as three files")
+    data = parse_text(src.path, fmt, src.label)
+    if not isinstance(data, dict):
+        raise InputError(src.label, "a case file must be a mapping with q, k and v (and options); give Q K V as three files otherwise")
+    known = set(TENSOR_KEYS) | set(TEXT_KEYS) | set(option_names)
+    tensors: dict[str, NDArray[Any]] = {}
+    sources: dict[str, str] = {}
+    options: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    description = None
+    base = src.path.parent
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in known:
+            raise InputError(src.label, f"unknown key {raw_key!r} (known: {', '.join(sorted(known))})")
+        if key in TENSOR_KEYS:
+            if isinstance(value, str):
+                ref = Source.parse(value, base)
+                tensors[key] = load_array(ref, name=key)
+                sources[key] = ref.label
+            else:
+                tensors[key] = nested_to_array(value, src.label, key)
+                sources[key] = f"{src.label}: {key}"
+        elif key == "description":
+            description = str(value)
+        else:
+            options[key] = value
+            where[key] = f"{src.label}: {raw_key}"
+    missing = [k for k in ("q", "k", "v") if k not in tensors]
+    if missing:
+        raise InputError(src.label, f"a case file needs q, k and v; missing {', '.join(missing)}")
+    return Case(src.path, tensors, sources, options, where, description)

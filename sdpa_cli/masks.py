@@ -1,0 +1,79 @@
+"""Small pure mask and bias builders, one block of query rows at a time.
+
+Every builder takes the absolute query rows ``i0 .. i1`` of the block, so a block
+anywhere in a long sequence gets exactly the values the whole matrix would hold.
+Masks are boolean "may attend" arrays of shape (rows, S); True means visible.
+
+Alignment of a causal mask or window when L ≠ S (the query rows are a suffix of the
+keys for ``lower-right``) is an offset added to the query index::
+
+    upper-left  (PyTorch ``is_causal``):            offset = 0
+    lower-right (FlashAttention, ``causal_lower_right``): offset = S − L
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+ALIGNMENTS = ("upper-left", "lower-right")
+
+
+def align_offset(align: str, L: int, S: int) -> int:
+    """The diagonal offset of an alignment: 0 for upper-left, S − L for lower-right."""
+    return S - L if align == "lower-right" else 0
+
+
+def _rel(i0: int, i1: int, S: int, offset: int) -> NDArray[np.int64]:
+    """j − i − offset for rows i0..i1 and keys 0..S, shape (rows, S)."""
+    i = np.arange(i0, i1, dtype=np.int64)[:, None]
+    j = np.arange(S, dtype=np.int64)[None, :]
+    return j - i - offset  # type: ignore[no-any-return]
+
+
+def causal(i0: int, i1: int, L: int, S: int, align: str = "upper-left") -> NDArray[np.bool_]:
+    """Key j is visible to query i when j ≤ i + offset."""
+    return _rel(i0, i1, S, align_offset(align, L, S)) <= 0
+
+
+def window(
+    i0: int, i1: int, L: int, S: int, left: int, right: int, align: str = "upper-left"
+) -> NDArray[np.bool_]:
+    """Key j is visible to query i when −left ≤ j − i − offset ≤ right."""
+    d = _rel(i0, i1, S, align_offset(align, L, S))
+    return (d >= -left) & (d <= right)  # type: ignore[no-any-return]
+
+
+def key_padding(n_valid: int, rows: int, S: int) -> NDArray[np.bool_]:
+    """Only the first ``n_valid`` keys are visible (the rest are padding)."""
+    return np.broadcast_to(np.arange(S) < n_valid, (rows, S))
+
+
+def alibi_slopes(H: int) -> NDArray[np.float64]:
+    """ALiBi head slopes, as in the paper (Press et al., 2022) and its reference code.
+
+    For H a power of two: 2^(−8(h+1)/H), h = 0 .. H−1. Otherwise the slopes of the
+    closest lower power of two n, followed by every other slope of 2n (the paper's rule).
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    if H <= 0:
+        return np.zeros(0)
+    n = 2 ** int(math.floor(math.log2(H)))
+    slopes = power_of_two(n)
+    if n != H:
+        slopes += power_of_two(2 * n)[0::2][: H - n]
+    return np.array(slopes, dtype=np.float64)
+
+
+def alibi(i0: int, i1: int, L: int, S: int, slope: float) -> NDArray[np.float64]:
+    """FlashAttention's ALiBi bias: −slope · |i + S − L − j|, shape (rows, S).
+
+    The distance is measured from the bottom-right-aligned diagonal, so the most
+    recent key of every query has bias 0 whatever L and S are.
+    """
+    return -slope * np.abs(_rel(i0, i1, S, S - L)).astype(np.float64)  # type: ignore[no-any-return]

@@ -1,0 +1,336 @@
+"""Trace → rich renderables: heatmap tables, a header, a summary. Never prints.
+
+One theme below. Colors only say what the numbers already say: every cell shows its
+value as text, so a piped or colorless table reads the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from rich import box
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from sdpa_cli.compute import Trace
+from sdpa_cli.spec import AttentionSpec
+
+THEME = {
+    "title": Style(bold=True),
+    "label": Style(color="cyan"),
+    "muted": Style(dim=True),
+    "masked": Style(color="grey50", italic=True),
+    "hidden_value": Style(color="grey50", dim=True),
+    "note": Style(color="yellow"),
+}
+NEGATIVE = (59, 110, 190)  # blue
+POSITIVE = (200, 70, 60)  # red
+WEIGHT = (230, 150, 30)  # amber
+BACKGROUND = (30, 30, 30)
+
+STAGE_TITLES = {
+    "raw": ("raw scores", "Q·Kᵀ"),
+    "scaled": ("scaled scores", "raw · scale / temperature"),
+    "capped": ("soft-capped", "C · tanh(scaled / C)"),
+    "biased": ("biased", "+ bias / ALiBi"),
+    "masked": ("masked logits", "hidden keys set to the mask value"),
+    "weights": ("weights", "softmax over keys"),
+    "dropped": ("after dropout", "kept weights / (1 − p)"),
+    "output": ("output", "weights · V"),
+}
+
+
+@dataclass(frozen=True)
+class View:
+    """What to show: which stages and which part of a large tensor."""
+
+    stages: tuple[str, ...]
+    batch: int | None = None
+    head: int | None = None
+    rows: slice | None = None
+    max_rows: int = 16
+    max_slices: int = 4
+    precision: int = 4
+    width: int = 80
+    explicit_stages: bool = False
+
+
+def fmt(x: float, precision: int) -> str:
+    """A number in ``precision`` decimals, or scientific when that would hide it."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return f"{0:.{precision}f}"
+    if abs(x) < 0.5 * 10.0**-precision or abs(x) >= 1e6:
+        return f"{x:.{max(precision - 2, 1)}e}"
+    return f"{x:.{precision}f}"
+
+
+def _blend(rgb: tuple[int, int, int], t: float) -> Style:
+    """A cell style: ``rgb`` at strength t ∈ [0, 1] over the background."""
+    t = min(max(t, 0.0), 1.0)
+    r, g, b = (round(c0 + (c1 - c0) * t) for c0, c1 in zip(BACKGROUND, rgb, strict=True))
+    fg = "black" if (0.299 * r + 0.587 * g + 0.114 * b) > 140 else "white"
+    return Style(color=fg, bgcolor=f"rgb({r},{g},{b})")
+
+
+def cell_style(x: float, stage: str, scale: float) -> Style:
+    """Heat color: weights on 0 → 1, other stages diverging around 0 over ±scale."""
+    if not math.isfinite(x):
+        return Style(color="magenta", bold=True)
+    if stage in ("weights", "dropped"):
+        return _blend(WEIGHT, x)
+    if scale <= 0:
+        return Style()
+    return _blend(POSITIVE if x >= 0 else NEGATIVE, abs(x) / scale)
+
+
+def slice_positions(spec: AttentionSpec, view: View) -> list[tuple[int, ...]]:
+    """The (…, batch, head) positions to show, filtered by ``--batch`` and ``--head``."""
+    picked = []
+    for idx in np.ndindex(*spec.lead):
+        if view.head is not None and spec.lead and idx[-1] != view.head:
+            continue
+        if view.batch is not None and len(spec.lead) >= 2 and idx[-2] != view.batch:
+            continue
+        picked.append(tuple(int(i) for i in idx))
+    return picked
+
+
+def slice_label(spec: AttentionSpec, idx: tuple[int, ...]) -> str:
+    """``batch 1 · head 3 (kv head 1)`` for a lead position."""
+    if not idx:
+        return ""
+    parts = [f"axis {a} = {i}" for a, i in enumerate(idx[:-2])]
+    if len(idx) >= 2:
+        parts.append(f"batch {idx[-2]}")
+    head = f"head {idx[-1]}"
+    if spec.group > 1:
+        head += f" (kv head {idx[-1] // spec.group})"
+    parts.append(head)
+    return " · ".join(parts)
+
+
+def _shape(s: Sequence[int]) -> str:
+    return str(tuple(int(n) for n in s))
+
+
+def header(trace: Trace) -> RenderableType:
+    """Shapes, the scale and every option that changed the computation."""
+    spec = trace.spec
+    o = spec.options
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style=THEME["label"], no_wrap=True)
+    grid.add_column(overflow="fold")
+    names = spec.names
+    for n in ("q", "k", "v", "bias", "mask"):
+        if n not in spec.shapes or (n in ("bias", "mask")):
+            continue
+        source = names.get(n, "")
+        origin = f"  {source}" if source and ": " not in source else ""
+        grid.add_row(n.upper(), Text(f"{_shape(spec.shapes[n])}{origin}"))
+    dims = f"L = {spec.L} queries, S = {spec.S} keys, E = {spec.E}, Ev = {spec.Ev}"
+    if o.heads is not None:
+        dims += f", split into {o.heads} heads"
+    if spec.group > 1:
+        dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
+    grid.add_row("dims", Text(dims))
+    grid.add_row("scores", Text(f"{_shape(spec.weights_shape)}   output {_shape(spec.merged_output_shape)}"))
+    scale = spec.scale_label
+    if o.temperature != 1:
+        scale += f", temperature {o.temperature:g} (effective {spec.scale / o.temperature:.6g})"
+    grid.add_row("scale", Text(scale))
+    if o.softcap is not None:
+        grid.add_row("softcap", Text(f"{o.softcap:g} · tanh(scaled / {o.softcap:g})"))
+    if spec.bias is not None:
+        grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {_shape(spec.shapes['bias'])}"))
+    if o.alibi:
+        slopes = ", ".join(f"{s:.4g}" for s in _alibi_preview(spec.H))
+        grid.add_row("ALiBi", Text(f"−slope_h · |i + S − L − j|, slopes {slopes}"))
+    for label, text in mask_lines(spec):
+        grid.add_row(label, Text(text))
+    if o.dropout:
+        grid.add_row("dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}"))
+    return Panel(grid, title="sdpa compute", title_align="left", box=box.ROUNDED, expand=False)
+
+
+def _alibi_preview(H: int) -> list[float]:
+    from sdpa_cli.masks import alibi_slopes
+
+    s = list(alibi_slopes(H))
+    return s if len(s) <= 8 else s[:8]
+
+
+def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
+    """One line per mask, plus the alignment and mask value when they matter."""
+    o = spec.options
+    lines: list[tuple[str, str]] = []
+    aligned = o.causal or o.window is not None
+    if o.causal:
+        rule = "j ≤ i" if o.causal_align == "upper-left" else "j ≤ i + S − L"
+        lines.append(("causal", f"{o.causal_align} ({rule})"))
+    if o.window is not None:
+        left, right = o.window
+        lines.append(("window", f"{left} left, {right} right (−{left} ≤ j − i − offset ≤ {right})"))
+    if aligned and spec.L != spec.S:
+        off = spec.S - spec.L if o.causal_align == "lower-right" else 0
+        lines.append(("alignment", f"L ≠ S: {o.causal_align}, diagonal offset {off}"))
+    if o.key_lengths is not None:
+        lines.append(("key lengths", ", ".join(str(n) for n in o.key_lengths) + " valid keys"))
+    if spec.mask is not None:
+        kind = "boolean, True = " + ("masked" if o.mask_true_means == "masked" else "may attend")
+        if not spec.mask_is_bool:
+            kind = "float, added to the logits"
+        lines.append(("mask", f"{spec.names.get('mask', 'mask')} {_shape(spec.shapes['mask'])}, {kind}"))
+    if lines:
+        lines.append(("mask value", o.mask_value_label))
+    return lines
+
+
+def _window(n: int, chosen: slice | None, cap: int) -> tuple[range, bool]:
+    """Indices to show along an axis of length n, and whether some were cut."""
+    r = range(n)[chosen] if chosen is not None else range(n)
+    return (r[:cap], len(r) > cap)
+
+
+def stage_title(stage: str) -> Text:
+    """``weights  softmax over keys``: the stage's name and formula."""
+    title, formula = STAGE_TITLES[stage]
+    return Text.assemble((title, THEME["title"]), "  ", (formula, THEME["muted"]))
+
+
+def stage_table(
+    trace: Trace, stage: str, idx: tuple[int, ...], view: View, rows: range, cut_rows: bool
+) -> Table:
+    """One stage of one slice as a heatmap table, as many columns as the width allows."""
+    spec = trace.spec
+    arr = trace.stage(stage)
+    assert arr is not None
+    data: NDArray[np.float64] = arr[idx]
+    visible = trace.visible[idx]
+    is_output = stage == "output"
+    is_weights = stage in ("weights", "dropped")
+    shows_masked = stage in ("masked", "weights", "dropped")
+    n_cols = spec.Ev if is_output else spec.S
+    prefix = "d" if is_output else "k"
+
+    def text_of(i: int, j: int) -> str:
+        if not is_output and shows_masked and not visible[i, j]:
+            return "masked"
+        return fmt(float(data[i, j]), view.precision)
+
+    # Fit columns to the width from the exact cell texts: 2 spaces of padding each.
+    candidates = range(min(n_cols, view.max_rows))
+    widths = [max([len(f"{prefix}{j}")] + [len(text_of(i, j)) for i in rows]) for j in candidates]
+    sums = [fmt(float(data[i].sum()), view.precision) for i in rows] if is_weights else []
+    used = max(len(f"q{spec.L - 1}"), 1) + 1
+    used += (max(len(s) for s in sums) + 2) if sums else 0
+    fitted = 0
+    for j, w in enumerate(widths):
+        more_follow = j + 1 < n_cols
+        if used + w + 2 + (3 if more_follow else 0) > view.width and fitted:
+            break
+        used += w + 2
+        fitted += 1
+    cols = range(fitted)
+    cut_cols = fitted < n_cols
+
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+    table.add_column("", style=THEME["label"], no_wrap=True, min_width=len(f"q{spec.L - 1}"))
+    for j in cols:
+        table.add_column(f"{prefix}{j}", justify="right", no_wrap=True, min_width=widths[j])
+    if cut_cols:
+        table.add_column("…", justify="center", no_wrap=True)
+    if is_weights:
+        table.add_column("Σ", justify="right", style=THEME["muted"], no_wrap=True)
+
+    block = np.ix_(list(rows), list(cols))
+    shown = data[block] if len(rows) and len(cols) else np.zeros((0, 0))
+    heat_mask = np.isfinite(shown)
+    if not is_output and shown.size:
+        heat_mask &= visible[block]
+    heat = float(np.abs(shown[heat_mask]).max()) if heat_mask.any() else 0.0
+    for r, i in enumerate(rows):
+        cells: list[Text] = []
+        for j in cols:
+            x = float(data[i, j])
+            if not is_output and not visible[i, j]:
+                cells.append(Text(text_of(i, j), THEME["masked" if shows_masked else "hidden_value"]))
+            else:
+                cells.append(Text(text_of(i, j), cell_style(x, stage, heat)))
+        if cut_cols:
+            cells.append(Text("…", THEME["muted"]))
+        if is_weights:
+            cells.append(Text(sums[r]))
+        table.add_row(Text(f"q{i}"), *cells)
+    if cut_rows:
+        table.add_row(*[Text("…", THEME["muted"]) for _ in table.columns])
+    if cut_rows or cut_cols:
+        what = "columns" if is_output else "keys"
+        table.caption = Text(
+            f"rows {rows.start}–{rows.stop - 1} of {spec.L}, {what} 0–{fitted - 1} of {n_cols} shown",
+            THEME["muted"],
+        )
+        table.caption_justify = "left"
+    return table
+
+
+def summary(trace: Trace, stages: Sequence[str]) -> Table:
+    """Range of each stage over the whole tensor (finite, visible values)."""
+    table = Table(title="whole tensor", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for col in ("stage", "min", "max", "mean", "non-finite"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for stage in stages:
+        arr = trace.stage(stage)
+        if arr is None:
+            continue
+        values = arr if stage == "output" else arr[trace.visible]
+        finite = values[np.isfinite(values)]
+        bad = int(values.size - finite.size)
+        if finite.size:
+            row = [f"{finite.min():.4g}", f"{finite.max():.4g}", f"{finite.mean():.4g}"]
+        else:
+            row = ["—", "—", "—"]
+        table.add_row(stage, *row, str(bad))
+    return table
+
+
+def render_compute(trace: Trace, view: View) -> RenderableType:
+    """The whole ``compute`` view: header, then each chosen slice stage by stage."""
+    spec = trace.spec
+    parts: list[RenderableType] = [header(trace)]
+    positions = slice_positions(spec, view)
+    rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
+    stages = [s for s in view.stages if trace.stage(s) is not None]
+    if not view.explicit_stages and trace.visible.all() and spec.mask is None:
+        stages = [s for s in stages if s != "masked"]  # nothing was masked: it repeats the logits
+    truncated = len(positions) > view.max_slices or cut_rows or spec.S > view.max_rows
+    if truncated and (len(positions) > 1 or cut_rows or spec.S > view.max_rows):
+        parts.append(summary(trace, stages))
+    for idx in positions[: view.max_slices]:
+        label = slice_label(spec, idx)
+        if label:
+            parts.append(Text(f"── {label} " + "─" * max(0, view.width - len(label) - 4), THEME["title"]))
+        for stage in stages:
+            parts.append(stage_title(stage))
+            parts.append(stage_table(trace, stage, idx, view, rows, cut_rows))
+            parts.append(Text(""))
+    if len(positions) > view.max_slices:
+        parts.append(
+            Text(
+                f"… {len(positions) - view.max_slices} more slices not shown; "
+                "pick one with --batch/--head or raise --max-slices",
+                THEME["note"],
+            )
+        )
+    return Group(*parts)
