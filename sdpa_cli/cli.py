@@ -32,7 +32,7 @@ EXIT_CODES_HELP = (
 class SdpaGroup(click.Group):
     """A group whose errors are one line on stderr with the right exit code."""
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,
@@ -43,7 +43,9 @@ class SdpaGroup(click.Group):
         argv = list(sys.argv[1:] if args is None else args)
         code: int
         try:
-            result = super().main(argv, prog_name or "sdpa", complete_var, standalone_mode=False, **extra)
+            result = super().main(
+                argv, prog_name or "sdpa", complete_var, standalone_mode=False, **extra
+            )
             code = result if isinstance(result, int) else ExitCode.OK
         except SdpaError as exc:
             code = _fail(str(exc), ExitCode.BAD_INPUT)
@@ -93,21 +95,62 @@ def cli(debug: bool) -> None:
 # --- shared option decorators ---------------------------------------------------------
 
 ATTENTION_OPTIONS: list[Callable[[F], F]] = [
-    click.option("--scale", metavar="sqrt-dk|dk|none|X", help="Factor on Q·Kᵀ: 1/√E (sqrt-dk, default), 1/E (dk), 1 (none) or a number."),
+    click.option(
+        "--scale",
+        metavar="sqrt-dk|dk|none|X",
+        help="Factor on Q·Kᵀ: 1/√E (sqrt-dk, default), 1/E (dk), 1 (none) or a number.",
+    ),
     click.option("--temperature", metavar="T", help="Divide the scaled scores by T (default 1)."),
-    click.option("--softcap", metavar="C", help="Soft-cap the logits: C·tanh(x/C), as Gemma 2 and FlashAttention."),
-    click.option("--bias", "bias_path", metavar="FILE", help="Additive bias, broadcastable to (..., L, S)."),
+    click.option(
+        "--softcap",
+        metavar="C",
+        help="Soft-cap the logits: C·tanh(x/C), as Gemma 2 and FlashAttention.",
+    ),
+    click.option(
+        "--bias", "bias_path", metavar="FILE", help="Additive bias, broadcastable to (..., L, S)."
+    ),
     click.option("--alibi/--no-alibi", default=None, help="Add ALiBi: −slope_h·|i + S − L − j|."),
     click.option("--causal/--no-causal", default=None, help="Hide future keys."),
-    click.option("--causal-align", type=click.Choice(["upper-left", "lower-right"]), help="Diagonal of the causal mask and window when L ≠ S (default upper-left, as PyTorch is_causal; lower-right as FlashAttention)."),
-    click.option("--mask", "mask_path", metavar="FILE", help="Boolean mask (True = may attend) or float mask (added to the logits), broadcastable to (..., L, S)."),
-    click.option("--mask-true-means", type=click.Choice(["attend", "masked"]), help="What True means in a boolean mask (default attend, as PyTorch)."),
-    click.option("--key-lengths", metavar="N[,N...]", help="Valid keys per batch item (the rest is padding); one number for all."),
-    click.option("--window", metavar="W|LEFT,RIGHT", help="Sliding window: key j visible to query i when −LEFT ≤ j − i − offset ≤ RIGHT."),
-    click.option("--mask-value", metavar="-inf|finfo-min|X", help="Value of hidden logits (default -inf; e.g. -1e9 as many kernels use)."),
-    click.option("--dropout", metavar="P", help="Inverted dropout on the weights with probability P."),
+    click.option(
+        "--causal-align",
+        type=click.Choice(["upper-left", "lower-right"]),
+        help="Diagonal of the causal mask and window when L ≠ S (default upper-left, as PyTorch is_causal; lower-right as FlashAttention).",
+    ),
+    click.option(
+        "--mask",
+        "mask_path",
+        metavar="FILE",
+        help="Boolean mask (True = may attend) or float mask (added to the logits), broadcastable to (..., L, S).",
+    ),
+    click.option(
+        "--mask-true-means",
+        type=click.Choice(["attend", "masked"]),
+        help="What True means in a boolean mask (default attend, as PyTorch).",
+    ),
+    click.option(
+        "--key-lengths",
+        metavar="N[,N...]",
+        help="Valid keys per batch item (the rest is padding); one number for all.",
+    ),
+    click.option(
+        "--window",
+        metavar="W|LEFT,RIGHT",
+        help="Sliding window: key j visible to query i when −LEFT ≤ j − i − offset ≤ RIGHT.",
+    ),
+    click.option(
+        "--mask-value",
+        metavar="-inf|finfo-min|X",
+        help="Value of hidden logits (default -inf; e.g. -1e9 as many kernels use).",
+    ),
+    click.option(
+        "--dropout", metavar="P", help="Inverted dropout on the weights with probability P."
+    ),
     click.option("--seed", metavar="N", help="Seed of the dropout mask (default 0)."),
-    click.option("--heads", metavar="N", help="Split (..., L, d_model) inputs into N heads; the output is merged back."),
+    click.option(
+        "--heads",
+        metavar="N",
+        help="Split (..., L, d_model) inputs into N heads; the output is merged back.",
+    ),
 ]
 
 OPTION_FLAGS = {
@@ -138,14 +181,40 @@ def display_options(f: F) -> F:
     """Which part of the computation to show, and how."""
     for option in reversed(
         [
-            click.option("--stages", metavar="LIST", help="Stages to show, comma-separated: raw,scaled,capped,biased,masked,weights,dropped,output (default all that apply)."),
+            click.option(
+                "--stages",
+                metavar="LIST",
+                help="Stages to show, comma-separated: raw,scaled,capped,biased,masked,weights,dropped,output (default all that apply).",
+            ),
             click.option("--batch", type=int, metavar="B", help="Show only batch item B."),
             click.option("--head", type=int, metavar="H", help="Show only head H."),
             click.option("--rows", metavar="I|START:STOP", help="Query rows to show."),
-            click.option("--max-rows", type=click.IntRange(min=1), default=16, show_default=True, help="Most rows and columns per table."),
-            click.option("--max-slices", type=click.IntRange(min=1), default=4, show_default=True, help="Most (batch, head) slices shown."),
-            click.option("--precision", type=click.IntRange(0, 12), default=4, show_default=True, help="Digits after the point."),
-            click.option("--color/--no-color", default=None, help="Force color on or off (default: on for a terminal, off with NO_COLOR)."),
+            click.option(
+                "--max-rows",
+                type=click.IntRange(min=1),
+                default=16,
+                show_default=True,
+                help="Most rows and columns per table.",
+            ),
+            click.option(
+                "--max-slices",
+                type=click.IntRange(min=1),
+                default=2,
+                show_default=True,
+                help="Most (batch, head) slices shown.",
+            ),
+            click.option(
+                "--precision",
+                type=click.IntRange(0, 12),
+                default=4,
+                show_default=True,
+                help="Digits after the point.",
+            ),
+            click.option(
+                "--color/--no-color",
+                default=None,
+                help="Force color on or off (default: on for a terminal, off with NO_COLOR).",
+            ),
         ]
     ):
         f = option(f)
@@ -154,9 +223,15 @@ def display_options(f: F) -> F:
 
 def output_options(f: F) -> F:
     """Machine-readable output."""
-    f = click.option("--save", metavar="FILE.npz", help="Write every stage (full shape) to FILE.npz, atomically.")(f)
     f = click.option(
-        "--format", "fmt", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True,
+        "--save", metavar="FILE.npz", help="Write every stage (full shape) to FILE.npz, atomically."
+    )(f)
+    f = click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "json", "yaml"]),
+        default="table",
+        show_default=True,
         help="Tables for a person, or one JSON/YAML object on stdout.",
     )(f)
     return f
@@ -176,7 +251,9 @@ def make_console(color: bool | None, *, stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
 
 
-def load_spec(inputs: tuple[str, ...], bias_path: str | None, mask_path: str | None, flags: dict[str, Any]) -> tuple[AttentionSpec, str | None]:
+def load_spec(
+    inputs: tuple[str, ...], bias_path: str | None, mask_path: str | None, flags: dict[str, Any]
+) -> tuple[AttentionSpec, str | None]:
     """Files and flags → a validated spec (and the case file's description, if any).
 
     One input is a case file; three are Q, K and V. Flags override the case file.
@@ -191,28 +268,43 @@ def load_spec(inputs: tuple[str, ...], bias_path: str | None, mask_path: str | N
     description = None
     if len(inputs) == 1:
         if not is_case_file(inputs[0]):
-            raise SpecError(inputs[0], "one input must be a case file (.yaml or .json holding q, k, v); otherwise give Q K V")
+            raise SpecError(
+                inputs[0],
+                "one input must be a case file (.yaml or .json holding q, k, v); otherwise give Q K V",
+            )
         case = load_case(inputs[0], OPTION_NAMES)
-        tensors, names, raw, where = dict(case.tensors), dict(case.sources), dict(case.options), dict(case.where)
+        tensors, names, raw, where = (
+            dict(case.tensors),
+            dict(case.sources),
+            dict(case.options),
+            dict(case.where),
+        )
         description = case.description
     elif len(inputs) == 3:
         for key, path in zip(("q", "k", "v"), inputs, strict=True):
             tensors[key] = load_array(path, name=key)
             names[key] = path
     else:
-        raise click.UsageError(f"expected Q K V (three files) or one case file, got {len(inputs)} inputs")
-    for key, path in (("bias", bias_path), ("mask", mask_path)):
-        if path is not None:
-            tensors[key] = load_array(path, name=key)
-            names[key] = path
+        raise click.UsageError(
+            f"expected Q K V (three files) or one case file, got {len(inputs)} inputs"
+        )
+    for key, extra in (("bias", bias_path), ("mask", mask_path)):
+        if extra is not None:
+            tensors[key] = load_array(extra, name=key)
+            names[key] = extra
     for name, value in flags.items():
         if value is not None:
             raw[name] = value
             where[name] = OPTION_FLAGS[name]
     options = parse_options(raw, where)
     spec = build_spec(
-        tensors["q"], tensors["k"], tensors["v"],
-        bias=tensors.get("bias"), mask=tensors.get("mask"), options=options, names=names,
+        tensors["q"],
+        tensors["k"],
+        tensors["v"],
+        bias=tensors.get("bias"),
+        mask=tensors.get("mask"),
+        options=options,
+        names=names,
     )
     return spec, description
 
@@ -244,7 +336,10 @@ def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...
     chosen = tuple(s.strip() for s in text.split(",") if s.strip())
     unknown = [s for s in chosen if s not in STAGES]
     if unknown or not chosen:
-        raise SpecError("--stages", f"unknown stage {unknown[0] if unknown else text!r}; choose from {', '.join(STAGES)}")
+        raise SpecError(
+            "--stages",
+            f"unknown stage {unknown[0] if unknown else text!r}; choose from {', '.join(STAGES)}",
+        )
     return chosen
 
 
@@ -254,7 +349,9 @@ def check_index(option: str, value: int | None, size: int | None, what: str) -> 
     if size is None:
         raise SpecError(option, f"the inputs have no {what} axis")
     if not 0 <= value < size:
-        raise SpecError(option, f"{value} is out of range: the inputs have {size} {what}s (0..{size - 1})")
+        raise SpecError(
+            option, f"{value} is out of range: the inputs have {size} {what}s (0..{size - 1})"
+        )
 
 
 # --- commands -------------------------------------------------------------------------
@@ -314,8 +411,14 @@ def compute(
         click.echo(to_yaml(payload(result, chosen, for_json=False)), nl=False)
         return
     view = View(
-        stages=chosen, batch=batch, head=head, rows=row_slice, max_rows=max_rows,
-        max_slices=max_slices, precision=precision, width=console.width,
+        stages=chosen,
+        batch=batch,
+        head=head,
+        rows=row_slice,
+        max_rows=max_rows,
+        max_slices=max_slices,
+        precision=precision,
+        width=console.width,
         explicit_stages=stages is not None,
     )
     if description:

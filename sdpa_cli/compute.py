@@ -73,7 +73,9 @@ def block_rows(spec: AttentionSpec) -> int:
     return max(1, BLOCK_ELEMENTS // max(spec.S, 1))
 
 
-def iter_blocks(spec: AttentionSpec, rows: int | None = None) -> Iterator[tuple[tuple[int, ...], slice]]:
+def iter_blocks(
+    spec: AttentionSpec, rows: int | None = None
+) -> Iterator[tuple[tuple[int, ...], slice]]:
     """Every (lead index, query-row slice) pair, in C order."""
     step = rows or block_rows(spec)
     for lead_index in np.ndindex(*spec.lead):
@@ -106,7 +108,9 @@ def visibility(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) ->
     return visible
 
 
-def _dropout_keep(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> NDArray[np.bool_]:
+def _dropout_keep(
+    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice
+) -> NDArray[np.bool_]:
     """The dropout keep-mask of a block, drawn by element position.
 
     Philox is counter-based: the counter of row r of slice n starts at
@@ -166,7 +170,9 @@ def attend_block(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) 
             dropped = np.where(keep, weights / (1.0 - o.dropout), 0.0)
         output = (weights if dropped is None else dropped) @ v
 
-    return Block(lead_index, rows, raw, scaled, capped, biased, masked, visible, weights, dropped, output)
+    return Block(
+        lead_index, rows, raw, scaled, capped, biased, masked, visible, weights, dropped, output
+    )
 
 
 def softmax(logits: F64) -> F64:
@@ -182,7 +188,7 @@ def softmax(logits: F64) -> F64:
         # Subtracting the row max keeps exp ≤ 1 (no overflow); an all −inf row subtracts 0.
         e = np.exp(logits - np.where(m == -math.inf, 0.0, m))
         total = e.sum(axis=-1, keepdims=True)
-        return e / np.where(total == 0.0, 1.0, total)  # type: ignore[no-any-return]
+        return e / np.where(total == 0.0, 1.0, total)
 
 
 @dataclass(frozen=True)
@@ -217,7 +223,9 @@ class Trace:
         return out.reshape(self.spec.merged_output_shape)
 
 
-def trace(spec: AttentionSpec, stages: tuple[str, ...] | None = None, rows: int | None = None) -> Trace:
+def trace(
+    spec: AttentionSpec, stages: tuple[str, ...] | None = None, rows: int | None = None
+) -> Trace:
     """Run the engine over every block and keep the stages asked for (default: all).
 
     Args:
@@ -234,7 +242,8 @@ def trace(spec: AttentionSpec, stages: tuple[str, ...] | None = None, rows: int 
     visible = np.empty(ws, dtype=np.bool_)
     for lead_index, r in iter_blocks(spec, rows):
         block = attend_block(spec, lead_index, r)
-        visible[(*lead_index, r)] = block.visible
+        at: tuple[int | slice, ...] = (*lead_index, r)
+        visible[at] = block.visible
         for name, arr in arrays.items():
-            arr[(*lead_index, r)] = getattr(block, name)
+            arr[at] = getattr(block, name)
     return Trace(spec=spec, visible=visible, **{s: arrays.get(s) for s in STAGES})

@@ -24,7 +24,8 @@ from numpy.typing import NDArray
 from sdpa_cli.errors import InputError
 
 NPY_MAGIC = b"\x93NUMPY"
-ZIP_MAGIC = b"PK\x03\x04"
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+"""A zip archive's first bytes: a local file header, or the end record of an empty archive."""
 TEXT_SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 MAX_TEXT_BYTES = 256 << 20
 """Text inputs above this size are refused: nested lists of that size do not fit in memory."""
@@ -51,7 +52,11 @@ class Source:
         path = Path(path_text).expanduser()
         if base is not None and not path.is_absolute():
             path = base / path
-        return cls(path=path, member=member, label=text if base is None else str(path) + (f":{member}" if member else ""))
+        return cls(
+            path=path,
+            member=member,
+            label=text if base is None else str(path) + (f":{member}" if member else ""),
+        )
 
 
 def _sniff(path: Path, label: str) -> str:
@@ -67,10 +72,12 @@ def _sniff(path: Path, label: str) -> str:
         raise InputError(label, "permission denied") from None
     except OSError as exc:
         raise InputError(label, f"cannot be read: {exc.strerror or exc}") from None
+    if not head:
+        raise InputError(label, "is empty")
     suffix = path.suffix.lower()
     if head.startswith(NPY_MAGIC):
         return "npy"
-    if head.startswith(ZIP_MAGIC) or (not head and suffix == ".npz"):
+    if head.startswith(ZIP_MAGIC):
         return "npz"
     if suffix == ".npy":
         raise InputError(label, "is not a .npy file (it does not start with the NUMPY magic bytes)")
@@ -78,7 +85,10 @@ def _sniff(path: Path, label: str) -> str:
         raise InputError(label, "is not a .npz file (it is not a zip archive)")
     if suffix in TEXT_SUFFIXES:
         return TEXT_SUFFIXES[suffix]
-    raise InputError(label, f"unknown format {suffix or '(no extension)'!r}; expected .npy, .npz, .json, .yaml or .yml")
+    raise InputError(
+        label,
+        f"unknown format {suffix or '(no extension)'!r}; expected .npy, .npz, .json, .yaml or .yml",
+    )
 
 
 def _check_dtype(dtype: np.dtype[Any], label: str) -> None:
@@ -87,8 +97,17 @@ def _check_dtype(dtype: np.dtype[Any], label: str) -> None:
     if dtype.names is not None:
         raise InputError(label, f"has a structured dtype {dtype}; expected a plain numeric array")
     if dtype.kind not in "biuf":
-        kinds = {"c": "complex", "U": "string", "S": "bytes", "M": "datetime", "m": "timedelta", "V": "raw bytes"}
-        raise InputError(label, f"has {kinds.get(dtype.kind, str(dtype))} dtype {dtype}; expected real numbers")
+        kinds = {
+            "c": "complex",
+            "U": "string",
+            "S": "bytes",
+            "M": "datetime",
+            "m": "timedelta",
+            "V": "raw bytes",
+        }
+        raise InputError(
+            label, f"has {kinds.get(dtype.kind, str(dtype))} dtype {dtype}; expected real numbers"
+        )
 
 
 def _load_npy(path: Path, label: str) -> NDArray[Any]:
@@ -115,7 +134,8 @@ def _load_npy(path: Path, label: str) -> NDArray[Any]:
     available = path.stat().st_size - offset
     if needed > available:
         raise InputError(
-            label, f"is truncated: its header declares {shape} {dtype} ({needed} bytes) but {available} bytes follow"
+            label,
+            f"is truncated: its header declares {shape} {dtype} ({needed} bytes) but {available} bytes follow",
         )
     if count == 0:
         return np.zeros(shape, dtype=dtype)
@@ -131,12 +151,19 @@ def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
         with zipfile.ZipFile(path) as zf:
             infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
             names = sorted(infos)
+            if not names:
+                raise InputError(label, "holds no arrays")
             if member is None:
                 if len(names) != 1:
-                    raise InputError(label, f"holds {len(names)} arrays; pick one with {label}:NAME (names: {', '.join(names) or 'none'})")
+                    raise InputError(
+                        label,
+                        f"holds {len(names)} arrays; pick one with {label}:NAME (names: {', '.join(names) or 'none'})",
+                    )
                 member = names[0]
             if member not in infos:
-                raise InputError(label, f"has no array {member!r} (names: {', '.join(names) or 'none'})")
+                raise InputError(
+                    label, f"has no array {member!r} (names: {', '.join(names) or 'none'})"
+                )
             with zf.open(infos[member]) as fh:
                 version = np.lib.format.read_magic(fh)
                 if version == (1, 0):
@@ -147,9 +174,12 @@ def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
                 count = int(np.prod(shape, dtype=np.float64))
                 declared = count * dtype.itemsize
                 if declared > infos[member].file_size:
-                    raise InputError(f"{label}:{member}", f"is truncated: declares {shape} {dtype} ({declared} bytes) in a {infos[member].file_size}-byte member")
+                    raise InputError(
+                        f"{label}:{member}",
+                        f"is truncated: declares {shape} {dtype} ({declared} bytes) in a {infos[member].file_size}-byte member",
+                    )
             with zf.open(infos[member]) as fh:  # read_array reads the header again
-                return np.lib.format.read_array(fh, allow_pickle=False)  # type: ignore[no-any-return]
+                return np.lib.format.read_array(fh, allow_pickle=False)
     except InputError:
         raise
     except zipfile.BadZipFile as exc:
@@ -175,11 +205,13 @@ def parse_text(path: Path, fmt: str, label: str) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise InputError(label, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+            raise InputError(
+                label, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
         except RecursionError:
             raise InputError(label, "is nested too deeply") from None
     try:
-        return yaml.load(text, Loader=_SafeNoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_SafeNoAliasLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -206,7 +238,9 @@ def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:
         InputError: ``q[3][1]: expected a number, got 'x'``, ragged rows, too deep.
     """
     if isinstance(data, Mapping):
-        raise InputError(label, f"{name} is a mapping; expected a number or nested lists of numbers")
+        raise InputError(
+            label, f"{name} is a mapping; expected a number or nested lists of numbers"
+        )
     shape: list[int] = []
     probe = data
     while isinstance(probe, list):
@@ -229,12 +263,19 @@ def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:
             elif isinstance(node, list):
                 raise InputError(label, f"{path}: rows are ragged: expected a number, got a list")
             else:
-                raise InputError(label, f"{path}: expected a number, got {type(node).__name__} {node!r:.40}")
+                raise InputError(
+                    label, f"{path}: expected a number, got {type(node).__name__} {node!r:.40}"
+                )
             return
         if not isinstance(node, list):
-            raise InputError(label, f"{path}: rows are ragged: expected a list of {shape[depth]}, got {node!r:.40}")
+            raise InputError(
+                label,
+                f"{path}: rows are ragged: expected a list of {shape[depth]}, got {node!r:.40}",
+            )
         if len(node) != shape[depth]:
-            raise InputError(label, f"{path}: rows are ragged: expected {shape[depth]} entries, got {len(node)}")
+            raise InputError(
+                label, f"{path}: rows are ragged: expected {shape[depth]} entries, got {len(node)}"
+            )
         for i, child in enumerate(node):
             walk(child, depth + 1, f"{path}[{i}]")
 
@@ -271,19 +312,47 @@ def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
 def write_atomic(path: str | os.PathLike[str], write: Any) -> None:
     """Call ``write(fh)`` on a temporary file beside ``path``, then rename it into place.
 
-    Nothing is created or clobbered at ``path`` unless ``write`` succeeds.
+    Nothing is created or clobbered at ``path`` unless ``write`` succeeds. The file gets
+    the mode of the file it replaces, or the usual ``0o666 & ~umask`` for a new one.
+
+    Raises:
+        InputError: naming ``path`` when it cannot be written (no such directory, a
+            directory in the way, no permission, disk full).
     """
     import tempfile
 
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    label = os.fspath(path)
+    if target.is_dir():
+        raise InputError(label, "is a directory; expected a file name")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except FileNotFoundError:
+        raise InputError(
+            label, f"cannot be written: directory {str(target.parent)!r} does not exist"
+        ) from None
+    except OSError as exc:
+        raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
+        os.chmod(tmp, _new_file_mode(target))  # mkstemp makes 0o600; a saved file is not a secret
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
         raise
+
+
+def _new_file_mode(target: Path) -> int:
+    """The mode of the file ``target`` replaces, or ``0o666 & ~umask`` for a new file."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 TENSOR_KEYS = ("q", "k", "v", "bias", "mask")
@@ -322,10 +391,16 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
     src = Source.parse(path_text)
     fmt = _sniff(src.path, src.label)
     if fmt not in ("json", "yaml"):
-        raise InputError(src.label, "a single input must be a case file (.yaml or .json); give Q K V as three files")
+        raise InputError(
+            src.label,
+            "a single input must be a case file (.yaml or .json); give Q K V as three files",
+        )
     data = parse_text(src.path, fmt, src.label)
     if not isinstance(data, dict):
-        raise InputError(src.label, "a case file must be a mapping with q, k and v (and options); give Q K V as three files otherwise")
+        raise InputError(
+            src.label,
+            "a case file must be a mapping with q, k and v (and options); give Q K V as three files otherwise",
+        )
     known = set(TENSOR_KEYS) | set(TEXT_KEYS) | set(option_names)
     tensors: dict[str, NDArray[Any]] = {}
     sources: dict[str, str] = {}
@@ -336,7 +411,9 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
-            raise InputError(src.label, f"unknown key {raw_key!r} (known: {', '.join(sorted(known))})")
+            raise InputError(
+                src.label, f"unknown key {raw_key!r} (known: {', '.join(sorted(known))})"
+            )
         if key in TENSOR_KEYS:
             if isinstance(value, str):
                 ref = Source.parse(value, base)

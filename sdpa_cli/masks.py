@@ -30,7 +30,7 @@ def _rel(i0: int, i1: int, S: int, offset: int) -> NDArray[np.int64]:
     """j − i − offset for rows i0..i1 and keys 0..S, shape (rows, S)."""
     i = np.arange(i0, i1, dtype=np.int64)[:, None]
     j = np.arange(S, dtype=np.int64)[None, :]
-    return j - i - offset  # type: ignore[no-any-return]
+    return j - i - offset
 
 
 def causal(i0: int, i1: int, L: int, S: int, align: str = "upper-left") -> NDArray[np.bool_]:
@@ -43,7 +43,7 @@ def window(
 ) -> NDArray[np.bool_]:
     """Key j is visible to query i when −left ≤ j − i − offset ≤ right."""
     d = _rel(i0, i1, S, align_offset(align, L, S))
-    return (d >= -left) & (d <= right)  # type: ignore[no-any-return]
+    return (d >= -left) & (d <= right)
 
 
 def key_padding(n_valid: int, rows: int, S: int) -> NDArray[np.bool_]:
@@ -63,7 +63,7 @@ def alibi_slopes(H: int) -> NDArray[np.float64]:
 
     if H <= 0:
         return np.zeros(0)
-    n = 2 ** int(math.floor(math.log2(H)))
+    n = 2 ** math.floor(math.log2(H))
     slopes = power_of_two(n)
     if n != H:
         slopes += power_of_two(2 * n)[0::2][: H - n]
@@ -76,4 +76,4 @@ def alibi(i0: int, i1: int, L: int, S: int, slope: float) -> NDArray[np.float64]
     The distance is measured from the bottom-right-aligned diagonal, so the most
     recent key of every query has bias 0 whatever L and S are.
     """
-    return -slope * np.abs(_rel(i0, i1, S, S - L)).astype(np.float64)  # type: ignore[no-any-return]
+    return -slope * np.abs(_rel(i0, i1, S, S - L)).astype(np.float64)

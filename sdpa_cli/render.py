@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +29,7 @@ THEME = {
     "masked": Style(color="grey50", italic=True),
     "hidden_value": Style(color="grey50", dim=True),
     "note": Style(color="yellow"),
+    "leak": Style(color="yellow", bold=True, underline=True),
 }
 NEGATIVE = (59, 110, 190)  # blue
 POSITIVE = (200, 70, 60)  # red
@@ -57,7 +57,7 @@ class View:
     head: int | None = None
     rows: slice | None = None
     max_rows: int = 16
-    max_slices: int = 4
+    max_slices: int = 2
     precision: int = 4
     width: int = 80
     explicit_stages: bool = False
@@ -137,7 +137,7 @@ def header(trace: Trace) -> RenderableType:
         if n not in spec.shapes or (n in ("bias", "mask")):
             continue
         source = names.get(n, "")
-        origin = f"  {source}" if source and ": " not in source else ""
+        origin = f"  {source}" if source and ": " not in source and source != n.upper() else ""
         grid.add_row(n.upper(), Text(f"{_shape(spec.shapes[n])}{origin}"))
     dims = f"L = {spec.L} queries, S = {spec.S} keys, E = {spec.E}, Ev = {spec.Ev}"
     if o.heads is not None:
@@ -145,7 +145,9 @@ def header(trace: Trace) -> RenderableType:
     if spec.group > 1:
         dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
     grid.add_row("dims", Text(dims))
-    grid.add_row("scores", Text(f"{_shape(spec.weights_shape)}   output {_shape(spec.merged_output_shape)}"))
+    grid.add_row(
+        "scores", Text(f"{_shape(spec.weights_shape)}   output {_shape(spec.merged_output_shape)}")
+    )
     scale = spec.scale_label
     if o.temperature != 1:
         scale += f", temperature {o.temperature:g} (effective {spec.scale / o.temperature:.6g})"
@@ -160,7 +162,9 @@ def header(trace: Trace) -> RenderableType:
     for label, text in mask_lines(spec):
         grid.add_row(label, Text(text))
     if o.dropout:
-        grid.add_row("dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}"))
+        grid.add_row(
+            "dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}")
+        )
     return Panel(grid, title="sdpa compute", title_align="left", box=box.ROUNDED, expand=False)
 
 
@@ -191,7 +195,9 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         kind = "boolean, True = " + ("masked" if o.mask_true_means == "masked" else "may attend")
         if not spec.mask_is_bool:
             kind = "float, added to the logits"
-        lines.append(("mask", f"{spec.names.get('mask', 'mask')} {_shape(spec.shapes['mask'])}, {kind}"))
+        lines.append(
+            ("mask", f"{spec.names.get('mask', 'mask')} {_shape(spec.shapes['mask'])}, {kind}")
+        )
     if lines:
         lines.append(("mask value", o.mask_value_label))
     return lines
@@ -211,8 +217,11 @@ def stage_title(stage: str) -> Text:
 
 def stage_table(
     trace: Trace, stage: str, idx: tuple[int, ...], view: View, rows: range, cut_rows: bool
-) -> Table:
-    """One stage of one slice as a heatmap table, as many columns as the width allows."""
+) -> RenderableType:
+    """One stage of one slice as a heatmap table, as many columns as the width allows.
+
+    Below it, in words: what was cut, and hidden keys that still receive weight.
+    """
     spec = trace.spec
     arr = trace.stage(stage)
     assert arr is not None
@@ -224,8 +233,12 @@ def stage_table(
     n_cols = spec.Ev if is_output else spec.S
     prefix = "d" if is_output else "k"
 
+    def leaks(i: int, j: int) -> bool:
+        """A hidden key that still gets weight: a finite mask value on a fully masked row."""
+        return is_weights and float(data[i, j]) != 0.0
+
     def text_of(i: int, j: int) -> str:
-        if not is_output and shows_masked and not visible[i, j]:
+        if not is_output and shows_masked and not visible[i, j] and not leaks(i, j):
             return "masked"
         return fmt(float(data[i, j]), view.precision)
 
@@ -265,7 +278,8 @@ def stage_table(
         for j in cols:
             x = float(data[i, j])
             if not is_output and not visible[i, j]:
-                cells.append(Text(text_of(i, j), THEME["masked" if shows_masked else "hidden_value"]))
+                style = "leak" if leaks(i, j) else "masked" if shows_masked else "hidden_value"
+                cells.append(Text(text_of(i, j), THEME[style]))
             else:
                 cells.append(Text(text_of(i, j), cell_style(x, stage, heat)))
         if cut_cols:
@@ -275,13 +289,27 @@ def stage_table(
         table.add_row(Text(f"q{i}"), *cells)
     if cut_rows:
         table.add_row(*[Text("…", THEME["muted"]) for _ in table.columns])
+    captions = []
     if cut_rows or cut_cols:
         what = "columns" if is_output else "keys"
-        table.caption = Text(
-            f"rows {rows.start}–{rows.stop - 1} of {spec.L}, {what} 0–{fitted - 1} of {n_cols} shown",
-            THEME["muted"],
+        captions.append(
+            Text(
+                f"rows {rows.start}–{rows.stop - 1} of {spec.L}, {what} 0–{fitted - 1} of {n_cols} shown",
+                THEME["muted"],
+            )
         )
-        table.caption_justify = "left"
+    leaking = [i for i in rows if is_weights and not visible[i].any() and data[i].any()]
+    if leaking:
+        captions.append(
+            Text(
+                f"rows {', '.join(f'q{i}' for i in leaking[:6])}{' …' if len(leaking) > 6 else ''} have no visible key, "
+                f"yet the finite mask value {spec.options.mask_value_label} spreads their weight "
+                "uniformly over hidden keys (a −inf mask gives zeros)",
+                THEME["note"],
+            )
+        )
+    if captions:
+        return Group(table, *captions)
     return table
 
 
@@ -314,13 +342,15 @@ def render_compute(trace: Trace, view: View) -> RenderableType:
     stages = [s for s in view.stages if trace.stage(s) is not None]
     if not view.explicit_stages and trace.visible.all() and spec.mask is None:
         stages = [s for s in stages if s != "masked"]  # nothing was masked: it repeats the logits
-    truncated = len(positions) > view.max_slices or cut_rows or spec.S > view.max_rows
-    if truncated and (len(positions) > 1 or cut_rows or spec.S > view.max_rows):
+    truncated = len(positions) > view.max_slices or cut_rows or view.max_rows < spec.S
+    if truncated and (len(positions) > 1 or cut_rows or view.max_rows < spec.S):
         parts.append(summary(trace, stages))
     for idx in positions[: view.max_slices]:
         label = slice_label(spec, idx)
         if label:
-            parts.append(Text(f"── {label} " + "─" * max(0, view.width - len(label) - 4), THEME["title"]))
+            parts.append(
+                Text(f"── {label} " + "─" * max(0, view.width - len(label) - 4), THEME["title"])
+            )
         for stage in stages:
             parts.append(stage_title(stage))
             parts.append(stage_table(trace, stage, idx, view, rows, cut_rows))

@@ -296,7 +296,9 @@ def _split_heads(a: NDArray[Any], n: int, name: str, label: str) -> NDArray[Any]
     """(..., L, D) → (..., n, L, D/n), as a view."""
     D = a.shape[-1]
     if D % n:
-        raise SpecError("--heads", f"{name}'s last axis ({D}, from {label}) is not divisible by {n}")
+        raise SpecError(
+            "--heads", f"{name}'s last axis ({D}, from {label}) is not divisible by {n}"
+        )
     parts = a.reshape(*a.shape[:-1], n, D // n)
     return np.moveaxis(parts, -2, -3)
 
@@ -330,8 +332,10 @@ def build_spec(
         SpecError: naming the tensor or option, with what was expected and what came.
     """
     opts = options or Options()
-    labels = {n: (names or {}).get(n, n.upper() if n in "qkv" else f"--{n}") for n in
-              ("q", "k", "v", "bias", "mask")}
+    labels = {
+        n: (names or {}).get(n, n.upper() if n in "qkv" else f"--{n}")
+        for n in ("q", "k", "v", "bias", "mask")
+    }
     tensors = {"q": q, "k": k, "v": v}
     shapes = {n: tuple(a.shape) for n, a in tensors.items()}
     for extra, arr in (("bias", bias), ("mask", mask)):
@@ -345,7 +349,9 @@ def build_spec(
     q, k, v = (a.reshape(1, -1) if a.ndim == 1 else a for a in (q, k, v))
     for n, a in (("Q", q), ("K", k), ("V", v)):
         if a.ndim == 0:
-            raise SpecError(labels[n.lower()], f"{n} is a scalar; expected a matrix ({n}: (..., rows, dim))")
+            raise SpecError(
+                labels[n.lower()], f"{n} is a scalar; expected a matrix ({n}: (..., rows, dim))"
+            )
     if opts.heads is not None:
         q = _split_heads(q, opts.heads, "Q", labels["q"])
         k = _split_heads(k, opts.heads, "K", labels["k"])
@@ -372,12 +378,13 @@ def build_spec(
     kv_lead = k_lead
     if k_lead and v_lead and k_lead[-1] != v_lead[-1] and 1 not in (k_lead[-1], v_lead[-1]):
         raise SpecError(
-            labels["v"], f"K has {k_lead[-1]} heads but V has {v_lead[-1]} (K {shapes['k']}, V {shapes['v']})"
+            labels["v"],
+            f"K has {k_lead[-1]} heads but V has {v_lead[-1]} (K {shapes['k']}, V {shapes['v']})",
         )
     if q_lead and (k_lead or v_lead):
         H = q_lead[-1]
         G = max(k_lead[-1] if k_lead else 1, v_lead[-1] if v_lead else 1)
-        if G not in (1, H):
+        if H != 1 and G not in (1, H):  # H = 1: Q broadcasts over the K/V heads
             if H % G:
                 raise SpecError(
                     labels["k"],
@@ -420,19 +427,26 @@ def build_spec(
                 f"{scores_shape} (..., L, S)",
             )
         if a2.ndim > len(scores_shape):  # leading 1s beyond the scores' axes
-            a2 = a2.reshape(a2.shape[a2.ndim - len(scores_shape):])
+            a2 = a2.reshape(a2.shape[a2.ndim - len(scores_shape) :])
         extras[n] = _pad(a2, len(lead))
     if opts.mask_true_means == "masked" and mask is not None and mask.dtype != np.bool_:
-        raise SpecError("--mask-true-means", "applies to boolean masks only; this mask holds numbers")
+        raise SpecError(
+            "--mask-true-means", "applies to boolean masks only; this mask holds numbers"
+        )
 
     if opts.key_lengths is not None:
         B = lead[-2] if len(lead) >= 2 else None
         n_given = len(opts.key_lengths)
         if n_given != 1 and n_given != B:
-            axis = f"the batch axis has {B} items" if B is not None else (
-                f"the inputs have no batch axis (scores {scores_shape} read as (H, L, S))"
+            axis = (
+                f"the batch axis has {B} items"
+                if B is not None
+                else (f"the inputs have no batch axis (scores {scores_shape} read as (H, L, S))")
             )
-            raise SpecError("--key-lengths", f"{n_given} lengths given but {axis}; give one length or one per item")
+            raise SpecError(
+                "--key-lengths",
+                f"{n_given} lengths given but {axis}; give one length or one per item",
+            )
         too_long = [n for n in opts.key_lengths if n > S]
         if too_long:
             raise SpecError("--key-lengths", f"{too_long[0]} exceeds the number of keys, S = {S}")

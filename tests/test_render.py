@@ -1,0 +1,128 @@
+"""Rendered tables as golden text, at fixed widths with color off.
+
+Regenerate with ``make golden`` and review the diff: a change in a golden file is a
+change in what users read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from sdpa_cli.compute import applicable_stages, trace
+from sdpa_cli.loaders import load_case
+from sdpa_cli.render import View, fmt, render_compute
+from sdpa_cli.spec import OPTION_NAMES, AttentionSpec, Options, build_spec, parse_options
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def sample_spec(name: str, **overrides: object) -> AttentionSpec:
+    case = load_case(str(ROOT / "samples" / name), OPTION_NAMES)
+    options = parse_options({**case.options, **overrides})
+    t = case.tensors
+    return build_spec(t["q"], t["k"], t["v"], options=options, names={n: "" for n in t})
+
+
+def render_text(spec: AttentionSpec, width: int, **view: Any) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None, no_color=True)
+    stages = view.pop("stages", applicable_stages(spec))
+    console.print(render_compute(trace(spec), View(stages=stages, width=width, **view)))
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    return "\n".join(line.rstrip() for line in out.splitlines()) + "\n"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("SDPA_REGEN_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"missing golden file {path}; run `make golden`"
+    assert text == path.read_text(encoding="utf-8")
+
+
+CASES: dict[str, tuple[str, int, dict[str, Any], dict[str, Any]]] = {
+    "scorecard_100.txt": ("scorecard.yaml", 100, {}, {}),
+    "causal_80.txt": ("causal.yaml", 80, {}, {}),
+    "cross_80.txt": ("cross.yaml", 80, {"stages": ("masked", "weights", "output"), "batch": 1}, {}),
+    "scale_none_80.txt": ("scale_comparison.yaml", 80, {"stages": ("weights",)}, {"scale": "none"}),
+}
+
+
+@pytest.mark.parametrize("golden", sorted(CASES))
+def test_samples_render_as_the_golden_text(golden: str) -> None:
+    sample, width, view, overrides = CASES[golden]
+    check_golden(golden, render_text(sample_spec(sample, **overrides), width, **view))
+
+
+def test_causal_table_shows_hidden_cells_as_masked_not_minus_inf() -> None:
+    text = render_text(sample_spec("causal.yaml"), 80)
+    assert "-inf" not in text.split("masked logits")[1]
+    assert text.count("masked") >= 6  # three hidden cells in each of the masked and weights tables
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_no_line_is_wider_than_the_console(width: int) -> None:
+    rng = np.random.default_rng(0)
+    spec = build_spec(
+        rng.normal(size=(2, 3, 40, 8)),
+        rng.normal(size=(2, 3, 50, 8)),
+        rng.normal(size=(2, 3, 50, 8)),
+        options=Options(causal=True, causal_align="lower-right"),
+    )
+    text = render_text(spec, width, head=1)
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "keys 0–" in text  # the cut is said, not hidden
+    assert len(text.splitlines()) < 260  # two slices of five stages, 16 rows each
+
+
+def test_large_inputs_show_a_summary_and_at_most_max_slices() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(3, 4, 5, 4))
+    text = render_text(build_spec(x, x, x), 100, max_slices=2)
+    assert "whole tensor" in text
+    assert text.count("── batch") == 2
+    assert "10 more slices not shown" in text
+
+
+def test_header_names_the_alignment_when_lengths_differ() -> None:
+    x = np.ones((4, 2))
+    spec = build_spec(x[:2], x, x, options=Options(causal=True, causal_align="lower-right"))
+    text = render_text(spec, 100)
+    assert "L ≠ S: lower-right, diagonal offset 2" in text
+
+
+@pytest.mark.parametrize(
+    ("x", "precision", "expected"),
+    [
+        (0.88164541, 4, "0.8816"),
+        (-0.70710678, 3, "-0.707"),
+        (1.12497423e-07, 4, "1.12e-07"),
+        (0.0, 3, "0.000"),
+        (2.5e7, 2, "2.5e+07"),
+        (float("-inf"), 4, "-inf"),
+        (float("nan"), 4, "nan"),
+    ],
+)
+def test_fmt_keeps_tiny_weights_visible(x: float, precision: int, expected: str) -> None:
+    assert fmt(x, precision) == expected
+
+
+def test_a_finite_mask_value_shows_the_uniform_weight_it_leaks_not_masked() -> None:
+    # Regression: hidden cells were always printed "masked", hiding the 1/3 weights that
+    # a -1e9 mask value gives a row with no visible key.
+    spec = sample_spec("causal.yaml", mask_value="-1e9", key_lengths=0)
+    text = render_text(spec, 100, stages=("weights",), precision=3)
+    weights_table = text.split("softmax over keys")[1]
+    assert "masked" not in weights_table
+    assert weights_table.count("0.333") == 9
+    assert "have no visible key, yet the finite mask value -1e+09" in text
+    # With the default -inf, the same rows are zero and shown as masked.
+    text = render_text(sample_spec("causal.yaml", key_lengths=0), 100, stages=("weights",))
+    assert text.split("softmax over keys")[1].count("masked") == 9
