@@ -124,8 +124,10 @@ def _load_npy(path: Path, label: str) -> NDArray[Any]:
             offset = fh.tell()
     except InputError:
         raise
-    except (ValueError, OSError, SyntaxError) as exc:
-        raise InputError(label, f"has a corrupt .npy header ({exc})") from None
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, TokenError...
+        raise InputError(
+            label, f"has a corrupt .npy header ({type(exc).__name__}: {exc})"
+        ) from None
     _check_dtype(dtype, label)
     count = 1
     for n in shape:
@@ -147,6 +149,8 @@ def _load_npy(path: Path, label: str) -> NDArray[Any]:
 
 
 def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
+    """One member of an archive; ``label`` already ends in ``:member`` when one was given."""
+    member_label = label
     try:
         with zipfile.ZipFile(path) as zf:
             infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
@@ -160,22 +164,28 @@ def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
                         f"holds {len(names)} arrays; pick one with {label}:NAME (names: {', '.join(names) or 'none'})",
                     )
                 member = names[0]
+                member_label = f"{label}:{member}"
             if member not in infos:
                 raise InputError(
                     label, f"has no array {member!r} (names: {', '.join(names) or 'none'})"
                 )
             with zf.open(infos[member]) as fh:
-                version = np.lib.format.read_magic(fh)
-                if version == (1, 0):
-                    shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
-                else:
-                    shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-                _check_dtype(dtype, f"{label}:{member}")
+                try:
+                    version = np.lib.format.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+                except Exception as exc:  # ValueError, SyntaxError, TokenError...
+                    raise InputError(
+                        member_label, f"has a corrupt .npy header ({type(exc).__name__}: {exc})"
+                    ) from None
+                _check_dtype(dtype, member_label)
                 count = int(np.prod(shape, dtype=np.float64))
                 declared = count * dtype.itemsize
                 if declared > infos[member].file_size:
                     raise InputError(
-                        f"{label}:{member}",
+                        member_label,
                         f"is truncated: declares {shape} {dtype} ({declared} bytes) in a {infos[member].file_size}-byte member",
                     )
             with zf.open(infos[member]) as fh:  # read_array reads the header again
