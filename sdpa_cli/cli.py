@@ -6,6 +6,7 @@ inside the commands, so ``sdpa --help`` starts instantly.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -199,7 +200,7 @@ def display_options(f: F) -> F:
             click.option(
                 "--max-slices",
                 type=click.IntRange(min=1),
-                default=2,
+                default=1,
                 show_default=True,
                 help="Most (batch, head) slices shown.",
             ),
@@ -246,7 +247,8 @@ def make_console(color: bool | None, *, stderr: bool = False) -> Console:
 
     if color is True:
         return Console(stderr=stderr, force_terminal=True, no_color=False, highlight=False)
-    if color is False:
+    if color is False or os.environ.get("NO_COLOR"):
+        # No escape codes at all: not even bold or italic (rich's NO_COLOR keeps those).
         return Console(stderr=stderr, no_color=True, highlight=False, color_system=None)
     return Console(stderr=stderr, highlight=False)
 
@@ -285,8 +287,9 @@ def load_spec(
             tensors[key] = load_array(path, name=key)
             names[key] = path
     else:
-        raise click.UsageError(
-            f"expected Q K V (three files) or one case file, got {len(inputs)} inputs"
+        raise SpecError(
+            " ".join(inputs),
+            f"expected Q K V (three files) or one case file, got {len(inputs)} inputs",
         )
     for key, extra in (("bias", bias_path), ("mask", mask_path)):
         if extra is not None:
@@ -400,32 +403,38 @@ def compute(
     row_slice = parse_rows(rows, spec.L)
 
     result = trace(spec)
-    if save is not None:
-        save_npz(result, save)
-
+    # Everything is rendered before the --save file is written, so a failure while
+    # rendering cannot leave a new file behind; the output is printed last.
     console = make_console(color)
+    text: str | None = None
+    renderables: list[Any] = []
     if fmt == "json":
-        click.echo(to_json(payload(result, chosen, for_json=True)))
-        return
-    if fmt == "yaml":
-        click.echo(to_yaml(payload(result, chosen, for_json=False)), nl=False)
-        return
-    view = View(
-        stages=chosen,
-        batch=batch,
-        head=head,
-        rows=row_slice,
-        max_rows=max_rows,
-        max_slices=max_slices,
-        precision=precision,
-        width=console.width,
-        explicit_stages=stages is not None,
-    )
-    if description:
+        text = to_json(payload(result, chosen, for_json=True)) + "\n"
+    elif fmt == "yaml":
+        text = to_yaml(payload(result, chosen, for_json=False))
+    else:
         from rich.text import Text
 
-        console.print(Text(description.strip(), style="italic"))
-    console.print(render_compute(result, view))
+        view = View(
+            stages=chosen,
+            batch=batch,
+            head=head,
+            rows=row_slice,
+            max_rows=max_rows,
+            max_slices=max_slices,
+            precision=precision,
+            width=console.width,
+            explicit_stages=stages is not None,
+        )
+        if description:
+            renderables.append(Text(description.strip(), style="italic"))
+        renderables.append(render_compute(result, view))
+    if save is not None:
+        save_npz(result, save)
+    if text is not None:
+        click.echo(text, nl=False)
+    for renderable in renderables:
+        console.print(renderable)
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:

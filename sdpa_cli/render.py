@@ -57,7 +57,7 @@ class View:
     head: int | None = None
     rows: slice | None = None
     max_rows: int = 16
-    max_slices: int = 2
+    max_slices: int = 1
     precision: int = 4
     width: int = 80
     explicit_stages: bool = False
