@@ -416,6 +416,9 @@ def build_spec(
         a2 = a.reshape(1, -1) if a.ndim == 1 else a
         if a2.ndim == 0:
             a2 = a2.reshape(1, 1)
+        extra_axes = a2.shape[: max(a2.ndim - len(scores_shape), 0)]
+        if all(d == 1 for d in extra_axes):  # leading 1s beyond the scores' axes
+            a2 = a2.reshape(a2.shape[len(extra_axes) :])
         try:
             out = np.broadcast_shapes(a2.shape, scores_shape)
         except ValueError:
@@ -426,8 +429,6 @@ def build_spec(
                 f"{n} of shape {tuple(a.shape)} does not broadcast to the scores' shape "
                 f"{scores_shape} (..., L, S)",
             )
-        if a2.ndim > len(scores_shape):  # leading 1s beyond the scores' axes
-            a2 = a2.reshape(a2.shape[a2.ndim - len(scores_shape) :])
         extras[n] = _pad(a2, len(lead))
     if opts.mask_true_means == "masked" and mask is not None and mask.dtype != np.bool_:
         raise SpecError(
