@@ -13,7 +13,8 @@ For one position of the leading axes (a (batch, head) slice) and query rows i0..
 
 :func:`attend_block` is the one place this is computed; :func:`trace` assembles
 blocks into whole arrays, and every command goes through it. Blocks are independent,
-so any blocking gives the same numbers.
+so any blocking gives the same masks, dropout and numbers
+to rounding (BLAS may sum a one-row block in another order: a few ulps).
 """
 
 from __future__ import annotations
@@ -232,7 +233,7 @@ def trace(
         spec: the validated computation.
         stages: names from :data:`STAGES` to keep; the others are not stored.
         rows: query rows per block (default :func:`block_rows`); any value gives the
-            same numbers.
+            same numbers to rounding.
     """
     keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
     ws, os_ = spec.weights_shape, spec.output_shape
