@@ -192,6 +192,7 @@ def display_options(f: F) -> F:
             click.option("--rows", metavar="I|START:STOP", help="Query rows to show."),
             click.option(
                 "--max-rows",
+                metavar="N",
                 type=click.IntRange(min=1),
                 default=16,
                 show_default=True,
@@ -199,6 +200,7 @@ def display_options(f: F) -> F:
             ),
             click.option(
                 "--max-slices",
+                metavar="N",
                 type=click.IntRange(min=1),
                 default=1,
                 show_default=True,
@@ -206,6 +208,7 @@ def display_options(f: F) -> F:
             ),
             click.option(
                 "--precision",
+                metavar="N",
                 type=click.IntRange(0, 12),
                 default=4,
                 show_default=True,
@@ -360,7 +363,7 @@ def check_index(option: str, value: int | None, size: int | None, what: str) -> 
 # --- commands -------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
 @attention_options
 @display_options
