@@ -154,22 +154,6 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     ),
 ]
 
-OPTION_FLAGS = {
-    "scale": "--scale",
-    "temperature": "--temperature",
-    "softcap": "--softcap",
-    "alibi": "--alibi",
-    "causal": "--causal",
-    "causal_align": "--causal-align",
-    "mask_true_means": "--mask-true-means",
-    "key_lengths": "--key-lengths",
-    "window": "--window",
-    "mask_value": "--mask-value",
-    "dropout": "--dropout",
-    "seed": "--seed",
-    "heads": "--heads",
-}
-
 
 def attention_options(f: F) -> F:
     """The computation options every command shares (``compute``, ``explain``, ...)."""
@@ -301,7 +285,7 @@ def load_spec(
     for name, value in flags.items():
         if value is not None:
             raw[name] = value
-            where[name] = OPTION_FLAGS[name]
+            where.pop(name, None)  # a flag is named by its spelling, --causal-align
     options = parse_options(raw, where)
     spec = build_spec(
         tensors["q"],

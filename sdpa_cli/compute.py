@@ -153,7 +153,7 @@ def attend_block(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) 
                 biased += np.asarray(_rows_of(bias, rows), dtype=f64)
             if o.alibi:
                 h = lead_index[-1] if lead_index else 0
-                slope = float(masks.alibi_slopes(spec.H)[h])
+                slope = float(spec.alibi_slopes[h])
                 biased += masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope)
             logits = biased
 

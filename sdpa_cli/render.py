@@ -157,7 +157,8 @@ def header(trace: Trace) -> RenderableType:
     if spec.bias is not None:
         grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {_shape(spec.shapes['bias'])}"))
     if o.alibi:
-        slopes = ", ".join(f"{s:.4g}" for s in _alibi_preview(spec.H))
+        shown = spec.alibi_slopes[:8]
+        slopes = ", ".join(f"{s:.4g}" for s in shown) + (", …" if spec.H > 8 else "")
         grid.add_row("ALiBi", Text(f"−slope_h · |i + S − L − j|, slopes {slopes}"))
     for label, text in mask_lines(spec):
         grid.add_row(label, Text(text))
@@ -166,13 +167,6 @@ def header(trace: Trace) -> RenderableType:
             "dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}")
         )
     return Panel(grid, title="sdpa compute", title_align="left", box=box.ROUNDED, expand=False)
-
-
-def _alibi_preview(H: int) -> list[float]:
-    from sdpa_cli.masks import alibi_slopes
-
-    s = list(alibi_slopes(H))
-    return s if len(s) <= 8 else s[:8]
 
 
 def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
@@ -342,8 +336,7 @@ def render_compute(trace: Trace, view: View) -> RenderableType:
     stages = [s for s in view.stages if trace.stage(s) is not None]
     if not view.explicit_stages and trace.visible.all() and spec.mask is None:
         stages = [s for s in stages if s != "masked"]  # nothing was masked: it repeats the logits
-    truncated = len(positions) > view.max_slices or cut_rows or view.max_rows < spec.S
-    if truncated and (len(positions) > 1 or cut_rows or view.max_rows < spec.S):
+    if len(positions) > view.max_slices or cut_rows or view.max_rows < spec.S:
         parts.append(summary(trace, stages))
     for idx in positions[: view.max_slices]:
         label = slice_label(spec, idx)

@@ -15,10 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
-from sdpa_cli.compute import Trace, applicable_stages
+from sdpa_cli.compute import STAGES, Trace, applicable_stages
 from sdpa_cli.loaders import write_atomic
-
-SAVED_STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "output")
 
 
 def _json_number(x: float) -> float | str:
@@ -90,7 +88,7 @@ def to_yaml(data: dict[str, Any]) -> str:
 def save_npz(trace: Trace, path: str) -> None:
     """Write every computed stage (full shape) and ``visible`` to ``path``, atomically."""
     arrays: dict[str, NDArray[Any]] = {}
-    for name in SAVED_STAGES:
+    for name in STAGES:
         arr = trace.merged_output if name == "output" else trace.stage(name)
         if arr is not None:
             arrays[name] = arr

@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import SpecError
-from sdpa_cli.masks import ALIGNMENTS
+from sdpa_cli.masks import ALIGNMENTS, alibi_slopes
 
 SCALE_NAMES = ("sqrt-dk", "dk", "none")
 MASK_TRUE_MEANS = ("attend", "masked")
@@ -155,6 +156,13 @@ def parse_mask_value(value: Any, where: str = "--mask-value") -> float:
     return x
 
 
+def _dropout(value: Any, where: str) -> float:
+    p = _number(value, where)
+    if not 0.0 <= p < 1.0:
+        raise SpecError(where, f"must be in [0, 1), got {value!r}")
+    return p
+
+
 _PARSERS: dict[str, Any] = {
     "scale": parse_scale,
     "temperature": _positive,
@@ -166,17 +174,10 @@ _PARSERS: dict[str, Any] = {
     "key_lengths": _int_list,
     "window": parse_window,
     "mask_value": parse_mask_value,
-    "dropout": lambda v, w: _dropout(v, w),
+    "dropout": _dropout,
     "seed": lambda v, w: _int(v, w),
     "heads": lambda v, w: _int(v, w, minimum=1),
 }
-
-
-def _dropout(value: Any, where: str) -> float:
-    p = _number(value, where)
-    if not 0.0 <= p < 1.0:
-        raise SpecError(where, f"must be in [0, 1), got {value!r}")
-    return p
 
 
 def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None) -> Options:
@@ -238,6 +239,11 @@ class AttentionSpec:
     @property
     def mask_is_bool(self) -> bool:
         return self.mask is not None and self.mask.dtype == np.bool_
+
+    @cached_property
+    def alibi_slopes(self) -> NDArray[np.float64]:
+        """One ALiBi slope per query head, computed once."""
+        return alibi_slopes(self.H)
 
     @property
     def H(self) -> int:
@@ -375,7 +381,6 @@ def build_spec(
     # Grouped-query attention: K and V have G heads, a divisor of Q's H heads.
     q_lead, k_lead, v_lead = q.shape[:-2], k.shape[:-2], v.shape[:-2]
     group = 1
-    kv_lead = k_lead
     if k_lead and v_lead and k_lead[-1] != v_lead[-1] and 1 not in (k_lead[-1], v_lead[-1]):
         raise SpecError(
             labels["v"],
@@ -392,13 +397,14 @@ def build_spec(
                     f"Q has {H} heads (axis -3 of {shapes['q']}), K/V have {G}",
                 )
             group = H // G
-    try:
-        # Broadcast with the key/value head axis stretched to H, so only GQA is special.
-        def stretched(lead: tuple[int, ...]) -> tuple[int, ...]:
-            if group > 1 and lead and lead[-1] > 1:
-                return (*lead[:-1], lead[-1] * group)
-            return lead
 
+    # Broadcast with the key/value head axis stretched to H, so only GQA is special.
+    def stretched(lead: tuple[int, ...]) -> tuple[int, ...]:
+        if group > 1 and lead and lead[-1] > 1:
+            return (*lead[:-1], lead[-1] * group)
+        return lead
+
+    try:
         lead = np.broadcast_shapes(q_lead, stretched(k_lead), stretched(v_lead))
     except ValueError:
         raise SpecError(
@@ -406,7 +412,6 @@ def build_spec(
             f"the leading axes of Q {shapes['q']}, K {shapes['k']} and V {shapes['v']} "
             "do not broadcast",
         ) from None
-    del kv_lead
 
     scores_shape = (*lead, L, S)
     extras: dict[str, NDArray[Any] | None] = {"bias": bias, "mask": mask}

@@ -568,6 +568,18 @@ def test_command_line_flags_override_the_case_file(qkv: dict[str, F64], workdir:
     np.testing.assert_allclose(np.array(data["weights"]), expected["weights"], atol=1e-12)
 
 
+def test_an_error_names_where_the_bad_value_came_from(qkv: dict[str, F64], workdir: Path) -> None:
+    write_case(workdir / "case.yaml", qkv, "window: nope\ncausal_align: sideways\n")
+    # From the case file: the file and the key as written.
+    line = assert_one_error_line(invoke("compute", "case.yaml", "--causal-align", "lower-right"))
+    assert line == "sdpa: error: case.yaml: window: expected an integer, got 'nope'"
+    # A flag overriding the case file is named by its flag, not by the case file.
+    line = assert_one_error_line(
+        invoke("compute", "case.yaml", "--window", "x,1", "--causal-align", "upper-left")
+    )
+    assert line == "sdpa: error: --window: expected an integer, got 'x'"
+
+
 def test_case_file_with_relative_paths_from_another_directory(
     qkv: dict[str, F64], workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
