@@ -389,7 +389,8 @@ def compute(
     check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
     row_slice = parse_rows(rows, spec.L)
 
-    result = trace(spec)
+    # Keep only the stages shown, unless --save asks for every one.
+    result = trace(spec, stages=None if save is not None else chosen)
     # Everything is rendered before the --save file is written, so a failure while
     # rendering cannot leave a new file behind; the output is printed last.
     console = make_console(color)

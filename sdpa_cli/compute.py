@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import masks
+from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import AttentionSpec
 
 F64 = NDArray[np.float64]
@@ -224,6 +225,34 @@ class Trace:
         return out.reshape(self.spec.merged_output_shape)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
+    """Refuse, before allocating, a trace that cannot fit in memory (rather than be killed)."""
+    scores = math.prod(spec.weights_shape)
+    need = scores  # the boolean visibility
+    need += sum(8 * (math.prod(spec.output_shape) if s == "output" else scores) for s in keep)
+    available = available_memory()
+    if available is not None and need > available:
+        gib = 2.0**30
+        raise SpecError(
+            f"scores {spec.weights_shape}",
+            f"keeping {len(keep)} stage(s) whole in float64 needs {need / gib:.1f} GiB, "
+            f"but {available / gib:.1f} GiB of memory is available; "
+            "ask for fewer --stages, or slice the inputs",
+        )
+
+
 def trace(
     spec: AttentionSpec, stages: tuple[str, ...] | None = None, rows: int | None = None
 ) -> Trace:
@@ -237,6 +266,7 @@ def trace(
     """
     keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
     ws, os_ = spec.weights_shape, spec.output_shape
+    _check_fits(spec, keep)
     arrays: dict[str, Any] = {
         s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
     }

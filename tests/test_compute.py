@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 from reference import Stages, attention, mix
 
 from sdpa_cli.compute import STAGES, Trace, attend_block, softmax, trace
+from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import Options, build_spec
 
 F64 = NDArray[np.float64]
@@ -609,3 +610,31 @@ def test_seed_003_scorecard_end_to_end() -> None:
     seed_out = [sum(rounded[j] * v[j][c] for j in range(3)) for c in range(2)]
     np.testing.assert_allclose(seed_out, [8.81, 0.89], rtol=1e-12)
     assert np.abs(got.output[0] - [8.81, 0.89]).max() > 0.02
+
+
+def test_trace_keeps_only_the_stages_asked_for() -> None:
+    x = np.arange(12.0).reshape(3, 4)
+    t = trace(build_spec(x, x, x), stages=("weights",))
+    assert t.weights is not None
+    for stage in ("raw", "scaled", "masked", "output"):
+        assert t.stage(stage) is None
+    np.testing.assert_allclose(t.weights.sum(-1), 1.0)
+
+
+def test_a_trace_that_cannot_fit_in_memory_is_refused_before_allocating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sdpa_cli.compute as compute
+
+    x = np.ones((1, 2, 64, 8))
+    spec = build_spec(x, x, x)
+    # Two stages of (1, 2, 64, 64) float64 plus the boolean mask: 2·65536 + 8192 bytes.
+    need = 2 * 8 * 2 * 64 * 64 + 2 * 64 * 64
+    monkeypatch.setattr(compute, "available_memory", lambda: need - 1)
+    with pytest.raises(SpecError) as info:
+        trace(spec, stages=("weights", "raw"))
+    assert info.value.where == "scores (1, 2, 64, 64)"
+    assert "needs 0.0 GiB" in info.value.problem
+    assert "fewer --stages" in info.value.problem
+    monkeypatch.setattr(compute, "available_memory", lambda: need)
+    assert trace(spec, stages=("weights", "raw")).weights is not None
