@@ -184,7 +184,9 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         off = spec.S - spec.L if o.causal_align == "lower-right" else 0
         lines.append(("alignment", f"L ≠ S: {o.causal_align}, diagonal offset {off}"))
     if o.key_lengths is not None:
-        lines.append(("key lengths", ", ".join(str(n) for n in o.key_lengths) + " valid keys"))
+        per = "per batch item" if len(o.key_lengths) > 1 else "every item"
+        lengths = ", ".join(str(n) for n in o.key_lengths)
+        lines.append(("key lengths", f"first {lengths} keys valid ({per}; the rest is padding)"))
     if spec.mask is not None:
         kind = "boolean, True = " + ("masked" if o.mask_true_means == "masked" else "may attend")
         if not spec.mask_is_bool:
