@@ -152,6 +152,26 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         metavar="N",
         help="Split (..., L, d_model) inputs into N heads; the output is merged back.",
     ),
+    click.option(
+        "--dtype",
+        metavar="FORMAT",
+        help="Run as a kernel in FORMAT: float64 (default, exact), float32, float16, bfloat16, float8_e4m3fn, float8_e5m2; reports the error against float64.",
+    ),
+    click.option(
+        "--accumulate",
+        metavar="FORMAT",
+        help="Accumulator of both matmuls under --dtype: float32 (default, as tensor cores), float64, or the --dtype format (same).",
+    ),
+    click.option(
+        "--softmax-dtype",
+        metavar="FORMAT",
+        help="Format the softmax runs in under --dtype: float32 (default), float64, or the --dtype format (same).",
+    ),
+    click.option(
+        "--prescale/--no-prescale",
+        default=None,
+        help="Scale Q and K by √scale before the matmul (ONNX's guard against overflow).",
+    ),
 ]
 
 
@@ -202,6 +222,36 @@ def display_options(f: F) -> F:
                 "--color/--no-color",
                 default=None,
                 help="Force color on or off (default: on for a terminal, off with NO_COLOR).",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f
+
+
+def diagnostic_options(f: F) -> F:
+    """Thresholds of the findings; defaults from sdpa.yaml or [tool.sdpa] (README)."""
+    for option in reversed(
+        [
+            click.option(
+                "--saturation",
+                metavar="P",
+                help="Flag a row as one-hot when its largest weight is ≥ P (default 0.99).",
+            ),
+            click.option(
+                "--uniform",
+                metavar="F",
+                help="Flag a row as near-uniform when its entropy is ≥ F · log(visible keys) (default 0.98).",
+            ),
+            click.option(
+                "--head-fraction",
+                metavar="F",
+                help="Flag a head as dead or collapsed when this fraction of its rows is (default 0.9).",
+            ),
+            click.option(
+                "--max-findings",
+                metavar="N",
+                help="Row findings listed per kind; all are counted (default 50).",
             ),
         ]
     ):
@@ -350,6 +400,7 @@ def check_index(option: str, value: int | None, size: int | None, what: str) -> 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
 @attention_options
+@diagnostic_options
 @display_options
 @output_options
 def compute(
@@ -366,6 +417,10 @@ def compute(
     color: bool | None,
     fmt: str,
     save: str | None,
+    saturation: str | None,
+    uniform: str | None,
+    head_fraction: str | None,
+    max_findings: str | None,
     **flags: Any,
 ) -> None:
     """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
@@ -378,11 +433,22 @@ def compute(
       sdpa compute samples/scorecard.yaml
       sdpa compute samples/causal.yaml --stages masked,weights --format json
       sdpa compute q.npy k.npy v.npy --causal --causal-align lower-right --save trace.npz
+      sdpa compute q.npy k.npy v.npy --dtype float16
     """
     from sdpa_cli.compute import applicable_stages, trace
+    from sdpa_cli.config import thresholds
+    from sdpa_cli.diagnose import diagnose
     from sdpa_cli.render import View, render_compute
     from sdpa_cli.report import payload, save_npz, to_json, to_yaml
 
+    limits = thresholds(
+        {
+            "saturation": saturation,
+            "uniform": uniform,
+            "head_fraction": head_fraction,
+            "max_findings": max_findings,
+        }
+    )
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     chosen = parse_stages(stages, applicable_stages(spec))
     check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
@@ -391,15 +457,16 @@ def compute(
 
     # Keep only the stages shown, unless --save asks for every one.
     result = trace(spec, stages=None if save is not None else chosen)
+    diagnosis = diagnose(result, limits)
     # Everything is rendered before the --save file is written, so a failure while
     # rendering cannot leave a new file behind; the output is printed last.
     console = make_console(color)
     text: str | None = None
     renderables: list[Any] = []
     if fmt == "json":
-        text = to_json(payload(result, chosen, for_json=True)) + "\n"
+        text = to_json(payload(result, chosen, diagnosis, for_json=True)) + "\n"
     elif fmt == "yaml":
-        text = to_yaml(payload(result, chosen, for_json=False))
+        text = to_yaml(payload(result, chosen, diagnosis, for_json=False))
     else:
         from rich.text import Text
 
@@ -416,7 +483,7 @@ def compute(
         )
         if description:
             renderables.append(Text(description.strip(), style="italic"))
-        renderables.append(render_compute(result, view))
+        renderables.append(render_compute(result, view, diagnosis))
     if save is not None:
         save_npz(result, save)
     if text is not None:

@@ -22,14 +22,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import masks
+from sdpa_cli import masks, precision
 from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import AttentionSpec
+
+if TYPE_CHECKING:
+    from sdpa_cli.stats import Stats
 
 F64 = NDArray[np.float64]
 
@@ -129,68 +132,97 @@ def _dropout_keep(
     return uniform >= o.dropout  # type: ignore[no-any-return]
 
 
-def attend_block(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> Block:
-    """Compute every stage for query rows ``rows`` of the slice at ``lead_index``."""
+def attend_block(
+    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, *, emulate: bool = True
+) -> Block:
+    """Compute every stage for query rows ``rows`` of the slice at ``lead_index``.
+
+    In float64, or, with ``--dtype`` (and ``emulate``), as a kernel in that format:
+    inputs rounded to it, both matmuls accumulated in ``--accumulate``, every stage
+    stored in it, the softmax computed in ``--softmax-dtype``. Values are float64
+    arrays either way; in float64 every rounding below is the identity.
+    """
     o = spec.options
+    D = o.dtype if emulate else "float64"
+    acc = o.accumulate if D != "float64" else "float64"
+    sm = o.softmax_dtype if D != "float64" else "float64"
     f64 = np.float64
-    q = np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=f64)
-    k = np.asarray(spec.k[spec.operand_index("k", lead_index)], dtype=f64)
-    v = np.asarray(spec.v[spec.operand_index("v", lead_index)], dtype=f64)
+
+    def r(x: F64) -> F64:
+        return precision.round_to(x, D)
+
+    q = r(np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=f64))
+    k = r(np.asarray(spec.k[spec.operand_index("k", lead_index)], dtype=f64))
+    v = r(np.asarray(spec.v[spec.operand_index("v", lead_index)], dtype=f64))
+    factor = spec.scale / o.temperature
 
     # Non-finite inputs are reported by the diagnostics, not warned about by numpy.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        raw = q @ k.T
-        scaled = raw * (spec.scale / o.temperature)
+        if o.prescale:
+            # Q and K each scaled by √scale first (ONNX's reference does this against
+            # overflow): the raw product is already the scaled logits.
+            root = math.sqrt(factor)
+            raw = r(precision.matmul(r(q * root), r(k * root).T, acc))
+            scaled = raw
+        else:
+            raw = r(precision.matmul(q, k.T, acc))
+            scaled = r(raw * factor)
         logits = scaled
         capped = None
         if o.softcap is not None:
-            capped = o.softcap * np.tanh(scaled / o.softcap)
+            capped = r(o.softcap * np.tanh(scaled / o.softcap))
             logits = capped
         biased = None
         if spec.bias is not None or o.alibi:
             biased = logits.copy()
             if spec.bias is not None:
                 bias = spec.bias[spec.operand_index("bias", lead_index)]
-                biased += np.asarray(_rows_of(bias, rows), dtype=f64)
+                biased += r(np.asarray(_rows_of(bias, rows), dtype=f64))
             if o.alibi:
                 h = lead_index[-1] if lead_index else 0
                 slope = float(spec.alibi_slopes[h])
                 biased += masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope)
+            biased = r(biased)
             logits = biased
 
         visible = visibility(spec, lead_index, rows)
         masked = logits.copy()
         if spec.mask is not None and not spec.mask_is_bool:
             additive = spec.mask[spec.operand_index("mask", lead_index)]
-            masked += np.asarray(_rows_of(additive, rows), dtype=f64)
-        masked[~visible] = o.mask_value
+            masked = r(masked + r(np.asarray(_rows_of(additive, rows), dtype=f64)))
+        # −1e9 is −inf in float16: the mask value is stored in the format too.
+        masked[~visible] = float(r(np.asarray(o.effective_mask_value)))
 
-        weights = softmax(masked)
+        weights = r(softmax(masked, sm))
         dropped = None
         if o.dropout > 0:
             keep = _dropout_keep(spec, lead_index, rows)
-            dropped = np.where(keep, weights / (1.0 - o.dropout), 0.0)
-        output = (weights if dropped is None else dropped) @ v
+            dropped = r(np.where(keep, weights / (1.0 - o.dropout), 0.0))
+        output = r(precision.matmul(weights if dropped is None else dropped, v, acc))
 
     return Block(
         lead_index, rows, raw, scaled, capped, biased, masked, visible, weights, dropped, output
     )
 
 
-def softmax(logits: F64) -> F64:
-    """Row softmax over the last axis, max-subtracted.
+def softmax(logits: F64, dtype: str = "float64") -> F64:
+    """Row softmax over the last axis, max-subtracted, computed in the format ``dtype``.
 
     A row whose logits are all −inf (no visible key) gets zero weights, as PyTorch's
     safe softmax, FlashAttention and ONNX return; a finite mask value keeps such a
     row uniform, as kernels that mask with −1e9 or finfo.min do.
     """
+
+    def r(x: F64) -> F64:
+        return precision.round_to(x, dtype)
+
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         # initial=−inf keeps an empty key axis (S = 0) valid; NaN still propagates.
         m = np.max(logits, axis=-1, keepdims=True, initial=-math.inf)
         # Subtracting the row max keeps exp ≤ 1 (no overflow); an all −inf row subtracts 0.
-        e = np.exp(logits - np.where(m == -math.inf, 0.0, m))
-        total = e.sum(axis=-1, keepdims=True)
-        return e / np.where(total == 0.0, 1.0, total)
+        e = r(np.exp(r(logits - np.where(m == -math.inf, 0.0, m))))
+        total = precision.row_sum(e, dtype)
+        return r(e / np.where(total == 0.0, 1.0, total))
 
 
 @dataclass(frozen=True)
@@ -199,7 +231,9 @@ class Trace:
 
     Score-shaped stages are ``(*lead, L, S)``, ``output`` is ``(*lead, L, Ev)``.
     Stages that the options do not bring about (``capped``, ``biased``, ``dropped``)
-    and stages not asked for are ``None``.
+    and stages not asked for are ``None``. With ``--dtype`` the stages are the
+    emulated values. ``stats`` holds the per-row and per-stage statistics of every
+    block, gathered as it was computed, for the diagnostics.
     """
 
     spec: AttentionSpec
@@ -212,6 +246,7 @@ class Trace:
     weights: F64 | None
     dropped: F64 | None
     output: F64 | None
+    stats: Stats
 
     def stage(self, name: str) -> F64 | None:
         return getattr(self, name)  # type: ignore[no-any-return]
@@ -258,12 +293,18 @@ def trace(
 ) -> Trace:
     """Run the engine over every block and keep the stages asked for (default: all).
 
+    Statistics for the diagnostics are gathered from every block as it is computed.
+    With ``--dtype`` each block is computed twice, emulated (kept) and in float64
+    (compared against, then dropped).
+
     Args:
         spec: the validated computation.
         stages: names from :data:`STAGES` to keep; the others are not stored.
         rows: query rows per block (default :func:`block_rows`); any value gives the
             same numbers to rounding.
     """
+    from sdpa_cli.stats import Stats  # stats reads Block: imported here, not at the top
+
     keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
     ws, os_ = spec.weights_shape, spec.output_shape
     _check_fits(spec, keep)
@@ -271,10 +312,15 @@ def trace(
         s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
     }
     visible = np.empty(ws, dtype=np.bool_)
+    stats = Stats.empty(spec)
     for lead_index, r in iter_blocks(spec, rows):
         block = attend_block(spec, lead_index, r)
+        reference = (
+            attend_block(spec, lead_index, r, emulate=False) if spec.options.emulated else block
+        )
+        stats.observe(block, reference)
         at: tuple[int | slice, ...] = (*lead_index, r)
         visible[at] = block.visible
         for name, arr in arrays.items():
             arr[at] = getattr(block, name)
-    return Trace(spec=spec, visible=visible, **{s: arrays.get(s) for s in STAGES})
+    return Trace(spec=spec, visible=visible, stats=stats, **{s: arrays.get(s) for s in STAGES})

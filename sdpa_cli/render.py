@@ -20,7 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.compute import Trace
+from sdpa_cli.diagnose import Diagnosis, row_flags
+from sdpa_cli.render_findings import SEVERITY_STYLE, findings_panel, heads_table, precision_panel
 from sdpa_cli.spec import AttentionSpec
+from sdpa_cli.stats import working_formats
 
 THEME = {
     "title": Style(bold=True),
@@ -166,6 +169,11 @@ def header(trace: Trace) -> RenderableType:
         grid.add_row(
             "dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}")
         )
+    if o.emulated:
+        how = f"emulated: inputs and every stage stored in {o.dtype}, matmuls accumulated in {o.accumulate}, softmax in {o.softmax_dtype}"
+        grid.add_row("dtype", Text(how))
+    if o.prescale:
+        grid.add_row("prescale", Text("Q and K each × √scale before the matmul: raw = scaled"))
     return Panel(grid, title="sdpa compute", title_align="left", box=box.ROUNDED, expand=False)
 
 
@@ -212,12 +220,21 @@ def stage_title(stage: str) -> Text:
 
 
 def stage_table(
-    trace: Trace, stage: str, idx: tuple[int, ...], view: View, rows: range, cut_rows: bool
+    trace: Trace,
+    stage: str,
+    idx: tuple[int, ...],
+    view: View,
+    rows: range,
+    cut_rows: bool,
+    flags: dict[int, tuple[str, str]] | None = None,
 ) -> RenderableType:
     """One stage of one slice as a heatmap table, as many columns as the width allows.
 
-    Below it, in words: what was cut, and hidden keys that still receive weight.
+    Flagged rows (``flags``: row → (label, severity)) have their label colored by
+    severity; the weights table names the flag in a last column. Below the table,
+    in words: what was cut, and hidden keys that still receive weight.
     """
+    flags = flags or {}
     spec = trace.spec
     arr = trace.stage(stage)
     assert arr is not None
@@ -242,8 +259,10 @@ def stage_table(
     candidates = range(min(n_cols, view.max_rows))
     widths = [max([len(f"{prefix}{j}")] + [len(text_of(i, j)) for i in rows]) for j in candidates]
     sums = [fmt(float(data[i].sum()), view.precision) for i in rows] if is_weights else []
+    shown_flags = [flags[i][0] for i in rows if i in flags] if is_weights else []
     used = max(len(f"q{spec.L - 1}"), 1) + 1
     used += (max(len(s) for s in sums) + 2) if sums else 0
+    used += (max(len(f) for f in shown_flags) + 2) if shown_flags else 0
     fitted = 0
     for j, w in enumerate(widths):
         more_follow = j + 1 < n_cols
@@ -262,6 +281,8 @@ def stage_table(
         table.add_column("…", justify="center", no_wrap=True)
     if is_weights:
         table.add_column("Σ", justify="right", style=THEME["muted"], no_wrap=True)
+    if shown_flags:
+        table.add_column("flag", no_wrap=True)
 
     block = np.ix_(list(rows), list(cols))
     shown = data[block] if len(rows) and len(cols) else np.zeros((0, 0))
@@ -282,7 +303,11 @@ def stage_table(
             cells.append(Text("…", THEME["muted"]))
         if is_weights:
             cells.append(Text(sums[r]))
-        table.add_row(Text(f"q{i}"), *cells)
+        flag = flags.get(i)
+        if shown_flags:
+            cells.append(Text(flag[0], SEVERITY_STYLE[flag[1]]) if flag else Text(""))
+        label_style = SEVERITY_STYLE[flag[1]] if flag else THEME["label"]
+        table.add_row(Text(f"q{i}", label_style), *cells)
     if cut_rows:
         table.add_row(*[Text("…", THEME["muted"]) for _ in table.columns])
     captions = []
@@ -329,9 +354,11 @@ def summary(trace: Trace, stages: Sequence[str]) -> Table:
     return table
 
 
-def render_compute(trace: Trace, view: View) -> RenderableType:
-    """The whole ``compute`` view: header, then each chosen slice stage by stage."""
+def render_compute(trace: Trace, view: View, diagnosis: Diagnosis | None = None) -> RenderableType:
+    """The whole ``compute`` view: header, each chosen slice stage by stage, then the
+    per-head summaries, the precision report and the findings (when diagnosed)."""
     spec = trace.spec
+    working = working_formats(spec)
     parts: list[RenderableType] = [header(trace)]
     positions = slice_positions(spec, view)
     rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
@@ -346,9 +373,10 @@ def render_compute(trace: Trace, view: View) -> RenderableType:
             parts.append(
                 Text(f"── {label} " + "─" * max(0, view.width - len(label) - 4), THEME["title"])
             )
+        flags = row_flags(trace.stats, diagnosis.thresholds, idx, working) if diagnosis else {}
         for stage in stages:
             parts.append(stage_title(stage))
-            parts.append(stage_table(trace, stage, idx, view, rows, cut_rows))
+            parts.append(stage_table(trace, stage, idx, view, rows, cut_rows, flags))
             parts.append(Text(""))
     if len(positions) > view.max_slices:
         parts.append(
@@ -358,4 +386,30 @@ def render_compute(trace: Trace, view: View) -> RenderableType:
                 THEME["note"],
             )
         )
+    if diagnosis is not None:
+        parts.extend(diagnosis_parts(trace, diagnosis, view))
     return Group(*parts)
+
+
+def diagnosis_parts(trace: Trace, diagnosis: Diagnosis, view: View) -> list[RenderableType]:
+    """Per-head summaries (several slices), precision (when it matters), findings."""
+    parts: list[RenderableType] = []
+    if len(diagnosis.heads) > 1:
+        flagged = {
+            f.index
+            for f in diagnosis.findings
+            if f.kind in ("dead_head", "collapsed_head") and f.index is not None
+        }
+        parts.append(heads_table(diagnosis.heads, flagged, view.max_rows))
+        parts.append(Text(""))
+    low_precision = (
+        diagnosis.emulation is not None
+        or any(f.kind == "overflow" and f.severity != "info" for f in diagnosis.findings)
+        or any(d != "float32" for d in working_formats(trace.spec))
+    )
+    if low_precision:
+        panel = precision_panel(diagnosis)
+        if panel is not None:
+            parts.append(panel)
+    parts.append(findings_panel(diagnosis))
+    return parts

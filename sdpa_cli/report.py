@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli import __version__
 from sdpa_cli.compute import STAGES, Trace, applicable_stages
+from sdpa_cli.diagnose import Diagnosis
 from sdpa_cli.loaders import write_atomic
 
 
@@ -36,7 +37,9 @@ def _nested(a: NDArray[Any], for_json: bool) -> Any:
     return fix(lists)
 
 
-def payload(trace: Trace, stages: tuple[str, ...], *, for_json: bool) -> dict[str, Any]:
+def payload(
+    trace: Trace, stages: tuple[str, ...], diagnosis: Diagnosis | None = None, *, for_json: bool
+) -> dict[str, Any]:
     """The ``--format json|yaml`` object: shapes, scale, options, stages, findings."""
     spec = trace.spec
     o = spec.options
@@ -62,6 +65,10 @@ def payload(trace: Trace, stages: tuple[str, ...], *, for_json: bool) -> dict[st
             "seed": o.seed,
             "heads": o.heads,
             "group": spec.group,
+            "dtype": o.dtype,
+            "accumulate": o.accumulate,
+            "softmax_dtype": o.softmax_dtype,
+            "prescale": o.prescale,
         },
         "stages": [s for s in applicable_stages(spec) if s in stages],
     }
@@ -71,8 +78,40 @@ def payload(trace: Trace, stages: tuple[str, ...], *, for_json: bool) -> dict[st
             data[name] = _nested(arr, for_json)
     if not trace.visible.all():
         data["visible"] = trace.visible.tolist()
-    data["findings"] = []
+    data.update(diagnosis_payload(diagnosis, for_json=for_json) if diagnosis else {"findings": []})
     return data
+
+
+def _clean(value: Any, for_json: bool) -> Any:
+    """Non-finite floats as JSON strings (or kept for YAML), recursively."""
+    if isinstance(value, float):
+        return _json_number(value) if for_json else value
+    if isinstance(value, dict):
+        return {k: _clean(v, for_json) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v, for_json) for v in value]
+    if isinstance(value, np.generic):
+        return _clean(value.item(), for_json)
+    return value
+
+
+def diagnosis_payload(diagnosis: Diagnosis, *, for_json: bool) -> dict[str, Any]:
+    """``findings`` (the contract), their full counts, per-head summaries, precision."""
+    out: dict[str, Any] = {
+        "findings": [f.to_dict() for f in diagnosis.findings],
+        "finding_counts": dict(diagnosis.counts),
+        "findings_truncated": diagnosis.truncated,
+        "thresholds": {
+            "saturation": diagnosis.thresholds.saturation,
+            "uniform": diagnosis.thresholds.uniform,
+            "head_fraction": diagnosis.thresholds.head_fraction,
+            "max_findings": diagnosis.thresholds.max_findings,
+        },
+        "heads": [h.to_dict() for h in diagnosis.heads],
+        "headroom_bits": {d: dict(per) for d, per in diagnosis.headroom.items()},
+        "emulation": diagnosis.emulation.to_dict() if diagnosis.emulation else None,
+    }
+    return _clean(out, for_json)  # type: ignore[no-any-return]
 
 
 def to_json(data: dict[str, Any]) -> str:

@@ -25,6 +25,10 @@ from sdpa_cli.errors import SpecError
 from sdpa_cli.masks import ALIGNMENTS, alibi_slopes
 
 SCALE_NAMES = ("sqrt-dk", "dk", "none")
+FINFO_MIN = float(np.finfo(np.float64).min)
+"""How ``finfo-min`` is stored: resolved against the working format when used."""
+FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+"""Formats ``--dtype`` emulates (kept equal to :data:`sdpa_cli.precision.FORMATS`)."""
 MASK_TRUE_MEANS = ("attend", "masked")
 
 
@@ -45,14 +49,38 @@ class Options:
     dropout: float = 0.0
     seed: int = 0
     heads: int | None = None
+    dtype: str = "float64"
+    accumulate: str = "float32"
+    softmax_dtype: str = "float32"
+    prescale: bool = False
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the pipeline runs in a format narrower than float64 (``--dtype``)."""
+        return self.dtype != "float64"
+
+    @property
+    def mask_value_is_finfo_min(self) -> bool:
+        return self.mask_value == FINFO_MIN
+
+    @property
+    def effective_mask_value(self) -> float:
+        """The hidden logits' value: ``finfo-min`` is the most negative number of the
+        working format (float64, or the ``--dtype`` emulated), as PyTorch's
+        ``torch.finfo(dtype).min``."""
+        if self.mask_value_is_finfo_min and self.emulated:
+            from sdpa_cli.precision import fmt
+
+            return -fmt(self.dtype).max
+        return self.mask_value
 
     @property
     def mask_value_label(self) -> str:
-        """How the mask value reads: ``-inf``, ``finfo-min`` or the number."""
+        """How the mask value reads: ``-inf``, ``finfo-min (float16)`` or the number."""
         if self.mask_value == -math.inf:
             return "-inf"
-        if self.mask_value == np.finfo(np.float64).min:
-            return "finfo-min (float64)"
+        if self.mask_value_is_finfo_min:
+            return f"finfo-min ({self.dtype}: {self.effective_mask_value:.6g})"
         return f"{self.mask_value:g}"
 
 
@@ -147,9 +175,9 @@ def parse_window(value: Any, where: str = "--window") -> tuple[int, int]:
 
 
 def parse_mask_value(value: Any, where: str = "--mask-value") -> float:
-    """``-inf``, ``finfo-min`` (float64's most negative number) or a negative number."""
+    """``-inf``, ``finfo-min`` (the working format's most negative number) or a negative number."""
     if isinstance(value, str) and value.strip().lower() == "finfo-min":
-        return float(np.finfo(np.float64).min)
+        return FINFO_MIN
     x = _number(value, where)
     if not x < 0:
         raise SpecError(where, f"must be negative (-inf, finfo-min or e.g. -1e9), got {value!r}")
@@ -177,6 +205,10 @@ _PARSERS: dict[str, Any] = {
     "dropout": _dropout,
     "seed": lambda v, w: _int(v, w),
     "heads": lambda v, w: _int(v, w, minimum=1),
+    "dtype": lambda v, w: _choice(v, w, FORMATS),
+    "accumulate": lambda v, w: _choice(v, w, (*FORMATS, "same")),
+    "softmax_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
+    "prescale": _bool,
 }
 
 
@@ -197,6 +229,17 @@ def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None
             continue
         label = where.get(name, "--" + name.replace("_", "-"))
         values[name] = _PARSERS[name](value, label)
+    dtype = values.get("dtype", "float64")
+    for name in ("accumulate", "softmax_dtype"):
+        chosen = values.get(name, "float32")
+        if chosen == "same":
+            values[name] = chosen = dtype
+        if chosen not in ("float64", "float32", dtype):
+            label = where.get(name, "--" + name.replace("_", "-"))
+            raise SpecError(
+                label,
+                f"must be float64, float32 or the --dtype format ({dtype}), got {chosen!r}",
+            )
     return Options(**values)
 
 

@@ -336,6 +336,12 @@ PAYLOAD_KEYS = {
     "options",
     "stages",
     "findings",
+    "finding_counts",
+    "findings_truncated",
+    "thresholds",
+    "heads",
+    "headroom_bits",
+    "emulation",
 }
 
 

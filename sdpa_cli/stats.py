@@ -1,0 +1,272 @@
+"""Statistics gathered block by block as the engine runs: what the diagnostics read.
+
+Per query row (arrays of shape ``(*lead, L)``): visible keys, the largest weight and
+its key, the entropy, and per format the weights that would flush to zero. Per stage
+(a few numbers each): the largest magnitude, non-finite values, values that would
+overflow each checked format, with the first place each happened. Nothing here
+keeps a score-sized array, so the diagnostics cost little on huge inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli import precision
+from sdpa_cli.compute import Block, applicable_stages
+from sdpa_cli.spec import AttentionSpec
+
+F64 = NDArray[np.float64]
+Index = tuple[int, ...]
+
+OVERFLOW_STAGES = ("raw", "scaled", "masked", "output")
+"""Stages checked for overflow: QKᵀ as many kernels store it, the logits, the output."""
+
+
+@dataclass
+class Where:
+    """How many values matched, the first (in C order of blocks) and the largest."""
+
+    count: int = 0
+    first: Index | None = None
+    extreme: float = 0.0
+    extreme_at: Index | None = None
+
+    def add(self, hits: NDArray[np.bool_], base: Index, values: F64 | None = None) -> None:
+        """Count ``hits`` of a (rows, cols) block whose element (0, 0) is at ``base``."""
+        n = int(np.count_nonzero(hits))
+        if not n:
+            return
+        self.count += n
+        if self.first is None:
+            self.first = _at(base, np.unravel_index(int(np.argmax(hits)), hits.shape))
+        if values is not None:
+            mags = np.where(hits, np.abs(values), -1.0)
+            flat = int(np.argmax(mags))
+            if mags.flat[flat] > self.extreme:
+                self.extreme = float(mags.flat[flat])
+                self.extreme_at = _at(base, np.unravel_index(flat, hits.shape))
+
+
+def _at(base: Index, offset: tuple[Any, ...]) -> Index:
+    """``base`` (…, i0, 0) shifted by a (row, col) offset."""
+    return (*base[:-2], base[-2] + int(offset[0]), base[-1] + int(offset[1]))
+
+
+@dataclass
+class StageError:
+    """An emulated stage against float64: the largest errors and new non-finite values."""
+
+    max_abs: float = 0.0
+    max_abs_at: Index | None = None
+    ref_absmax: float = 0.0
+    max_row_rel: float = 0.0
+    max_row_rel_at: Index | None = None
+    new_nonfinite: Where = field(default_factory=Where)
+
+
+@dataclass
+class Stats:
+    """Everything the diagnostics need, accumulated over blocks by :meth:`observe`."""
+
+    spec: AttentionSpec
+    checked: tuple[str, ...]
+    underflow_checked: tuple[str, ...]
+    exp_checked: tuple[str, ...]
+    n_visible: NDArray[np.int32]
+    max_weight: F64
+    argmax: NDArray[np.int32]
+    entropy: F64
+    underflow: dict[str, NDArray[np.int32]]
+    lost: dict[str, F64]
+    absmax: dict[str, Where]
+    nonfinite: dict[str, Where]
+    overflow: dict[tuple[str, str], Where]
+    exp_overflow: dict[str, Where]
+    mask_add_overflow: dict[str, Where]
+    hidden_bad: dict[str, Where]
+    moments: list[float]
+    errors: dict[str, StageError]
+    _bad_keys: dict[tuple[str, Index], NDArray[np.bool_]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, spec: AttentionSpec) -> Stats:
+        """Statistics for ``spec`` before any block, checking the formats that matter."""
+        rows = (*spec.lead, spec.L)
+        working = working_formats(spec)
+        checked = tuple(dict.fromkeys([*precision.CHECKED, *working]))
+        under = tuple(dict.fromkeys(["float16", "bfloat16", *working]))
+        stages = applicable_stages(spec)
+        return cls(
+            spec=spec,
+            checked=checked,
+            underflow_checked=under,
+            exp_checked=tuple(d for d in checked if not d.startswith("float8")),
+            n_visible=np.zeros(rows, np.int32),
+            max_weight=np.zeros(rows),
+            argmax=np.zeros(rows, np.int32),
+            entropy=np.zeros(rows),
+            underflow={d: np.zeros(rows, np.int32) for d in under},
+            lost={d: np.zeros(rows) for d in under},
+            absmax={s: Where() for s in OVERFLOW_STAGES},
+            nonfinite={s: Where() for s in stages},
+            overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
+            exp_overflow={d: Where() for d in checked if not d.startswith("float8")},
+            mask_add_overflow={d: Where() for d in checked},
+            hidden_bad={"k": Where(), "v": Where()},
+            moments=[0.0, 0.0, 0.0],
+            errors={s: StageError() for s in stages} if spec.options.emulated else {},
+        )
+
+    def observe(self, block: Block, reference: Block) -> None:
+        """Add one block: ``block`` as shown (emulated or not), ``reference`` in float64.
+
+        Row statistics and non-finite values come from what is shown; what *would*
+        overflow or flush to zero comes from the float64 values.
+        """
+        spec = self.spec
+        lead, rows = block.lead_index, block.rows
+        at: tuple[int | slice, ...] = (*lead, rows)
+        base: Index = (*lead, rows.start, 0)
+        visible = block.visible
+        hidden = ~visible
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            # --- rows: visible keys, the largest weight, the entropy -----------------
+            w = block.weights
+            self.n_visible[at] = visible.sum(axis=1)
+            if spec.S:
+                self.argmax[at] = np.argmax(w, axis=1)
+                self.max_weight[at] = np.max(w, axis=1)
+                self.entropy[at] = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
+            ref_w = reference.weights
+            for d in self.underflow_checked:
+                flushed = precision.fmt(d).flushes(ref_w)
+                self.underflow[d][at] = flushed.sum(axis=1)
+                self.lost[d][at] = np.where(flushed, ref_w, 0.0).sum(axis=1)
+
+            # --- stages: magnitudes and overflow (float64 values) -------------------
+            for stage in OVERFLOW_STAGES:
+                values = getattr(reference, stage)
+                sel = np.isfinite(values)
+                if stage != "output":
+                    sel &= visible
+                out_base = base
+                self.absmax[stage].add(sel, out_base, values)
+                for d in self.checked:
+                    hits = precision.fmt(d).overflows(values)
+                    if stage != "output":
+                        hits &= visible
+                    self.overflow[(stage, d)].add(hits, out_base, values)
+            logits = reference.masked
+            finite_visible = visible & np.isfinite(logits)
+            for d in self.exp_checked:
+                # exp(x) with no max subtracted first: the naive softmax.
+                hits = finite_visible & (logits > precision.fmt(d).exp_limit)
+                self.exp_overflow[d].add(hits, base, logits)
+            mv = spec.options.effective_mask_value
+            if math.isfinite(mv) and hidden.any():
+                # Kernels that *add* a finite mask value to the logits (HF's finfo.min).
+                pre = _pre_mask(reference)
+                added = np.where(hidden, pre + mv, 0.0)
+                for d in self.checked:
+                    hits = hidden & precision.fmt(d).overflows(added)
+                    self.mask_add_overflow[d].add(hits, base, added)
+            scaled = reference.scaled
+            ok = scaled[np.isfinite(scaled)]
+            self.moments[0] += ok.size
+            self.moments[1] += float(ok.sum())
+            self.moments[2] += float(np.square(ok).sum())
+
+            # --- non-finite values as shown, stage by stage -------------------------
+            for stage, record in self.nonfinite.items():
+                values = getattr(block, stage)
+                if stage in ("raw", "scaled", "capped"):
+                    bad = ~np.isfinite(values) & visible
+                elif stage in ("biased", "masked"):
+                    bad = (np.isnan(values) | (values == math.inf)) & visible
+                elif stage in ("weights", "dropped"):
+                    bad = np.isnan(values)
+                else:
+                    bad = ~np.isfinite(values)
+                record.add(bad, base)
+
+            # --- K or V non-finite at hidden keys ------------------------------------
+            if hidden.any():
+                for name in ("k", "v"):
+                    bad_keys = self._bad(name, lead)
+                    if bad_keys.any():
+                        self.hidden_bad[name].add(hidden & bad_keys[None, :], base)
+
+            # --- the emulated run against float64 -------------------------------------
+            for stage, err in self.errors.items():
+                shown, ref = getattr(block, stage), getattr(reference, stage)
+                if shown is None or ref is None:
+                    continue
+                both = np.isfinite(shown) & np.isfinite(ref)
+                new_bad = np.isfinite(ref) & ~np.isfinite(shown)
+                if stage not in ("output", "weights", "dropped"):
+                    both &= visible
+                    new_bad &= visible
+                err.new_nonfinite.add(new_bad, base)
+                diff = np.where(both, np.abs(shown - ref), 0.0)
+                mag = np.where(both, np.abs(ref), 0.0)
+                if diff.size:
+                    flat = int(np.argmax(diff))
+                    if diff.flat[flat] > err.max_abs:
+                        err.max_abs = float(diff.flat[flat])
+                        err.max_abs_at = _at(base, np.unravel_index(flat, diff.shape))
+                    err.ref_absmax = max(err.ref_absmax, float(mag.max()))
+                    row_rel = diff.max(axis=1) / np.where(
+                        mag.max(axis=1) > 0, mag.max(axis=1), np.inf
+                    )
+                    i = int(np.argmax(row_rel))
+                    if row_rel[i] > err.max_row_rel:
+                        err.max_row_rel = float(row_rel[i])
+                        err.max_row_rel_at = _at(base, (i, int(np.argmax(diff[i]))))
+
+    def _bad(self, name: str, lead: Index) -> NDArray[np.bool_]:
+        """Keys whose row of K (or V) holds NaN or inf, for one slice (cached)."""
+        spec = self.spec
+        op = spec.operand_index(name, lead)
+        key = (name, op)
+        if key not in self._bad_keys:
+            rows = np.asarray(getattr(spec, name)[op], dtype=np.float64)
+            self._bad_keys[key] = np.asarray(~np.isfinite(rows).all(axis=1))
+        return self._bad_keys[key]
+
+    @property
+    def raw_std(self) -> float:
+        """The observed standard deviation of Q Kᵀ (from the scaled logits / scale)."""
+        n, total, squares = self.moments
+        if n < 2:
+            return math.nan
+        mean = total / n
+        var = max(squares / n - mean * mean, 0.0)
+        factor = self.spec.scale / self.spec.options.temperature
+        return math.sqrt(var) / factor
+
+
+def _pre_mask(block: Block) -> F64:
+    """The logits before masking: biased, capped or scaled, whichever came last."""
+    for stage in (block.biased, block.capped):
+        if stage is not None:
+            return stage
+    return block.scaled
+
+
+def input_dtypes(spec: AttentionSpec) -> tuple[str, ...]:
+    """The low-precision formats Q, K and V arrived in (float16, float32, ...)."""
+    names = {str(getattr(spec, n).dtype) for n in ("q", "k", "v")}
+    return tuple(d for d in precision.FORMATS[1:] if d in names)
+
+
+def working_formats(spec: AttentionSpec) -> tuple[str, ...]:
+    """The formats this computation really runs in: the inputs' and ``--dtype``'s."""
+    formats = list(input_dtypes(spec))
+    if spec.options.emulated:
+        formats.append(spec.options.dtype)
+    return tuple(dict.fromkeys(formats))
