@@ -374,7 +374,9 @@ def test_json_contract_matches_numpy(qkv: dict[str, F64]) -> None:
     assert data["options"]["causal_align"] == "upper-left"
     assert data["options"]["mask_value"] == "-Infinity"
     assert data["stages"] == stages
-    assert data["findings"] == []
+    # Random data: at most short causal rows that happen to be nearly uniform (info).
+    assert {f["kind"] for f in data["findings"]} <= {"near_uniform"}
+    assert all(f["severity"] == "info" and f["stage"] == "weights" for f in data["findings"])
 
     visible = np.arange(S)[None, :] <= np.arange(L)[:, None]  # upper-left: j ≤ i
     expected = reference(qkv["q"], qkv["k"], qkv["v"], scale=1 / math.sqrt(E), visible=visible)
