@@ -210,6 +210,10 @@ def _fmt_index(at: Index | None) -> str:
     return "[" + ", ".join(str(i) for i in (at or ())) + "]"
 
 
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}{'' if n == 1 else 's'}"
+
+
 def _g(x: float) -> str:
     return f"{x:.4g}"
 
@@ -351,10 +355,10 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
 # --- overflow ---------------------------------------------------------------------------
 
 _OVERFLOW_WHAT = {
-    "raw": ("QKᵀ", "raw scores"),
-    "scaled": ("the scaled logits", "logits"),
-    "masked": ("the masked logits (with bias and mask)", "logits"),
-    "output": ("the output", "outputs"),
+    "raw": ("QKᵀ", "raw score"),
+    "scaled": ("the scaled logits", "logit"),
+    "masked": ("the masked logits (with bias and mask)", "logit"),
+    "output": ("the output", "value"),
 }
 _OVERFLOW_HINT = {
     "raw": "kernels that store QKᵀ before scaling overflow here; scaling Q and K by √scale "
@@ -377,7 +381,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
             yield Finding(
                 "overflow",
                 severity_for(d, working),
-                f"{what} overflow {d}: {rec.count} {unit} beyond ±{_g(f.max)} "
+                f"{what} overflows {d}: {_count(rec.count, unit)} beyond ±{_g(f.max)} "
                 f"(largest {_g(rec.extreme)} at {_fmt_index(rec.extreme_at)}; "
                 f"headroom {f.headroom(rec.extreme):+.1f} bits)",
                 hint=_OVERFLOW_HINT[stage],
@@ -398,7 +402,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
             yield Finding(
                 "overflow",
                 severity_for(d, working),
-                f"exp without max-subtraction overflows {d}: {rec.count} logits above "
+                f"exp without max-subtraction overflows {d}: {_count(rec.count, 'logit')} above "
                 f"log({_g(f.max)}) = {f.exp_limit:.4g} (largest {_g(rec.extreme)} at "
                 f"{_fmt_index(rec.extreme_at)})",
                 hint="a softmax that subtracts the row max first (every framework's) is safe; "
@@ -411,7 +415,8 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
             )
     mv = spec.options.effective_mask_value
     if math.isfinite(mv) and _anything_hidden(stats):
-        for d in stats.checked:
+        # Logits are never stored in float8 (FP8 kernels keep them in float32).
+        for d in (d for d in stats.checked if not d.startswith("float8")):
             f = precision.fmt(d)
             if bool(f.overflows(np.asarray([mv]))[0]):
                 yield Finding(
@@ -557,8 +562,8 @@ def _row_findings(
                 Finding(
                     "underflow",
                     "warning" if serious else "info",
-                    f"row {_fmt_index(idx)}: {int(counts[idx])} weights (together {lost:.3g}) "
-                    f"flush to zero in {d} (below {_g(f.tiny / 2)})",
+                    f"row {_fmt_index(idx)}: {_count(int(counts[idx]), 'weight')} "
+                    f"(together {lost:.3g}) flush to zero in {d} (below {_g(f.tiny / 2)})",
                     hint="harmless when the lost weight is tiny; otherwise keep the weights in "
                     "float32 or bfloat16",
                     index=idx,
@@ -620,6 +625,7 @@ def _head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[F
     for h in heads:
         if h.rows < 2:
             continue
+        name = f"head {_fmt_index(h.index)}" if h.index else "the head (a single slice)"
         summary = (
             f"mean entropy {h.mean_normalized_entropy:.3f} of the maximum, "
             f"mean max weight {h.mean_max_weight:.4f}"
@@ -634,7 +640,7 @@ def _head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[F
             yield Finding(
                 "collapsed_head",
                 "warning",
-                f"head {_fmt_index(h.index)} has collapsed: {h.saturated} of {h.rows} rows are "
+                f"{name} has collapsed: {h.saturated} of {h.rows} rows are "
                 f"one-hot ({summary})",
                 hint="every query copies a single key: check the scale and the logits' range",
                 index=h.index,
@@ -646,7 +652,7 @@ def _head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[F
             yield Finding(
                 "dead_head",
                 "warning",
-                f"head {_fmt_index(h.index)} is dead: {h.near_uniform} of {h.rows} rows are "
+                f"{name} is dead: {h.near_uniform} of {h.rows} rows are "
                 f"nearly uniform ({summary})",
                 hint="the head averages V instead of attending: Q or K near zero, "
                 "the scale applied twice, or a temperature too high",

@@ -124,11 +124,11 @@ def _indented(text: Text) -> Padding:
     return Padding(text, (0, 0, 0, 4))
 
 
-def heads_table(heads: Sequence[HeadSummary], flagged: set[tuple[int, ...]], limit: int) -> Table:
+def heads_table(
+    heads: Sequence[HeadSummary], flagged: set[tuple[int, ...]], limit: int
+) -> RenderableType:
     """Per-head summaries: flagged heads first, then in order, at most ``limit``."""
-    table = Table(
-        title="heads", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
-    )
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("head", "rows", "entropy", "max weight", "one-hot", "uniform"):
         table.add_column(col, justify="left" if col == "head" else "right", no_wrap=True)
     ordered = sorted(heads, key=lambda h: (h.index not in flagged, h.index))
@@ -144,9 +144,13 @@ def heads_table(heads: Sequence[HeadSummary], flagged: set[tuple[int, ...]], lim
         )
     if len(ordered) > limit:
         table.add_row(Text(f"… {len(ordered) - limit} more", MUTED), "", "", "", "", "")
-    table.caption = "entropy: mean over rows, as a fraction of log(visible keys)"
-    table.caption_justify = "left"
-    return table
+    return Group(
+        Text.assemble(
+            ("heads", Style(bold=True)),
+            ("  means over rows with ≥ 2 visible keys; entropy as a fraction of log(keys)", MUTED),
+        ),
+        table,
+    )
 
 
 def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
@@ -185,7 +189,7 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
             f"softmax in {emu.softmax_dtype}"
             + (", Q and K prescaled by √scale" if emu.prescale else "")
         )
-        parts += [Text(setup), table, verdict]
+        parts += [Text(setup), table, verdict, Text("")]
     if diagnosis.headroom:
         parts.append(headroom_table(diagnosis))
     if not parts:
@@ -193,19 +197,13 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
     return Panel(Group(*parts), title="precision", title_align="left", box=box.ROUNDED)
 
 
-def headroom_table(diagnosis: Diagnosis) -> Table:
+def headroom_table(diagnosis: Diagnosis) -> RenderableType:
     """Bits between each stage's largest magnitude and each format's max (negative: overflow)."""
     stages = sorted(
         {s for per in diagnosis.headroom.values() for s in per},
         key=("raw", "scaled", "masked", "output").index,
     )
-    table = Table(
-        title="headroom: bits between the largest value and each format's max",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        pad_edge=False,
-    )
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("format")
     for s in stages:
         table.add_column(s, justify="right")
@@ -223,4 +221,8 @@ def headroom_table(diagnosis: Diagnosis) -> Table:
             )
             cells.append(Text(text, style))
         table.add_row(d, *cells)
-    return table
+    title = Text.assemble(
+        ("headroom", Style(bold=True)),
+        ("  bits between each stage's largest value and the format's max", MUTED),
+    )
+    return Group(title, table)

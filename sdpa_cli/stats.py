@@ -105,6 +105,7 @@ class Stats:
             spec=spec,
             checked=checked,
             underflow_checked=under,
+            # Logits never live in float8 (FP8 kernels keep them in float32).
             exp_checked=tuple(d for d in checked if not d.startswith("float8")),
             n_visible=np.zeros(rows, np.int32),
             max_weight=np.zeros(rows),
@@ -172,7 +173,7 @@ class Stats:
                 # Kernels that *add* a finite mask value to the logits (HF's finfo.min).
                 pre = _pre_mask(reference)
                 added = np.where(hidden, pre + mv, 0.0)
-                for d in self.checked:
+                for d in self.exp_checked:
                     hits = hidden & precision.fmt(d).overflows(added)
                     self.mask_add_overflow[d].add(hits, base, added)
             scaled = reference.scaled
