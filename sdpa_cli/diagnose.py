@@ -355,10 +355,10 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
 # --- overflow ---------------------------------------------------------------------------
 
 _OVERFLOW_WHAT = {
-    "raw": ("QKᵀ", "raw score"),
-    "scaled": ("the scaled logits", "logit"),
-    "masked": ("the masked logits (with bias and mask)", "logit"),
-    "output": ("the output", "value"),
+    "raw": ("QKᵀ overflows", "raw score"),
+    "scaled": ("the scaled logits overflow", "logit"),
+    "masked": ("the logits with bias and mask overflow", "logit"),
+    "output": ("the output overflows", "value"),
 }
 _OVERFLOW_HINT = {
     "raw": "kernels that store QKᵀ before scaling overflow here; scaling Q and K by √scale "
@@ -371,17 +371,23 @@ _OVERFLOW_HINT = {
 
 
 def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
-    for stage in OVERFLOW_STAGES:
-        for d in stats.checked:
+    for d in stats.checked:
+        before = 0  # values out of range at the previous logit stage
+        for stage in OVERFLOW_STAGES:
             rec = stats.overflow[(stage, d)]
-            if not rec.count:
+            # A stage is reported where it first overflows, or overflows more than the
+            # stage before it (the logits inherit QKᵀ's overflow): causes, not echoes.
+            report = rec.count > before if stage != "output" else rec.count > 0
+            if stage != "output":
+                before = rec.count
+            if not report:
                 continue
             f = precision.fmt(d)
             what, unit = _OVERFLOW_WHAT[stage]
             yield Finding(
                 "overflow",
                 severity_for(d, working),
-                f"{what} overflows {d}: {_count(rec.count, unit)} beyond ±{_g(f.max)} "
+                f"{what} {d}: {_count(rec.count, unit)} beyond ±{_g(f.max)} "
                 f"(largest {_g(rec.extreme)} at {_fmt_index(rec.extreme_at)}; "
                 f"headroom {f.headroom(rec.extreme):+.1f} bits)",
                 hint=_OVERFLOW_HINT[stage],
@@ -415,8 +421,8 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
             )
     mv = spec.options.effective_mask_value
     if math.isfinite(mv) and _anything_hidden(stats):
-        # Logits are never stored in float8 (FP8 kernels keep them in float32).
-        for d in (d for d in stats.checked if not d.startswith("float8")):
+        # Logits are not stored in float8 (FP8 kernels keep them in float32).
+        for d in stats.mask_add_overflow:
             f = precision.fmt(d)
             if bool(f.overflows(np.asarray([mv]))[0]):
                 yield Finding(
@@ -640,8 +646,7 @@ def _head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[F
             yield Finding(
                 "collapsed_head",
                 "warning",
-                f"{name} has collapsed: {h.saturated} of {h.rows} rows are "
-                f"one-hot ({summary})",
+                f"{name} has collapsed: {h.saturated} of {h.rows} rows are one-hot ({summary})",
                 hint="every query copies a single key: check the scale and the logits' range",
                 index=h.index,
                 stage="weights",
@@ -652,8 +657,7 @@ def _head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[F
             yield Finding(
                 "dead_head",
                 "warning",
-                f"{name} is dead: {h.near_uniform} of {h.rows} rows are "
-                f"nearly uniform ({summary})",
+                f"{name} is dead: {h.near_uniform} of {h.rows} rows are nearly uniform ({summary})",
                 hint="the head averages V instead of attending: Q or K near zero, "
                 "the scale applied twice, or a temperature too high",
                 index=h.index,

@@ -46,16 +46,19 @@ def _index(f: Finding) -> str:
 
 
 def _totals(diagnosis: Diagnosis) -> dict[tuple[str, str, str | None, str | None], list[Finding]]:
+    """Row and head findings grouped by kind, severity, format and stage; every other
+    finding on its own (its message is the point)."""
     groups: dict[tuple[str, str, str | None, str | None], list[Finding]] = {}
-    for f in diagnosis.findings:
-        groups.setdefault((f.kind, f.severity, f.dtype, f.stage), []).append(f)
+    for n, f in enumerate(diagnosis.findings):
+        stage = f.stage if f.kind in UNITS else f"{f.stage}#{n}"
+        groups.setdefault((f.kind, f.severity, f.dtype, stage), []).append(f)
     return groups
 
 
 def _group_total(diagnosis: Diagnosis, groups: dict, key: tuple) -> int:  # type: ignore[type-arg]
     """Findings in a group, counting unlisted rows when the kind has only this group."""
     kind = key[0]
-    if sum(1 for k in groups if k[0] == kind) == 1:
+    if kind in UNITS and sum(1 for k in groups if k[0] == kind) == 1:
         return int(diagnosis.counts.get(kind, len(groups[key])))
     return len(groups[key])
 
@@ -166,7 +169,7 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
             at = "—" if s.max_abs_at is None else "[" + ", ".join(map(str, s.max_abs_at)) + "]"
             problem = s.problem or ""
             if s.new_nonfinite:
-                problem += f" ({s.new_nonfinite} non-finite)"
+                problem = f"{problem} ({s.new_nonfinite})"
             table.add_row(
                 s.stage,
                 f"{s.max_abs:.3g}",

@@ -54,8 +54,23 @@ def test_readme_example_prints_what_the_readme_shows(command: str, expected: str
     assert argv[0] == "sdpa"
     env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"}
     env.pop("FORCE_COLOR", None)
+    if " | " in command:
+        # A pipeline into python3: run by bash, with this interpreter first on PATH.
+        shim = ROOT / ".pytest_cache" / "readme-bin"
+        shim.mkdir(parents=True, exist_ok=True)
+        for name, target in (
+            ("sdpa", f'"{sys.executable}" -m sdpa_cli "$@"'),
+            ("python3", f'"{sys.executable}" "$@"'),
+        ):
+            script = shim / name
+            script.write_text(f"#!/bin/sh\nexec {target}\n", encoding="utf-8")
+            script.chmod(0o755)
+        env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
+        argv = ["bash", "-c", command]
+    else:
+        argv = [sys.executable, "-m", "sdpa_cli", *argv[1:]]
     result = subprocess.run(
-        [sys.executable, "-m", "sdpa_cli", *argv[1:]],
+        argv,
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
