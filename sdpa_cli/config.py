@@ -53,7 +53,11 @@ _PARSERS = {
 
 def read_config(directory: str = ".") -> tuple[str | None, dict[str, Any]]:
     """The thresholds section of the first config file found, and the file's name."""
-    yaml_path = os.path.join(directory, "sdpa.yaml")
+
+    def named(name: str) -> str:
+        return name if directory == "." else os.path.join(directory, name)
+
+    yaml_path = named("sdpa.yaml")
     if os.path.isfile(yaml_path):
         from pathlib import Path
 
@@ -65,7 +69,7 @@ def read_config(directory: str = ".") -> tuple[str | None, dict[str, Any]]:
         if not isinstance(data, dict):
             raise InputError(yaml_path, "expected a mapping of threshold names to values")
         return yaml_path, data
-    toml_path = os.path.join(directory, "pyproject.toml")
+    toml_path = named("pyproject.toml")
     if os.path.isfile(toml_path):
         try:
             import tomllib

@@ -137,6 +137,7 @@ QKV = ("q.npy", "k.npy", "v.npy")
 
 def make_bad_inputs(d: Path) -> None:
     """Every file the error catalogue below refers to."""
+    (d / "case_dtype.yaml").write_text("q: [1]\nk: [[1]]\nv: [[1]]\ndtype: double\n")
     rng = np.random.default_rng(1)
 
     def save(name: str, shape: tuple[int, ...], dtype: Any = np.float64) -> None:
@@ -236,6 +237,19 @@ CATALOGUE: list[tuple[str, list[str], str, str]] = [
     ("int-range", [*QKV, "--max-rows", "0"], "Invalid value for '--max-rows'", "0 is not"),
     ("unknown-option", [*QKV, "--foo"], "No such option", "--foo"),
     ("no-inputs", [], "Missing argument", "Q K V"),
+    ("dtype-unknown", [*QKV, "--dtype", "float12"], "--dtype: ", "'float12'"),
+    (
+        "accumulate-mismatch",
+        [*QKV, "--dtype", "float16", "--accumulate", "bfloat16"],
+        "--accumulate: ",
+        "float16",
+    ),
+    ("softmax-dtype-unknown", [*QKV, "--softmax-dtype", "half"], "--softmax-dtype: ", "'half'"),
+    ("saturation-above-one", [*QKV, "--saturation", "1.5"], "--saturation: ", "1.5"),
+    ("uniform-zero", [*QKV, "--uniform", "0"], "--uniform: ", "(0, 1]"),
+    ("head-fraction-text", [*QKV, "--head-fraction", "most"], "--head-fraction: ", "'most'"),
+    ("max-findings-negative", [*QKV, "--max-findings", "-1"], "--max-findings: ", "≥ 0"),
+    ("case-bad-dtype", ["case_dtype.yaml"], "case_dtype.yaml: dtype: ", "'double'"),
 ]
 
 
@@ -911,3 +925,108 @@ def test_e2e_no_color_flag_on_a_terminal(qkv: dict[str, F64], workdir: Path) -> 
     out = run_in_pty([sdpa_executable(), "compute", *QKV, "--causal", "--no-color"], workdir)
     assert out.strip()
     assert ANSI.encode() not in out
+
+
+# --- findings ------------------------------------------------------------------------------
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+
+
+def sample(name: str) -> str:
+    return str(SAMPLES / name)
+
+
+def test_json_findings_follow_the_contract() -> None:
+    data = run_json(sample("scale_comparison.yaml"), "--scale", "none")
+    kinds = {f["kind"] for f in data["findings"]}
+    assert kinds == {"overflow", "unscaled", "saturated", "underflow"}
+    (saturated,) = [f for f in data["findings"] if f["kind"] == "saturated"]
+    assert saturated["severity"] == "warning"
+    assert saturated["index"] == [0]
+    assert saturated["stage"] == "weights"
+    assert saturated["details"]["key"] == 2
+    assert saturated["details"]["max_weight"] == pytest.approx(1.0)
+    assert "1/√d_k" in saturated["hint"]
+    (underflow,) = [f for f in data["findings"] if f["kind"] == "underflow"]
+    # weights [2.6e-56, 1.6e-28, 1]: two flush to zero in float16.
+    assert (underflow["dtype"], underflow["count"], underflow["severity"]) == ("float16", 2, "info")
+    for f in data["findings"]:
+        assert list(f)[:3] == ["kind", "severity", "message"]
+        assert f["severity"] in ("info", "warning", "error")
+    assert data["finding_counts"] == {"overflow": 1, "unscaled": 1, "saturated": 1, "underflow": 1}
+    assert data["findings_truncated"] is False
+    assert data["headroom_bits"]["float16"]["raw"] == pytest.approx(math.log2(65504 / 128))
+
+
+def test_max_findings_lists_fewer_and_counts_all(workdir: Path) -> None:
+    x = np.zeros((6, 4))  # every row uniform: six near-uniform rows, one dead head
+    for name in "qkv":
+        np.save(workdir / f"{name}.npy", x)
+    data = run_json(*QKV, "--max-findings", "2")
+    uniform = [f for f in data["findings"] if f["kind"] == "near_uniform"]
+    assert [f["index"] for f in uniform] == [[0], [1]]
+    assert data["finding_counts"]["near_uniform"] == 6
+    assert data["finding_counts"]["dead_head"] == 1
+    assert data["findings_truncated"] is True
+
+
+def test_emulation_reports_the_first_stage_that_overflowed() -> None:
+    data = run_json(sample("fp16_overflow.yaml"), "--dtype", "float16")
+    emulation = data["emulation"]
+    assert emulation["dtype"] == "float16"
+    assert emulation["accumulate"] == "float32"
+    assert emulation["first_problem"] == {"stage": "raw", "problem": "overflowed"}
+    raw = next(f for f in data["findings"] if f["kind"] == "overflow" and f["stage"] == "raw")
+    assert (raw["dtype"], raw["severity"], raw["count"]) == ("float16", "error", 2)
+    assert data["output"][0] == ["NaN", "NaN"]  # the emulated kernel's answer
+
+
+def test_prescale_keeps_the_raw_scores_in_range() -> None:
+    data = run_json(sample("fp16_overflow.yaml"), "--dtype", "float16", "--prescale")
+    assert data["emulation"]["first_problem"] is None
+    assert data["options"]["prescale"] is True
+    assert all(f["kind"] != "nonfinite" for f in data["findings"])
+    # Q·√0.5 and K·√0.5 first: the raw product is the scaled logits, 33800.
+    assert data["raw"][0][0] == pytest.approx(33800, rel=1e-3)
+
+
+def test_without_dtype_there_is_no_emulation_report() -> None:
+    data = run_json(sample("scorecard.yaml"))
+    assert data["emulation"] is None
+    assert data["findings"] == []
+
+
+def test_table_marks_flagged_rows_and_shows_the_panel() -> None:
+    result = invoke("compute", sample("scale_comparison.yaml"), "--stages", "weights")
+    assert result.exit_code == 0  # findings never fail compute
+    assert "one-hot" in result.stdout
+    assert "findings: " in result.stdout
+    assert "saturated (1 row)" in result.stdout
+
+
+def test_a_clean_run_says_there_are_no_findings() -> None:
+    result = invoke("compute", sample("scorecard.yaml"))
+    assert "findings  none" in result.stdout
+
+
+def test_sdpa_yaml_thresholds_apply(qkv: dict[str, F64], workdir: Path) -> None:
+    # The scorecard's one row has max weight 0.8816: one-hot only below that threshold.
+    (workdir / "sdpa.yaml").write_text("saturation: 0.85\n")
+    data = run_json(sample("scorecard.yaml"))
+    assert [f["kind"] for f in data["findings"]] == ["saturated"]
+    assert data["thresholds"]["saturation"] == 0.85
+    data = run_json(sample("scorecard.yaml"), "--saturation", "0.9")  # the flag wins
+    assert data["findings"] == []
+
+
+def test_pyproject_tool_sdpa_thresholds_apply(workdir: Path) -> None:
+    (workdir / "pyproject.toml").write_text("[tool.sdpa]\nsaturation = 0.85\n")
+    data = run_json(sample("scorecard.yaml"))
+    assert [f["kind"] for f in data["findings"]] == ["saturated"]
+
+
+def test_a_bad_config_file_is_one_error_line(workdir: Path) -> None:
+    (workdir / "sdpa.yaml").write_text("saturaton: 0.9\n")
+    line = assert_one_error_line(invoke("compute", sample("scorecard.yaml")))
+    assert line.startswith("sdpa: error: ")
+    assert "sdpa.yaml: saturaton: unknown setting" in line
