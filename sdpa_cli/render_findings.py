@@ -164,9 +164,13 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
         u = precision.fmt(emu.dtype).unit_roundoff
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for col in ("stage", "max abs error", "at", "error / max", "in units u", "problem"):
-            table.add_column(col, justify="left" if col in ("stage", "at", "problem") else "right")
+            table.add_column(
+                col,
+                justify="left" if col in ("stage", "at", "problem") else "right",
+                no_wrap=col != "problem",
+            )
         for s in emu.stages:
-            at = "—" if s.max_abs_at is None else "[" + ", ".join(map(str, s.max_abs_at)) + "]"
+            at = "—" if s.max_abs_at is None else "[" + ",".join(map(str, s.max_abs_at)) + "]"
             problem = s.problem or ""
             if s.new_nonfinite:
                 problem = f"{problem} ({s.new_nonfinite})"

@@ -52,6 +52,22 @@ class Where:
                 self.extreme_at = _at(base, np.unravel_index(flat, hits.shape))
 
 
+    def add_max(self, sel: NDArray[np.bool_], base: Index, values: F64) -> float:
+        """Count ``sel`` and keep the largest |value| among them; return this block's."""
+        self.count += int(np.count_nonzero(sel))
+        if not values.size:
+            return 0.0
+        mags = np.where(sel, np.abs(values), -1.0)
+        flat = int(np.argmax(mags))
+        top = float(mags.flat[flat])
+        if top > self.extreme:
+            self.extreme = top
+            self.extreme_at = _at(base, np.unravel_index(flat, mags.shape))
+        if self.first is None and top >= 0:
+            self.first = self.extreme_at
+        return max(top, 0.0)
+
+
 def _at(base: Index, offset: tuple[Any, ...]) -> Index:
     """``base`` (…, i0, 0) shifted by a (row, col) offset."""
     return (*base[:-2], base[-2] + int(offset[0]), base[-1] + int(offset[1]))
@@ -156,19 +172,22 @@ class Stats:
                 sel = np.isfinite(values)
                 if stage != "output":
                     sel &= visible
-                out_base = base
-                self.absmax[stage].add(sel, out_base, values)
+                block_max = self.absmax[stage].add_max(sel, base, values)
                 for d in self.checked:
+                    if block_max <= precision.fmt(d).max:
+                        continue  # nothing here can overflow this format
                     hits = precision.fmt(d).overflows(values)
                     if stage != "output":
                         hits &= visible
-                    self.overflow[(stage, d)].add(hits, out_base, values)
+                    self.overflow[(stage, d)].add(hits, base, values)
             logits = reference.masked
             finite_visible = visible & np.isfinite(logits)
+            top = float(logits[finite_visible].max()) if finite_visible.any() else -math.inf
             for d in self.exp_checked:
                 # exp(x) with no max subtracted first: the naive softmax.
-                hits = finite_visible & (logits > precision.fmt(d).exp_limit)
-                self.exp_overflow[d].add(hits, base, logits)
+                if top > precision.fmt(d).exp_limit:
+                    hits = finite_visible & (logits > precision.fmt(d).exp_limit)
+                    self.exp_overflow[d].add(hits, base, logits)
             mv = spec.options.effective_mask_value
             if math.isfinite(mv) and hidden.any():
                 # Kernels that *add* a finite mask value to the logits (HF's finfo.min).
