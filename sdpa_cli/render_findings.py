@@ -163,7 +163,7 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
     if emu is not None:
         u = precision.fmt(emu.dtype).unit_roundoff
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for col in ("stage", "max abs error", "at", "error / max", "in units u", "problem"):
+        for col in ("stage", "max abs err", "at", "err / max", "in u", "problem"):
             table.add_column(
                 col,
                 justify="left" if col in ("stage", "at", "problem") else "right",
