@@ -168,6 +168,11 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Format the softmax runs in under --dtype: float32 (default), float64, or the --dtype format (same).",
     ),
     click.option(
+        "--logits-dtype",
+        metavar="FORMAT",
+        help="Format scores and logits are stored in under --dtype: the --dtype format (same, default, as PyTorch's unfused path) or float32 (as fused kernels).",
+    ),
+    click.option(
         "--prescale/--no-prescale",
         default=None,
         help="Scale Q and K by √scale before the matmul (ONNX's guard against overflow).",

@@ -138,18 +138,24 @@ def attend_block(
     """Compute every stage for query rows ``rows`` of the slice at ``lead_index``.
 
     In float64, or, with ``--dtype`` (and ``emulate``), as a kernel in that format:
-    inputs rounded to it, both matmuls accumulated in ``--accumulate``, every stage
-    stored in it, the softmax computed in ``--softmax-dtype``. Values are float64
+    inputs rounded to it, both matmuls accumulated in ``--accumulate``, scores and
+    logits stored in ``--logits-dtype`` (the format, or float32 as fused kernels
+    keep them), weights and output stored in the format, the softmax computed in
+    ``--softmax-dtype``. Values are float64
     arrays either way; in float64 every rounding below is the identity.
     """
     o = spec.options
     D = o.dtype if emulate else "float64"
     acc = o.accumulate if D != "float64" else "float64"
     sm = o.softmax_dtype if D != "float64" else "float64"
+    LD = o.logits_dtype if D != "float64" else "float64"
     f64 = np.float64
 
     def r(x: F64) -> F64:
         return precision.round_to(x, D)
+
+    def rl(x: F64) -> F64:  # scores and logits: in --logits-dtype (the format by default)
+        return precision.round_to(x, LD)
 
     q = r(np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=f64))
     k = r(np.asarray(spec.k[spec.operand_index("k", lead_index)], dtype=f64))
@@ -162,15 +168,15 @@ def attend_block(
             # Q and K each scaled by √scale first (ONNX's reference does this against
             # overflow): the raw product is already the scaled logits.
             root = math.sqrt(factor)
-            raw = r(precision.matmul(r(q * root), r(k * root).T, acc))
+            raw = rl(precision.matmul(r(q * root), r(k * root).T, acc))
             scaled = raw
         else:
-            raw = r(precision.matmul(q, k.T, acc))
-            scaled = r(raw * factor)
+            raw = rl(precision.matmul(q, k.T, acc))
+            scaled = rl(raw * factor)
         logits = scaled
         capped = None
         if o.softcap is not None:
-            capped = r(o.softcap * np.tanh(scaled / o.softcap))
+            capped = rl(o.softcap * np.tanh(scaled / o.softcap))
             logits = capped
         biased = None
         if spec.bias is not None or o.alibi:
@@ -182,16 +188,18 @@ def attend_block(
                 h = lead_index[-1] if lead_index else 0
                 slope = float(spec.alibi_slopes[h])
                 biased += masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope)
-            biased = r(biased)
+            biased = rl(biased)
             logits = biased
 
         visible = visibility(spec, lead_index, rows)
         masked = logits.copy()
         if spec.mask is not None and not spec.mask_is_bool:
             additive = spec.mask[spec.operand_index("mask", lead_index)]
-            masked = r(masked + r(np.asarray(_rows_of(additive, rows), dtype=f64)))
-        # −1e9 is −inf in float16: the mask value is stored in the format too.
-        masked[~visible] = float(r(np.asarray(o.effective_mask_value)))
+            masked = rl(masked + r(np.asarray(_rows_of(additive, rows), dtype=f64)))
+        # −1e9 is −inf in float16: the mask value is stored in the format too. float8
+        # e4m3fn has no inf (−inf becomes NaN there): its hidden logits stay −inf.
+        hidden_value = float(rl(np.asarray(o.effective_mask_value)))
+        masked[~visible] = -math.inf if math.isnan(hidden_value) else hidden_value
 
         weights = r(softmax(masked, sm))
         dropped = None

@@ -38,6 +38,9 @@ KINDS = (
 
 SEVERITIES = ("info", "warning", "error")
 
+CONTRACT_STAGE = {"capped": "scaled", "biased": "masked", "dropped": "weights"}
+"""Engine steps reported under the contract's stage names."""
+
 LOST_MASS = 1e-3
 """Weight flushed to zero in one row above which underflow in a working format warns."""
 
@@ -73,19 +76,29 @@ class Finding:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON contract: ``kind``, ``severity``, ``message``, then what applies."""
+        """The JSON contract: ``kind``, ``severity``, ``message``, then what applies.
+
+        ``stage`` is one of the contract's six: soft-capping counts as ``scaled``,
+        the bias as ``masked`` (the logits with bias and mask), dropout as
+        ``weights``; ``details.step`` keeps the exact step when it differs.
+        """
         out: dict[str, Any] = {"kind": self.kind, "severity": self.severity}
         out["message"] = self.message
         if self.hint is not None:
             out["hint"] = self.hint
         if self.index is not None:
             out["index"] = list(self.index)
-        for name in ("stage", "dtype", "count"):
+        details = dict(self.details)
+        if self.stage is not None:
+            out["stage"] = CONTRACT_STAGE.get(self.stage, self.stage)
+            if out["stage"] != self.stage:
+                details["step"] = self.stage
+        for name in ("dtype", "count"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
-        if self.details:
-            out["details"] = dict(self.details)
+        if details:
+            out["details"] = details
         return out
 
 
@@ -148,6 +161,7 @@ class Emulation:
     dtype: str
     accumulate: str
     softmax_dtype: str
+    logits_dtype: str
     prescale: bool
     stages: tuple[StageAccuracy, ...]
 
@@ -165,6 +179,7 @@ class Emulation:
             "dtype": self.dtype,
             "accumulate": self.accumulate,
             "softmax_dtype": self.softmax_dtype,
+            "logits_dtype": self.logits_dtype,
             "prescale": self.prescale,
             "first_problem": None
             if first is None
@@ -190,7 +205,7 @@ class Diagnosis:
         listed: dict[str, int] = {}
         for f in self.findings:
             listed[f.kind] = listed.get(f.kind, 0) + 1
-        return any(self.counts.get(k, 0) > n for k, n in listed.items())
+        return any(n > listed.get(k, 0) for k, n in self.counts.items())
 
     def worst(self) -> str | None:
         """The highest severity found, or None when nothing was."""
@@ -278,8 +293,11 @@ def _flat_first(a: NDArray[Any], bad: NDArray[np.bool_]) -> Index:
 def _as_loaded(spec: AttentionSpec, name: str) -> NDArray[Any]:
     """Operand ``name`` in the shape it was loaded in (indices then match the file)."""
     arr = np.asarray(getattr(spec, name))
+    if spec.options.heads is not None and name in ("q", "k", "v"):
+        merged = np.moveaxis(arr, -3, -2)  # (..., L, heads, D/heads), undoing the split
+        arr = merged.reshape(*merged.shape[:-2], -1)
     shape = spec.shapes.get(name)
-    if shape is not None and spec.options.heads is None and math.prod(shape) == arr.size:
+    if shape is not None and math.prod(shape) == arr.size:
         return arr.reshape(shape)
     return arr
 
@@ -372,15 +390,11 @@ _OVERFLOW_HINT = {
 
 def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
     for d in stats.checked:
-        before = 0  # values out of range at the previous logit stage
         for stage in OVERFLOW_STAGES:
             rec = stats.overflow[(stage, d)]
-            # A stage is reported where it first overflows, or overflows more than the
-            # stage before it (the logits inherit QKᵀ's overflow): causes, not echoes.
-            report = rec.count > before if stage != "output" else rec.count > 0
-            if stage != "output":
-                before = rec.count
-            if not report:
+            # A logit stage is reported where some value first goes out of range, not
+            # where it merely inherits the stage before's overflow: causes, not echoes.
+            if not stats.fresh_overflow[(stage, d)].count:
                 continue
             f = precision.fmt(d)
             what, unit = _OVERFLOW_WHAT[stage]
@@ -424,7 +438,9 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
         # Logits are not stored in float8 (FP8 kernels keep them in float32).
         for d in stats.mask_add_overflow:
             f = precision.fmt(d)
-            if bool(f.overflows(np.asarray([mv]))[0]):
+            # finfo-min is each format's own minimum: it never overflows by itself.
+            own = spec.options.mask_value_is_finfo_min
+            if not own and bool(f.overflows(np.asarray([mv]))[0]):
                 yield Finding(
                     "overflow",
                     severity_for(d, working),
@@ -443,7 +459,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
                 yield Finding(
                     "overflow",
                     severity_for(d, working),
-                    f"the mask value {spec.options.mask_value_label} plus the logits overflows "
+                    f"the mask value {_mask_value_in(spec, d)} plus the logits overflows "
                     f"{d} at {rec.count} hidden positions (e.g. {_g(-rec.extreme)} at "
                     f"{_fmt_index(rec.extreme_at)})",
                     hint="kernels that add finfo.min to the logits (rather than replace them) "
@@ -453,6 +469,12 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
                     dtype=d,
                     count=rec.count,
                 )
+
+
+def _mask_value_in(spec: AttentionSpec, d: str) -> str:
+    if spec.options.mask_value_is_finfo_min:
+        return f"finfo({d}).min = {_g(-precision.fmt(d).max)}"
+    return spec.options.mask_value_label
 
 
 def _anything_hidden(stats: Stats) -> bool:
@@ -831,7 +853,9 @@ def _emulation(spec: AttentionSpec, stats: Stats) -> Emulation | None:
                 problem=problem,
             )
         )
-    return Emulation(o.dtype, o.accumulate, o.softmax_dtype, o.prescale, tuple(stages))
+    return Emulation(
+        o.dtype, o.accumulate, o.softmax_dtype, o.logits_dtype, o.prescale, tuple(stages)
+    )
 
 
 # --- flags for the tables ------------------------------------------------------------------

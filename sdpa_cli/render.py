@@ -170,7 +170,12 @@ def header(trace: Trace) -> RenderableType:
             "dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}")
         )
     if o.emulated:
-        how = f"emulated: inputs and every stage stored in {o.dtype}, matmuls accumulated in {o.accumulate}, softmax in {o.softmax_dtype}"
+        stored = (
+            "every stage stored in " + o.dtype
+            if o.logits_dtype == o.dtype
+            else f"logits stored in {o.logits_dtype}, weights and output in {o.dtype}"
+        )
+        how = f"emulated: inputs and {stored}, matmuls accumulated in {o.accumulate}, softmax in {o.softmax_dtype}"
         grid.add_row("dtype", Text(how))
     if o.prescale:
         grid.add_row("prescale", Text("Q and K each × √scale before the matmul: raw = scaled"))

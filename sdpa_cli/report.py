@@ -68,6 +68,7 @@ def payload(
             "dtype": o.dtype,
             "accumulate": o.accumulate,
             "softmax_dtype": o.softmax_dtype,
+            "logits_dtype": o.logits_dtype,
             "prescale": o.prescale,
         },
         "stages": [s for s in applicable_stages(spec) if s in stages],

@@ -52,7 +52,15 @@ class Options:
     dtype: str = "float64"
     accumulate: str = "float32"
     softmax_dtype: str = "float32"
+    logits_dtype: str = "same"
     prescale: bool = False
+
+    def __post_init__(self) -> None:
+        # Options built directly (the Python API) get the checks parse_options makes.
+        _choice(self.dtype, "dtype", FORMATS)
+        for name in ("accumulate", "softmax_dtype", "logits_dtype"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, _working_format(name, value, self.dtype, name))
 
     @property
     def emulated(self) -> bool:
@@ -208,6 +216,7 @@ _PARSERS: dict[str, Any] = {
     "dtype": lambda v, w: _choice(v, w, FORMATS),
     "accumulate": lambda v, w: _choice(v, w, (*FORMATS, "same")),
     "softmax_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
+    "logits_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
     "prescale": _bool,
 }
 
@@ -230,17 +239,26 @@ def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None
         label = where.get(name, "--" + name.replace("_", "-"))
         values[name] = _PARSERS[name](value, label)
     dtype = values.get("dtype", "float64")
-    for name in ("accumulate", "softmax_dtype"):
-        chosen = values.get(name, "float32")
-        if chosen == "same":
-            values[name] = chosen = dtype
-        if chosen not in ("float64", "float32", dtype):
-            label = where.get(name, "--" + name.replace("_", "-"))
-            raise SpecError(
-                label,
-                f"must be float64, float32 or the --dtype format ({dtype}), got {chosen!r}",
-            )
+    for name in ("accumulate", "softmax_dtype", "logits_dtype"):
+        label = where.get(name, "--" + name.replace("_", "-"))
+        values[name] = _working_format(name, values.get(name), dtype, label)
     return Options(**values)
+
+
+_FORMAT_DEFAULTS = {"accumulate": "float32", "softmax_dtype": "float32", "logits_dtype": "same"}
+
+
+def _working_format(name: str, chosen: str | None, dtype: str, label: str) -> str:
+    """``--accumulate``/``--softmax-dtype``/``--logits-dtype``: float64, float32 or the
+    ``--dtype`` format (``same``)."""
+    chosen = _FORMAT_DEFAULTS[name] if chosen is None else chosen
+    if chosen == "same":
+        chosen = dtype
+    if chosen not in ("float64", "float32", dtype):
+        raise SpecError(
+            label, f"must be float64, float32 or the --dtype format ({dtype}), got {chosen!r}"
+        )
+    return chosen
 
 
 # --- the spec ---

@@ -51,7 +51,6 @@ class Where:
                 self.extreme = float(mags.flat[flat])
                 self.extreme_at = _at(base, np.unravel_index(flat, hits.shape))
 
-
     def add_max(self, sel: NDArray[np.bool_], base: Index, values: F64) -> float:
         """Count ``sel`` and keep the largest |value| among them; return this block's."""
         self.count += int(np.count_nonzero(sel))
@@ -102,6 +101,7 @@ class Stats:
     absmax: dict[str, Where]
     nonfinite: dict[str, Where]
     overflow: dict[tuple[str, str], Where]
+    fresh_overflow: dict[tuple[str, str], Where]
     exp_overflow: dict[str, Where]
     mask_add_overflow: dict[str, Where]
     hidden_bad: dict[str, Where]
@@ -133,6 +133,7 @@ class Stats:
             absmax={s: Where() for s in OVERFLOW_STAGES},
             nonfinite={s: Where() for s in stages},
             overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
+            fresh_overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
             exp_overflow={d: Where() for d in dict.fromkeys(["float16", *working])},
             mask_add_overflow={d: Where() for d in dict.fromkeys(["float16", *working])},
             hidden_bad={"k": Where(), "v": Where()},
@@ -157,6 +158,12 @@ class Stats:
             w = block.weights
             self.n_visible[at] = visible.sum(axis=1)
             if spec.S:
+                if not visible.all():
+                    # Over the visible keys only: a finite mask value leaves weight on
+                    # hidden keys, which is not what a row attends to.
+                    w = np.where(visible, w, 0.0)
+                    total = w.sum(axis=1, keepdims=True)
+                    w = w / np.where(total > 0, total, 1.0)
                 self.argmax[at] = np.argmax(w, axis=1)
                 self.max_weight[at] = np.max(w, axis=1)
                 self.entropy[at] = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
@@ -167,6 +174,7 @@ class Stats:
                 self.lost[d][at] = np.where(flushed, ref_w, 0.0).sum(axis=1)
 
             # --- stages: magnitudes and overflow (float64 values) -------------------
+            previous: dict[str, NDArray[np.bool_]] = {}  # overflow at the last logit stage
             for stage in OVERFLOW_STAGES:
                 values = getattr(reference, stage)
                 sel = np.isfinite(values)
@@ -175,11 +183,19 @@ class Stats:
                 block_max = self.absmax[stage].add_max(sel, base, values)
                 for d in self.checked:
                     if block_max <= precision.fmt(d).max:
+                        previous.pop(d, None)
                         continue  # nothing here can overflow this format
                     hits = precision.fmt(d).overflows(values)
                     if stage != "output":
                         hits &= visible
                     self.overflow[(stage, d)].add(hits, base, values)
+                    # New at this stage: not already out of range at the stage before.
+                    before = previous.get(d)
+                    self.fresh_overflow[(stage, d)].add(
+                        hits if before is None or stage == "output" else hits & ~before, base
+                    )
+                    if stage != "output":
+                        previous[d] = hits
             logits = reference.masked
             finite_visible = visible & np.isfinite(logits)
             top = float(logits[finite_visible].max()) if finite_visible.any() else -math.inf
@@ -188,12 +204,14 @@ class Stats:
                 if top > precision.fmt(d).exp_limit:
                     hits = finite_visible & (logits > precision.fmt(d).exp_limit)
                     self.exp_overflow[d].add(hits, base, logits)
-            mv = spec.options.effective_mask_value
-            if math.isfinite(mv) and hidden.any():
-                # Kernels that *add* a finite mask value to the logits (HF's finfo.min).
+            o = spec.options
+            if math.isfinite(o.effective_mask_value) and hidden.any():
+                # Kernels that *add* a finite mask value to the logits (HF's finfo.min,
+                # which is each format's own: −65504 in float16).
                 pre = _pre_mask(reference)
-                added = np.where(hidden, pre + mv, 0.0)
                 for d in self.exp_checked:
+                    mv = -precision.fmt(d).max if o.mask_value_is_finfo_min else o.mask_value
+                    added = np.where(hidden, pre + mv, 0.0)
                     hits = hidden & precision.fmt(d).overflows(added)
                     self.mask_add_overflow[d].add(hits, base, added)
             scaled = reference.scaled
@@ -231,7 +249,8 @@ class Stats:
                 new_bad = np.isfinite(ref) & ~np.isfinite(shown)
                 if stage not in ("output", "weights", "dropped"):
                     both &= visible
-                    new_bad &= visible
+                    if stage != "masked":  # a mask value can overflow too (−1e9 in float16)
+                        new_bad &= visible
                 err.new_nonfinite.add(new_bad, base)
                 diff = np.where(both, np.abs(shown - ref), 0.0)
                 mag = np.where(both, np.abs(ref), 0.0)

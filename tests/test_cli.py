@@ -244,6 +244,7 @@ CATALOGUE: list[tuple[str, list[str], str, str]] = [
         "--accumulate: ",
         "float16",
     ),
+    ("logits-dtype-mismatch", [*QKV, "--logits-dtype", "float16"], "--logits-dtype: ", "float64"),
     ("softmax-dtype-unknown", [*QKV, "--softmax-dtype", "half"], "--softmax-dtype: ", "'half'"),
     ("saturation-above-one", [*QKV, "--saturation", "1.5"], "--saturation: ", "1.5"),
     ("uniform-zero", [*QKV, "--uniform", "0"], "--uniform: ", "(0, 1]"),

@@ -1,0 +1,186 @@
+"""Thresholds from flags, ``sdpa.yaml`` and ``[tool.sdpa]`` in pyproject.toml.
+
+Order: a flag wins over the config file, which wins over the defaults. The first
+config file found is the one read: ``sdpa.yaml``, else pyproject.toml's ``[tool.sdpa]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdpa_cli.config import read_config, thresholds
+from sdpa_cli.diagnose import Thresholds
+from sdpa_cli.errors import InputError, SpecError
+
+DEFAULTS = Thresholds(saturation=0.99, uniform=0.98, head_fraction=0.9, max_findings=50)
+NO_FLAGS: dict[str, Any] = {}
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_no_config_file_gives_the_defaults(tmp_path: Path) -> None:
+    assert read_config(str(tmp_path)) == (None, {})
+    assert thresholds(NO_FLAGS, str(tmp_path)) == DEFAULTS
+
+
+def test_sdpa_yaml_values_are_used(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "sdpa.yaml",
+        "saturation: 0.95\nuniform: 0.9\nhead_fraction: 0.8\nmax_findings: 7\n",
+    )
+    assert read_config(str(tmp_path))[0] == str(path)
+    assert thresholds(NO_FLAGS, str(tmp_path)) == Thresholds(0.95, 0.9, 0.8, 7)
+
+
+def test_pyproject_tool_sdpa_is_used_without_sdpa_yaml(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "pyproject.toml",
+        '[project]\nname = "x"\n\n[tool.sdpa]\nsaturation = 0.97\nmax_findings = 3\n',
+    )
+    source, _ = read_config(str(tmp_path))
+    assert source == f"{path} [tool.sdpa]"
+    assert thresholds(NO_FLAGS, str(tmp_path)) == Thresholds(0.97, 0.98, 0.9, 3)
+
+
+def test_pyproject_without_a_tool_sdpa_table_gives_the_defaults(tmp_path: Path) -> None:
+    write(tmp_path, "pyproject.toml", '[project]\nname = "x"\n\n[tool.ruff]\nline-length = 100\n')
+    assert read_config(str(tmp_path)) == (None, {})
+    assert thresholds(NO_FLAGS, str(tmp_path)) == DEFAULTS
+
+
+def test_sdpa_yaml_wins_over_pyproject_as_a_whole(tmp_path: Path) -> None:
+    """The first file found is the config: pyproject's settings are not merged in."""
+    write(tmp_path, "sdpa.yaml", "saturation: 0.95\n")
+    write(tmp_path, "pyproject.toml", "[tool.sdpa]\nsaturation = 0.97\nuniform = 0.9\n")
+    assert thresholds(NO_FLAGS, str(tmp_path)) == Thresholds(0.95, 0.98, 0.9, 50)
+
+
+def test_flags_win_over_the_config_file_and_none_keeps_it(tmp_path: Path) -> None:
+    write(tmp_path, "sdpa.yaml", "saturation: 0.95\nuniform: 0.9\n")
+    write(tmp_path, "pyproject.toml", "[tool.sdpa]\nhead-fraction = 0.7\n")
+    flags = {"saturation": "0.999", "uniform": None, "head_fraction": None, "max_findings": "4"}
+    assert thresholds(flags, str(tmp_path)) == Thresholds(0.999, 0.9, 0.9, 4)
+
+
+def test_flags_win_over_pyproject(tmp_path: Path) -> None:
+    write(tmp_path, "pyproject.toml", "[tool.sdpa]\nsaturation = 0.97\nuniform = 0.9\n")
+    assert thresholds({"uniform": 0.95}, str(tmp_path)) == Thresholds(0.97, 0.95, 0.9, 50)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("sdpa.yaml", "head-fraction: 0.6\nmax-findings: 2\n"),
+        ("pyproject.toml", "[tool.sdpa]\nhead-fraction = 0.6\nmax-findings = 2\n"),
+    ],
+)
+def test_dash_spelling_is_accepted(tmp_path: Path, name: str, text: str) -> None:
+    write(tmp_path, name, text)
+    assert thresholds(NO_FLAGS, str(tmp_path)) == Thresholds(0.99, 0.98, 0.6, 2)
+
+
+def test_quoted_numbers_are_read_as_numbers(tmp_path: Path) -> None:
+    write(tmp_path, "sdpa.yaml", "saturation: '0.95'\nmax_findings: '12'\n")
+    assert thresholds(NO_FLAGS, str(tmp_path)) == Thresholds(0.95, 0.98, 0.9, 12)
+
+
+def test_boundaries_one_and_zero_findings_are_accepted(tmp_path: Path) -> None:
+    write(tmp_path, "sdpa.yaml", "saturation: 1\nuniform: 1.0\nhead_fraction: 1\nmax_findings: 0\n")
+    assert thresholds(NO_FLAGS, str(tmp_path)) == Thresholds(1.0, 1.0, 1.0, 0)
+
+
+@pytest.mark.parametrize("name", ["sdpa.yaml", "pyproject.toml"])
+def test_unknown_key_names_the_file_and_the_key(tmp_path: Path, name: str) -> None:
+    text = "saturaton: 0.95\n" if name == "sdpa.yaml" else "[tool.sdpa]\nsaturaton = 0.95\n"
+    path = write(tmp_path, name, text)
+    with pytest.raises(SpecError) as info:
+        thresholds(NO_FLAGS, str(tmp_path))
+    message = str(info.value)
+    assert str(path) in message
+    assert "saturaton" in message
+    assert "head-fraction" in message  # the known names are listed
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("saturation: 1.5", "saturation"),
+        ("saturation: 0.5", "saturation"),  # one-hot needs more than half the weight
+        ("saturation: .nan", "saturation"),
+        ("saturation: yes", "saturation"),
+        ("saturation: high", "saturation"),
+        ("uniform: 0", "uniform"),
+        ("uniform: -0.1", "uniform"),
+        ("head_fraction: 0", "head_fraction"),
+        ("head-fraction: 1.01", "head-fraction"),
+        ("max_findings: -1", "max_findings"),
+        ("max_findings: 2.5", "max_findings"),
+        ("max_findings: true", "max_findings"),
+        ("max_findings: many", "max_findings"),
+    ],
+)
+def test_out_of_range_or_mistyped_values_are_refused(tmp_path: Path, line: str, key: str) -> None:
+    path = write(tmp_path, "sdpa.yaml", line + "\n")
+    with pytest.raises(SpecError) as info:
+        thresholds(NO_FLAGS, str(tmp_path))
+    assert info.value.where == f"{path}: {key}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "where"),
+    [
+        ({"saturation": "1.5"}, "--saturation"),
+        ({"uniform": "0"}, "--uniform"),
+        ({"head_fraction": "x"}, "--head-fraction"),
+        ({"max_findings": "-3"}, "--max-findings"),
+    ],
+)
+def test_bad_flag_values_name_the_flag(tmp_path: Path, flags: dict[str, Any], where: str) -> None:
+    with pytest.raises(SpecError) as info:
+        thresholds(flags, str(tmp_path))
+    assert info.value.where == where
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "saturation: [0.9\n",  # invalid YAML
+        "- 0.95\n- 0.9\n",  # a list, not a mapping
+        "just text\n",  # a scalar
+    ],
+)
+def test_invalid_or_non_mapping_yaml_is_an_input_error(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, "sdpa.yaml", text)
+    with pytest.raises(InputError) as info:
+        thresholds(NO_FLAGS, str(tmp_path))
+    assert info.value.where == str(path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[tool.sdpa\nsaturation = 0.9\n",  # invalid TOML
+        "[tool]\nsdpa = 3\n",  # not a table
+    ],
+)
+def test_invalid_pyproject_is_an_input_error(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, "pyproject.toml", text)
+    with pytest.raises(InputError) as info:
+        thresholds(NO_FLAGS, str(tmp_path))
+    assert info.value.where == str(path)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_empty_sdpa_yaml_gives_the_defaults(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, "sdpa.yaml", text)
+    assert read_config(str(tmp_path)) == (str(path), {})
+    assert thresholds(NO_FLAGS, str(tmp_path)) == DEFAULTS
