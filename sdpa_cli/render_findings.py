@@ -79,6 +79,12 @@ def severity_counts(diagnosis: Diagnosis) -> str:
 
 def findings_panel(diagnosis: Diagnosis) -> RenderableType:
     """Findings grouped by kind, format and stage, worst first, with counts and hints."""
+    if not diagnosis.findings and diagnosis.counts:
+        counted = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in diagnosis.counts.items())
+        return Text.assemble(
+            ("findings  ", Style(bold=True)),
+            (f"{counted}: counted, none listed (--max-findings 0)", MUTED),
+        )
     if not diagnosis.findings:
         return Text.assemble(
             ("findings  ", Style(bold=True)),

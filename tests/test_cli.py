@@ -1031,3 +1031,13 @@ def test_a_bad_config_file_is_one_error_line(workdir: Path) -> None:
     line = assert_one_error_line(invoke("compute", sample("scorecard.yaml")))
     assert line.startswith("sdpa: error: ")
     assert "sdpa.yaml: saturaton: unknown setting" in line
+
+
+def test_max_findings_zero_still_says_what_was_counted(workdir: Path) -> None:
+    x = np.zeros((4, 2))  # four uniform rows and a dead head
+    for name in "qkv":
+        np.save(workdir / f"{name}.npy", x)
+    result = invoke("compute", *QKV, "--max-findings", "0")
+    assert "4 near uniform" in result.stdout
+    assert "none listed" in result.stdout
+    assert "findings  none" not in result.stdout
