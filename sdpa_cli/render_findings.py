@@ -122,6 +122,14 @@ def findings_panel(diagnosis: Diagnosis) -> RenderableType:
             lines.append(_indented(Text(f"and {extra} more: {more}{tail}", MUTED)))
         if first.hint:
             lines.append(_indented(Text(f"hint: {first.hint}", MUTED)))
+    listed_kinds = {f.kind for f in diagnosis.findings}
+    unlisted = [
+        f"{n} {k.replace('_', ' ')}" for k, n in diagnosis.counts.items() if k not in listed_kinds
+    ]
+    if unlisted:
+        lines.append(
+            Text(f" also counted, none listed (--max-findings 0): {', '.join(unlisted)}", MUTED)
+        )
     title = f"findings: {severity_counts(diagnosis)}"
     if diagnosis.truncated:
         title += " (some rows not listed; see --max-findings)"
