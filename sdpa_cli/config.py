@@ -15,17 +15,13 @@ from typing import Any
 
 from sdpa_cli.diagnose import THRESHOLD_NAMES, Thresholds
 from sdpa_cli.errors import InputError, SpecError
+from sdpa_cli.spec import parse_number
 
 CONFIG_FILES = ("sdpa.yaml", "pyproject.toml")
 
 
 def _fraction(value: Any, where: str, low: float) -> float:
-    if isinstance(value, bool):
-        raise SpecError(where, f"expected a number, got {value!r}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(where, f"expected a number, got {value!r}") from None
+    x = parse_number(value, where)
     if not (math.isfinite(x) and low < x <= 1):
         raise SpecError(where, f"must be in ({low:g}, 1], got {value!r}")
     return x

@@ -98,7 +98,7 @@ OPTION_NAMES = tuple(Options.__dataclass_fields__)
 # --- parsing option values (from the command line as text, or a case file as data) ---
 
 
-def _number(value: Any, where: str) -> float:
+def parse_number(value: Any, where: str) -> float:
     if isinstance(value, bool):
         raise SpecError(where, f"expected a number, got {value!r}")
     try:
@@ -111,7 +111,7 @@ def _number(value: Any, where: str) -> float:
 
 
 def _positive(value: Any, where: str) -> float:
-    x = _number(value, where)
+    x = parse_number(value, where)
     if not (math.isfinite(x) and x > 0):
         raise SpecError(where, f"must be a positive finite number, got {value!r}")
     return x
@@ -186,14 +186,14 @@ def parse_mask_value(value: Any, where: str = "--mask-value") -> float:
     """``-inf``, ``finfo-min`` (the working format's most negative number) or a negative number."""
     if isinstance(value, str) and value.strip().lower() == "finfo-min":
         return FINFO_MIN
-    x = _number(value, where)
+    x = parse_number(value, where)
     if not x < 0:
         raise SpecError(where, f"must be negative (-inf, finfo-min or e.g. -1e9), got {value!r}")
     return x
 
 
 def _dropout(value: Any, where: str) -> float:
-    p = _number(value, where)
+    p = parse_number(value, where)
     if not 0.0 <= p < 1.0:
         raise SpecError(where, f"must be in [0, 1), got {value!r}")
     return p
