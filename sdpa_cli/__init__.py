@@ -13,12 +13,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionSpec",
+    "Diagnosis",
+    "Finding",
     "InputError",
     "SdpaError",
     "SpecError",
+    "Thresholds",
     "Trace",
     "__version__",
     "build_spec",
+    "diagnose",
     "load_array",
     "trace",
 ]
@@ -29,6 +33,10 @@ _LAZY = {
     "Trace": "sdpa_cli.compute",
     "trace": "sdpa_cli.compute",
     "load_array": "sdpa_cli.loaders",
+    "diagnose": "sdpa_cli.diagnose",
+    "Diagnosis": "sdpa_cli.diagnose",
+    "Finding": "sdpa_cli.diagnose",
+    "Thresholds": "sdpa_cli.diagnose",
     "SdpaError": "sdpa_cli.errors",
     "InputError": "sdpa_cli.errors",
     "SpecError": "sdpa_cli.errors",
@@ -36,6 +44,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from sdpa_cli.compute import Trace, trace
+    from sdpa_cli.diagnose import Diagnosis, Finding, Thresholds, diagnose
     from sdpa_cli.errors import InputError, SdpaError, SpecError
     from sdpa_cli.loaders import load_array
     from sdpa_cli.spec import AttentionSpec, build_spec

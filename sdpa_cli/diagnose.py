@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from sdpa_cli import precision
 from sdpa_cli.compute import STAGES, Trace
 from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import OVERFLOW_STAGES, Index, Stats, working_formats
+from sdpa_cli.stats import F64, OVERFLOW_STAGES, Index, Stats, working_formats
 
 KINDS = (
     "nonfinite",
@@ -415,7 +415,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
                     "headroom_bits": f.headroom(rec.extreme),
                 },
             )
-    for d in stats.exp_checked:
+    for d in stats.narrow:
         rec = stats.exp_overflow[d]
         if rec.count:
             f = precision.fmt(d)
@@ -472,9 +472,10 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
 
 
 def _mask_value_in(spec: AttentionSpec, d: str) -> str:
-    if spec.options.mask_value_is_finfo_min:
-        return f"finfo({d}).min = {_g(-precision.fmt(d).max)}"
-    return spec.options.mask_value_label
+    o = spec.options
+    if o.mask_value_is_finfo_min:
+        return f"finfo({d}).min = {_g(o.mask_value_in(d))}"
+    return o.mask_value_label
 
 
 def _anything_hidden(stats: Stats) -> bool:
@@ -497,6 +498,32 @@ def _headroom(stats: Stats) -> dict[str, dict[str, float]]:
 # --- rows and heads -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RowClasses:
+    """The row rules, applied once: which rows are one-hot or near-uniform.
+
+    Arrays are shaped like the rows they were computed for (``(*lead, L)``, or one
+    slice's ``(L,)``). A row qualifies with ≥ 2 visible keys and finite weights.
+    """
+
+    normalized: F64
+    eligible: NDArray[np.bool_]
+    saturated: NDArray[np.bool_]
+    uniform: NDArray[np.bool_]
+
+
+def classify_rows(stats: Stats, th: Thresholds, at: Index = ()) -> RowClasses:
+    """Apply the saturation and uniformity thresholds to the rows at ``at``."""
+    n = stats.n_visible[at]
+    mw = stats.max_weight[at]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        normalized = stats.entropy[at] / np.log(np.maximum(n, 2))
+    eligible = (n >= 2) & np.isfinite(mw)
+    saturated = eligible & (mw >= th.saturation)
+    uniform = eligible & (normalized >= th.uniform) & ~saturated
+    return RowClasses(normalized, eligible, saturated, uniform)
+
+
 def _rows(stats: Stats, flagged: NDArray[np.bool_]) -> Iterator[Index]:
     for idx in np.argwhere(flagged):
         yield tuple(int(i) for i in idx)
@@ -507,11 +534,8 @@ def _row_findings(
 ) -> Iterator[tuple[str, list[Finding]]]:
     n = stats.n_visible
     mw = stats.max_weight
-    with np.errstate(invalid="ignore", divide="ignore"):
-        normalized = stats.entropy / np.log(np.maximum(n, 2))
-    eligible = (n >= 2) & np.isfinite(mw)
-    saturated = eligible & (mw >= th.saturation)
-    uniform = eligible & (normalized >= th.uniform) & ~saturated
+    classes = classify_rows(stats, th)
+    normalized, saturated, uniform = classes.normalized, classes.saturated, classes.uniform
 
     hint = _saturation_hint(spec)
     rows = []
@@ -580,7 +604,7 @@ def _row_findings(
     yield "fully_masked", rows
 
     rows = []
-    for d in stats.underflow_checked:
+    for d in stats.narrow:
         f = precision.fmt(d)
         counts = stats.underflow[d]
         for idx in _rows(stats, counts > 0):
@@ -619,14 +643,10 @@ def _saturation_hint(spec: AttentionSpec) -> str:
 
 
 def _heads(stats: Stats, th: Thresholds) -> tuple[HeadSummary, ...]:
-    n = stats.n_visible
-    mw = stats.max_weight
-    with np.errstate(invalid="ignore", divide="ignore"):
-        normalized = stats.entropy / np.log(np.maximum(n, 2))
-    eligible = (n >= 2) & np.isfinite(mw)
+    classes = classify_rows(stats, th)
     heads = []
     for lead in np.ndindex(*stats.spec.lead):
-        e = eligible[lead]
+        e = classes.eligible[lead]
         rows = int(e.sum())
         if rows:
             heads.append(
@@ -634,12 +654,10 @@ def _heads(stats: Stats, th: Thresholds) -> tuple[HeadSummary, ...]:
                     index=tuple(int(i) for i in lead),
                     rows=rows,
                     mean_entropy=float(stats.entropy[lead][e].mean()),
-                    mean_normalized_entropy=float(normalized[lead][e].mean()),
-                    mean_max_weight=float(mw[lead][e].mean()),
-                    saturated=int((mw[lead][e] >= th.saturation).sum()),
-                    near_uniform=int(
-                        ((normalized[lead][e] >= th.uniform) & (mw[lead][e] < th.saturation)).sum()
-                    ),
+                    mean_normalized_entropy=float(classes.normalized[lead][e].mean()),
+                    mean_max_weight=float(stats.max_weight[lead][e].mean()),
+                    saturated=int(classes.saturated[lead].sum()),
+                    near_uniform=int(classes.uniform[lead].sum()),
                 )
             )
         else:
@@ -871,17 +889,16 @@ def row_flags(
     """
     n = stats.n_visible[lead]
     mw = stats.max_weight[lead]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        normalized = stats.entropy[lead] / np.log(np.maximum(n, 2))
+    classes = classify_rows(stats, th, lead)
     flags: dict[int, tuple[str, str]] = {}
     for i in range(n.shape[0]):
         if stats.spec.S and n[i] == 0:
             flags[i] = ("no keys", "warning")
         elif not math.isfinite(float(mw[i])):
             flags[i] = ("NaN", "error")
-        elif n[i] >= 2 and mw[i] >= th.saturation:
+        elif classes.saturated[i]:
             flags[i] = ("one-hot", "warning")
-        elif n[i] >= 2 and normalized[i] >= th.uniform:
+        elif classes.uniform[i]:
             flags[i] = ("uniform", "info")
         else:
             for d in working:

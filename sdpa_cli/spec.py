@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli import precision
 from sdpa_cli.errors import SpecError
 from sdpa_cli.masks import ALIGNMENTS, alibi_slopes
+from sdpa_cli.precision import FORMATS
 
 SCALE_NAMES = ("sqrt-dk", "dk", "none")
 FINFO_MIN = float(np.finfo(np.float64).min)
 """How ``finfo-min`` is stored: resolved against the working format when used."""
-FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-"""Formats ``--dtype`` emulates (kept equal to :data:`sdpa_cli.precision.FORMATS`)."""
 MASK_TRUE_MEANS = ("attend", "masked")
 
 
@@ -71,16 +71,15 @@ class Options:
     def mask_value_is_finfo_min(self) -> bool:
         return self.mask_value == FINFO_MIN
 
+    def mask_value_in(self, name: str) -> float:
+        """The mask value in the format ``name``: ``finfo-min`` is that format's most
+        negative number, as PyTorch's ``torch.finfo(dtype).min``; others are as given."""
+        return -precision.fmt(name).max if self.mask_value_is_finfo_min else self.mask_value
+
     @property
     def effective_mask_value(self) -> float:
-        """The hidden logits' value: ``finfo-min`` is the most negative number of the
-        working format (float64, or the ``--dtype`` emulated), as PyTorch's
-        ``torch.finfo(dtype).min``."""
-        if self.mask_value_is_finfo_min and self.emulated:
-            from sdpa_cli.precision import fmt
-
-            return -fmt(self.dtype).max
-        return self.mask_value
+        """The hidden logits' value in the working format (float64, or ``--dtype``)."""
+        return self.mask_value_in(self.dtype)
 
     @property
     def mask_value_label(self) -> str:

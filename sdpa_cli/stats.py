@@ -45,26 +45,30 @@ class Where:
         if self.first is None:
             self.first = _at(base, np.unravel_index(int(np.argmax(hits)), hits.shape))
         if values is not None:
-            mags = np.where(hits, np.abs(values), -1.0)
-            flat = int(np.argmax(mags))
-            if mags.flat[flat] > self.extreme:
-                self.extreme = float(mags.flat[flat])
-                self.extreme_at = _at(base, np.unravel_index(flat, hits.shape))
+            self._keep_largest(np.where(hits, np.abs(values), -1.0), base)
 
     def add_max(self, sel: NDArray[np.bool_], base: Index, values: F64) -> float:
         """Count ``sel`` and keep the largest |value| among them; return this block's."""
         self.count += int(np.count_nonzero(sel))
-        if not values.size:
-            return 0.0
-        mags = np.where(sel, np.abs(values), -1.0)
-        flat = int(np.argmax(mags))
-        top = float(mags.flat[flat])
-        if top > self.extreme:
-            self.extreme = top
-            self.extreme_at = _at(base, np.unravel_index(flat, mags.shape))
+        top = self._keep_largest(np.where(sel, np.abs(values), -1.0), base)
         if self.first is None and top >= 0:
             self.first = self.extreme_at
         return max(top, 0.0)
+
+    def _keep_largest(self, mags: F64, base: Index) -> float:
+        """Keep the block's largest of ``mags`` if it beats the record; return it."""
+        top, at = largest(mags, base)
+        if top > self.extreme:
+            self.extreme, self.extreme_at = top, at
+        return top
+
+
+def largest(a: F64, base: Index) -> tuple[float, Index | None]:
+    """The largest element of a (rows, cols) block at ``base``, and its full index."""
+    if not a.size:
+        return -math.inf, None
+    flat = int(np.argmax(a))
+    return float(a.flat[flat]), _at(base, np.unravel_index(flat, a.shape))
 
 
 def _at(base: Index, offset: tuple[Any, ...]) -> Index:
@@ -90,8 +94,7 @@ class Stats:
 
     spec: AttentionSpec
     checked: tuple[str, ...]
-    underflow_checked: tuple[str, ...]
-    exp_checked: tuple[str, ...]
+    narrow: tuple[str, ...]
     n_visible: NDArray[np.int32]
     max_weight: F64
     argmax: NDArray[np.int32]
@@ -115,27 +118,27 @@ class Stats:
         rows = (*spec.lead, spec.L)
         working = working_formats(spec)
         checked = tuple(dict.fromkeys([*precision.CHECKED, *working]))
-        # float16 always (the mission's concern) and the formats the run uses; bfloat16
-        # flushes only below 4.6e-41, and its exp overflows where float32's does.
-        under = tuple(dict.fromkeys(["float16", *working]))
+        # Underflow, exp and an added mask value: float16 always (the mission's concern)
+        # and the formats the run uses. bfloat16 flushes only below 4.6e-41, its exp
+        # overflows where float32's does, and float8 never holds logits.
+        narrow = tuple(dict.fromkeys(["float16", *working]))
         stages = applicable_stages(spec)
         return cls(
             spec=spec,
             checked=checked,
-            underflow_checked=under,
-            exp_checked=tuple(dict.fromkeys(["float16", *working])),
+            narrow=narrow,
             n_visible=np.zeros(rows, np.int32),
             max_weight=np.zeros(rows),
             argmax=np.zeros(rows, np.int32),
             entropy=np.zeros(rows),
-            underflow={d: np.zeros(rows, np.int32) for d in under},
-            lost={d: np.zeros(rows) for d in under},
+            underflow={d: np.zeros(rows, np.int32) for d in narrow},
+            lost={d: np.zeros(rows) for d in narrow},
             absmax={s: Where() for s in OVERFLOW_STAGES},
             nonfinite={s: Where() for s in stages},
             overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
             fresh_overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
-            exp_overflow={d: Where() for d in dict.fromkeys(["float16", *working])},
-            mask_add_overflow={d: Where() for d in dict.fromkeys(["float16", *working])},
+            exp_overflow={d: Where() for d in narrow},
+            mask_add_overflow={d: Where() for d in narrow},
             hidden_bad={"k": Where(), "v": Where()},
             moments=[0.0, 0.0, 0.0],
             errors={s: StageError() for s in stages} if spec.options.emulated else {},
@@ -168,7 +171,7 @@ class Stats:
                 self.max_weight[at] = np.max(w, axis=1)
                 self.entropy[at] = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
             ref_w = reference.weights
-            for d in self.underflow_checked:
+            for d in self.narrow:
                 flushed = precision.fmt(d).flushes(ref_w)
                 self.underflow[d][at] = flushed.sum(axis=1)
                 self.lost[d][at] = np.where(flushed, ref_w, 0.0).sum(axis=1)
@@ -199,7 +202,7 @@ class Stats:
             logits = reference.masked
             finite_visible = visible & np.isfinite(logits)
             top = float(logits[finite_visible].max()) if finite_visible.any() else -math.inf
-            for d in self.exp_checked:
+            for d in self.narrow:
                 # exp(x) with no max subtracted first: the naive softmax.
                 if top > precision.fmt(d).exp_limit:
                     hits = finite_visible & (logits > precision.fmt(d).exp_limit)
@@ -209,9 +212,8 @@ class Stats:
                 # Kernels that *add* a finite mask value to the logits (HF's finfo.min,
                 # which is each format's own: −65504 in float16).
                 pre = _pre_mask(reference)
-                for d in self.exp_checked:
-                    mv = -precision.fmt(d).max if o.mask_value_is_finfo_min else o.mask_value
-                    added = np.where(hidden, pre + mv, 0.0)
+                for d in self.narrow:
+                    added = np.where(hidden, pre + o.mask_value_in(d), 0.0)
                     hits = hidden & precision.fmt(d).overflows(added)
                     self.mask_add_overflow[d].add(hits, base, added)
             scaled = reference.scaled
@@ -255,10 +257,9 @@ class Stats:
                 diff = np.where(both, np.abs(shown - ref), 0.0)
                 mag = np.where(both, np.abs(ref), 0.0)
                 if diff.size:
-                    flat = int(np.argmax(diff))
-                    if diff.flat[flat] > err.max_abs:
-                        err.max_abs = float(diff.flat[flat])
-                        err.max_abs_at = _at(base, np.unravel_index(flat, diff.shape))
+                    top, top_at = largest(diff, base)
+                    if top > err.max_abs:
+                        err.max_abs, err.max_abs_at = top, top_at
                     err.ref_absmax = max(err.ref_absmax, float(mag.max()))
                     row_rel = diff.max(axis=1) / np.where(
                         mag.max(axis=1) > 0, mag.max(axis=1), np.inf
