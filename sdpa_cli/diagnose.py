@@ -221,11 +221,13 @@ def _idx(at: Index | None) -> list[int] | None:
     return None if at is None else list(at)
 
 
-def _fmt_index(at: Index | None) -> str:
+def format_index(at: Index | None) -> str:
+    """``[0, 2, 5]``."""
     return "[" + ", ".join(str(i) for i in (at or ())) + "]"
 
 
-def _count(n: int, unit: str) -> str:
+def plural(n: int, unit: str) -> str:
+    """``1 row``, ``3 rows``."""
     return f"{n} {unit}{'' if n == 1 else 's'}"
 
 
@@ -327,7 +329,7 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         yield Finding(
             "nonfinite",
             "error",
-            f"{label} ({spec.names.get(name, name)}) holds {what}; the first at {_fmt_index(first)}",
+            f"{label} ({spec.names.get(name, name)}) holds {what}; the first at {format_index(first)}",
             hint="every score computed from it is NaN or inf; fix the export, or mask those keys",
             index=first,
             stage="input",
@@ -352,7 +354,7 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
                 "nonfinite",
                 "error",
                 f"non-finite values first appear at {titles.get(stage, stage)}{cause}: "
-                f"{record.count}, the first at {_fmt_index(record.first)}",
+                f"{record.count}, the first at {format_index(record.first)}",
                 hint=hint,
                 index=record.first,
                 stage=stage,
@@ -363,7 +365,7 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
                 "nonfinite",
                 "error",
                 f"the output holds {record.count} non-finite values; the first at "
-                f"{_fmt_index(record.first)}",
+                f"{format_index(record.first)}",
                 index=record.first,
                 stage="output",
                 count=record.count,
@@ -401,8 +403,8 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
             yield Finding(
                 "overflow",
                 severity_for(d, working),
-                f"{what} {d}: {_count(rec.count, unit)} beyond ±{_g(f.max)} "
-                f"(largest {_g(rec.extreme)} at {_fmt_index(rec.extreme_at)}; "
+                f"{what} {d}: {plural(rec.count, unit)} beyond ±{_g(f.max)} "
+                f"(largest {_g(rec.extreme)} at {format_index(rec.extreme_at)}; "
                 f"headroom {f.headroom(rec.extreme):+.1f} bits)",
                 hint=_OVERFLOW_HINT[stage],
                 index=rec.first,
@@ -422,9 +424,9 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
             yield Finding(
                 "overflow",
                 severity_for(d, working),
-                f"exp without max-subtraction overflows {d}: {_count(rec.count, 'logit')} above "
+                f"exp without max-subtraction overflows {d}: {plural(rec.count, 'logit')} above "
                 f"log({_g(f.max)}) = {f.exp_limit:.4g} (largest {_g(rec.extreme)} at "
-                f"{_fmt_index(rec.extreme_at)})",
+                f"{format_index(rec.extreme_at)})",
                 hint="a softmax that subtracts the row max first (every framework's) is safe; "
                 "a hand-written exp(x) / Σexp(x) is not",
                 index=rec.first,
@@ -461,7 +463,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
                     severity_for(d, working),
                     f"the mask value {_mask_value_in(spec, d)} plus the logits overflows "
                     f"{d} at {rec.count} hidden positions (e.g. {_g(-rec.extreme)} at "
-                    f"{_fmt_index(rec.extreme_at)})",
+                    f"{format_index(rec.extreme_at)})",
                     hint="kernels that add finfo.min to the logits (rather than replace them) "
                     "get −inf there; fine unless a row is fully masked (then NaN)",
                     index=rec.first,
@@ -545,7 +547,7 @@ def _row_findings(
             Finding(
                 "saturated",
                 "warning",
-                f"row {_fmt_index(idx)} is one-hot: {float(mw[idx]):.4f} of its weight on key "
+                f"row {format_index(idx)} is one-hot: {float(mw[idx]):.4f} of its weight on key "
                 f"{j} of {int(n[idx])} visible",
                 hint=hint,
                 index=idx,
@@ -561,7 +563,7 @@ def _row_findings(
             Finding(
                 "near_uniform",
                 "info",
-                f"row {_fmt_index(idx)} is nearly uniform over its {int(n[idx])} visible keys: "
+                f"row {format_index(idx)} is nearly uniform over its {int(n[idx])} visible keys: "
                 f"entropy {float(normalized[idx]):.3f} of the maximum, max weight "
                 f"{float(mw[idx]):.4f}",
                 hint="the logits barely differ: was the scale applied twice (1/d_k), "
@@ -592,7 +594,7 @@ def _row_findings(
                 Finding(
                     "fully_masked",
                     "warning",
-                    f"row {_fmt_index(idx)} has no visible key: {returns}",
+                    f"row {format_index(idx)} has no visible key: {returns}",
                     hint="PyTorch ≥ 2.5 and FlashAttention return zeros; JAX (mask value "
                     "−0.7·finfo.max) returns the mean of V; a plain softmax over all −inf "
                     "(PyTorch < 2.5, unguarded kernels, ONNX graphs) returns NaN. Check the "
@@ -614,7 +616,7 @@ def _row_findings(
                 Finding(
                     "underflow",
                     "warning" if serious else "info",
-                    f"row {_fmt_index(idx)}: {_count(int(counts[idx]), 'weight')} "
+                    f"row {format_index(idx)}: {plural(int(counts[idx]), 'weight')} "
                     f"(together {lost:.3g}) flush to zero in {d} (below {_g(f.tiny / 2)})",
                     hint="harmless when the lost weight is tiny; otherwise keep the weights in "
                     "float32 or bfloat16",
@@ -671,7 +673,7 @@ def _head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[F
     for h in heads:
         if h.rows < 2:
             continue
-        name = f"head {_fmt_index(h.index)}" if h.index else "the head (a single slice)"
+        name = f"head {format_index(h.index)}" if h.index else "the head (a single slice)"
         summary = (
             f"mean entropy {h.mean_normalized_entropy:.3f} of the maximum, "
             f"mean max weight {h.mean_max_weight:.4f}"
@@ -833,7 +835,7 @@ def _mask_suspect(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
             "mask_suspect",
             "warning",
             f"{label} holds NaN or inf at keys hidden from {rec.count} (row, key) pairs, the "
-            f"first at {_fmt_index(rec.first)}: {effect}",
+            f"first at {format_index(rec.first)}: {effect}",
             hint=f"zero the padded rows of {label} before export",
             index=rec.first,
             stage="input",

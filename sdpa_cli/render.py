@@ -392,12 +392,16 @@ def render_compute(trace: Trace, view: View, diagnosis: Diagnosis | None = None)
             )
         )
     if diagnosis is not None:
-        parts.extend(diagnosis_parts(trace, diagnosis, view))
+        parts.extend(diagnosis_parts(diagnosis, view, working))
     return Group(*parts)
 
 
-def diagnosis_parts(trace: Trace, diagnosis: Diagnosis, view: View) -> list[RenderableType]:
-    """Per-head summaries (several slices), precision (when it matters), findings."""
+def diagnosis_parts(
+    diagnosis: Diagnosis, view: View, working: tuple[str, ...]
+) -> list[RenderableType]:
+    """Per-head summaries (several slices), precision (when it matters), findings.
+
+    ``working``: the formats the run uses (the inputs' and ``--dtype``'s)."""
     parts: list[RenderableType] = []
     if len(diagnosis.heads) > 1:
         flagged = {
@@ -410,7 +414,7 @@ def diagnosis_parts(trace: Trace, diagnosis: Diagnosis, view: View) -> list[Rend
     low_precision = (
         diagnosis.emulation is not None
         or any(f.kind == "overflow" and f.severity != "info" for f in diagnosis.findings)
-        or any(d != "float32" for d in working_formats(trace.spec))
+        or any(d != "float32" for d in working)
     )
     if low_precision:
         panel = precision_panel(diagnosis)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -18,7 +19,15 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli import precision
-from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Finding, HeadSummary
+from sdpa_cli.diagnose import (
+    KINDS,
+    SEVERITIES,
+    Diagnosis,
+    Finding,
+    HeadSummary,
+    format_index,
+    plural,
+)
 
 SEVERITY_STYLE = {
     "error": Style(color="red", bold=True),
@@ -37,38 +46,37 @@ UNITS = {
 }
 
 
-def _plural(n: int, unit: str) -> str:
-    return f"{n} {unit}{'' if n == 1 else 's'}"
+@dataclass
+class _Group:
+    """Findings drawn under one heading, and how many there are in all."""
+
+    kind: str
+    severity: str
+    dtype: str | None
+    items: list[Finding]
+    total: int = 0
 
 
-def _index(f: Finding) -> str:
-    return "[" + ", ".join(str(i) for i in f.index or ()) + "]"
-
-
-def _totals(diagnosis: Diagnosis) -> dict[tuple[str, str, str | None, str | None], list[Finding]]:
+def _groups(diagnosis: Diagnosis) -> list[_Group]:
     """Row and head findings grouped by kind, severity, format and stage; every other
-    finding on its own (its message is the point)."""
-    groups: dict[tuple[str, str, str | None, str | None], list[Finding]] = {}
+    finding on its own (its message is the point). A kind with a single group counts
+    its unlisted rows too."""
+    keyed: dict[object, _Group] = {}
     for n, f in enumerate(diagnosis.findings):
-        stage = f.stage if f.kind in UNITS else f"{f.stage}#{n}"
-        groups.setdefault((f.kind, f.severity, f.dtype, stage), []).append(f)
+        key = (f.kind, f.severity, f.dtype, f.stage) if f.kind in UNITS else n
+        keyed.setdefault(key, _Group(f.kind, f.severity, f.dtype, [])).items.append(f)
+    groups = list(keyed.values())
+    for g in groups:
+        sole = g.kind in UNITS and sum(h.kind == g.kind for h in groups) == 1
+        g.total = diagnosis.counts.get(g.kind, len(g.items)) if sole else len(g.items)
     return groups
-
-
-def _group_total(diagnosis: Diagnosis, groups: dict, key: tuple) -> int:  # type: ignore[type-arg]
-    """Findings in a group, counting unlisted rows when the kind has only this group."""
-    kind = key[0]
-    if kind in UNITS and sum(1 for k in groups if k[0] == kind) == 1:
-        return int(diagnosis.counts.get(kind, len(groups[key])))
-    return len(groups[key])
 
 
 def severity_counts(diagnosis: Diagnosis) -> str:
     """``1 error · 2 warnings · 3 info``, counting unlisted rows too."""
-    groups = _totals(diagnosis)
     by: dict[str, int] = {}
-    for key in groups:
-        by[key[1]] = by.get(key[1], 0) + _group_total(diagnosis, groups, key)
+    for g in _groups(diagnosis):
+        by[g.severity] = by.get(g.severity, 0) + g.total
     parts = []
     for sev in reversed(SEVERITIES):
         n = by.get(sev, 0)
@@ -77,15 +85,19 @@ def severity_counts(diagnosis: Diagnosis) -> str:
     return " · ".join(parts)
 
 
+def _unlisted(diagnosis: Diagnosis) -> str | None:
+    """Kinds counted but not listed at all (``--max-findings 0``), or None."""
+    listed = {f.kind for f in diagnosis.findings}
+    parts = [f"{n} {k.replace('_', ' ')}" for k, n in diagnosis.counts.items() if k not in listed]
+    return f"counted, none listed (--max-findings 0): {', '.join(parts)}" if parts else None
+
+
 def findings_panel(diagnosis: Diagnosis) -> RenderableType:
     """Findings grouped by kind, format and stage, worst first, with counts and hints."""
-    if not diagnosis.findings and diagnosis.counts:
-        counted = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in diagnosis.counts.items())
-        return Text.assemble(
-            ("findings  ", Style(bold=True)),
-            (f"{counted}: counted, none listed (--max-findings 0)", MUTED),
-        )
+    unlisted = _unlisted(diagnosis)
     if not diagnosis.findings:
+        if unlisted:
+            return Text.assemble(("findings  ", Style(bold=True)), (unlisted, MUTED))
         return Text.assemble(
             ("findings  ", Style(bold=True)),
             ("none: ", Style(color="green", bold=True)),
@@ -95,41 +107,33 @@ def findings_panel(diagnosis: Diagnosis) -> RenderableType:
                 MUTED,
             ),
         )
-    groups = _totals(diagnosis)
     order = sorted(
-        groups.items(),
-        key=lambda kv: (-SEVERITIES.index(kv[0][1]), KINDS.index(kv[0][0])),
+        _groups(diagnosis),
+        key=lambda g: (-SEVERITIES.index(g.severity), KINDS.index(g.kind)),
     )
     lines: list[RenderableType] = []
-    for (kind, sev, dtype, stage), items in order:
-        unit = UNITS.get(kind)
-        listed = len(items)
-        total = _group_total(diagnosis, groups, (kind, sev, dtype, stage))
-        label = kind.replace("_", " ")
-        if dtype:
-            label += f" {dtype}"
-        counted = f" ({_plural(total, unit)})" if unit else ""
+    for g in order:
+        unit = UNITS.get(g.kind)
+        label = g.kind.replace("_", " ") + (f" {g.dtype}" if g.dtype else "")
+        counted = f" ({plural(g.total, unit)})" if unit else ""
         head = Text.assemble(
-            (f" {sev:<8}", SEVERITY_STYLE[sev]), " ", (label, Style(bold=True)), counted
+            (f" {g.severity:<8}", SEVERITY_STYLE[g.severity]),
+            " ",
+            (label, Style(bold=True)),
+            counted,
         )
         lines.append(head)
-        first = items[0]
+        first = g.items[0]
         lines.append(_indented(Text(first.message)))
-        if listed > 1:
-            more = ", ".join(_index(f) for f in items[1:6])
-            extra = total - 1
+        if len(g.items) > 1:
+            more = ", ".join(format_index(f.index) for f in g.items[1:6])
+            extra = g.total - 1
             tail = " …" if extra > 5 else ""
             lines.append(_indented(Text(f"and {extra} more: {more}{tail}", MUTED)))
         if first.hint:
             lines.append(_indented(Text(f"hint: {first.hint}", MUTED)))
-    listed_kinds = {f.kind for f in diagnosis.findings}
-    unlisted = [
-        f"{n} {k.replace('_', ' ')}" for k, n in diagnosis.counts.items() if k not in listed_kinds
-    ]
     if unlisted:
-        lines.append(
-            Text(f" also counted, none listed (--max-findings 0): {', '.join(unlisted)}", MUTED)
-        )
+        lines.append(Text(f" also {unlisted}", MUTED))
     title = f"findings: {severity_counts(diagnosis)}"
     if diagnosis.truncated:
         title += " (some rows not listed; see --max-findings)"

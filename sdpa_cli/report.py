@@ -7,6 +7,7 @@ JSON mapping); YAML writes them natively (``.inf``, ``-.inf``, ``.nan``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any, BinaryIO
@@ -102,12 +103,7 @@ def diagnosis_payload(diagnosis: Diagnosis, *, for_json: bool) -> dict[str, Any]
         "findings": [f.to_dict() for f in diagnosis.findings],
         "finding_counts": dict(diagnosis.counts),
         "findings_truncated": diagnosis.truncated,
-        "thresholds": {
-            "saturation": diagnosis.thresholds.saturation,
-            "uniform": diagnosis.thresholds.uniform,
-            "head_fraction": diagnosis.thresholds.head_fraction,
-            "max_findings": diagnosis.thresholds.max_findings,
-        },
+        "thresholds": dataclasses.asdict(diagnosis.thresholds),
         "heads": [h.to_dict() for h in diagnosis.heads],
         "headroom_bits": {d: dict(per) for d, per in diagnosis.headroom.items()},
         "emulation": diagnosis.emulation.to_dict() if diagnosis.emulation else None,
