@@ -1,0 +1,115 @@
+"""``sdpa compute``: every stage as tables, JSON, YAML or .npz."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from sdpa_cli.cli.options import (
+    EXIT_CODES_HELP,
+    attention_options,
+    check_index,
+    diagnostic_options,
+    display_options,
+    make_console,
+    output_options,
+    parse_rows,
+    parse_stages,
+)
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
+@attention_options
+@diagnostic_options
+@display_options
+@output_options
+def compute(
+    inputs: tuple[str, ...],
+    bias_path: str | None,
+    mask_path: str | None,
+    stages: str | None,
+    batch: int | None,
+    head: int | None,
+    rows: str | None,
+    max_rows: int,
+    max_slices: int,
+    precision: int,
+    color: bool | None,
+    fmt: str,
+    save: str | None,
+    saturation: str | None,
+    uniform: str | None,
+    head_fraction: str | None,
+    max_findings: str | None,
+    **flags: Any,
+) -> None:
+    """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
+
+    Inputs are three files Q K V (.npy, .npz[:name], .json, .yaml) or one case file
+    holding q, k, v and options. Flags override the case file.
+
+    \b
+    Examples:
+      sdpa compute samples/scorecard.yaml
+      sdpa compute samples/causal.yaml --stages masked,weights --format json
+      sdpa compute q.npy k.npy v.npy --causal --causal-align lower-right --save trace.npz
+      sdpa compute q.npy k.npy v.npy --dtype float16
+    """
+    from sdpa_cli.compute import applicable_stages, trace
+    from sdpa_cli.config import thresholds
+    from sdpa_cli.diagnose import diagnose
+    from sdpa_cli.inputs import load_spec
+    from sdpa_cli.render import View, render_compute
+    from sdpa_cli.report import payload, save_npz, to_json, to_yaml
+
+    limits = thresholds(
+        {
+            "saturation": saturation,
+            "uniform": uniform,
+            "head_fraction": head_fraction,
+            "max_findings": max_findings,
+        }
+    )
+    spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    chosen = parse_stages(stages, applicable_stages(spec))
+    check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
+    check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
+    row_slice = parse_rows(rows, spec.L)
+
+    # Keep only the stages shown, unless --save asks for every one.
+    result = trace(spec, stages=None if save is not None else chosen)
+    diagnosis = diagnose(result, limits)
+    # Everything is rendered before the --save file is written, so a failure while
+    # rendering cannot leave a new file behind; the output is printed last.
+    console = make_console(color)
+    text: str | None = None
+    renderables: list[Any] = []
+    if fmt == "json":
+        text = to_json(payload(result, chosen, diagnosis, for_json=True)) + "\n"
+    elif fmt == "yaml":
+        text = to_yaml(payload(result, chosen, diagnosis, for_json=False))
+    else:
+        from rich.text import Text
+
+        view = View(
+            stages=chosen,
+            batch=batch,
+            head=head,
+            rows=row_slice,
+            max_rows=max_rows,
+            max_slices=max_slices,
+            precision=precision,
+            width=console.width,
+            explicit_stages=stages is not None,
+        )
+        if description:
+            renderables.append(Text(description.strip(), style="italic"))
+        renderables.append(render_compute(result, view, diagnosis))
+    if save is not None:
+        save_npz(result, save)
+    if text is not None:
+        click.echo(text, nl=False)
+    for renderable in renderables:
+        console.print(renderable)

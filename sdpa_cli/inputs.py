@@ -1,0 +1,67 @@
+"""Files and flags → a validated :class:`~sdpa_cli.spec.AttentionSpec`: shared by commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sdpa_cli.errors import SpecError
+from sdpa_cli.spec import AttentionSpec
+
+
+def load_spec(
+    inputs: tuple[str, ...], bias_path: str | None, mask_path: str | None, flags: dict[str, Any]
+) -> tuple[AttentionSpec, str | None]:
+    """Files and flags → a validated spec (and the case file's description, if any).
+
+    One input is a case file; three are Q, K and V. Flags override the case file.
+    """
+    from sdpa_cli.loaders import is_case_file, load_array, load_case
+    from sdpa_cli.spec import OPTION_NAMES, build_spec, parse_options
+
+    tensors: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    raw: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    description = None
+    if len(inputs) == 1:
+        if not is_case_file(inputs[0]):
+            raise SpecError(
+                inputs[0],
+                "one input must be a case file (.yaml or .json holding q, k, v); otherwise give Q K V",
+            )
+        case = load_case(inputs[0], OPTION_NAMES)
+        tensors, names, raw, where = (
+            dict(case.tensors),
+            dict(case.sources),
+            dict(case.options),
+            dict(case.where),
+        )
+        description = case.description
+    elif len(inputs) == 3:
+        for key, path in zip(("q", "k", "v"), inputs, strict=True):
+            tensors[key] = load_array(path, name=key)
+            names[key] = path
+    else:
+        raise SpecError(
+            " ".join(inputs),
+            f"expected Q K V (three files) or one case file, got {len(inputs)} inputs",
+        )
+    for key, extra in (("bias", bias_path), ("mask", mask_path)):
+        if extra is not None:
+            tensors[key] = load_array(extra, name=key)
+            names[key] = extra
+    for name, value in flags.items():
+        if value is not None:
+            raw[name] = value
+            where.pop(name, None)  # a flag is named by its spelling, --causal-align
+    options = parse_options(raw, where)
+    spec = build_spec(
+        tensors["q"],
+        tensors["k"],
+        tensors["v"],
+        bias=tensors.get("bias"),
+        mask=tensors.get("mask"),
+        options=options,
+        names=names,
+    )
+    return spec, description
