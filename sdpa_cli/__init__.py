@@ -21,6 +21,7 @@ __all__ = [
     "Thresholds",
     "Trace",
     "__version__",
+    "assert_attention_close",
     "build_spec",
     "diagnose",
     "load_array",
@@ -37,6 +38,7 @@ _LAZY = {
     "Diagnosis": "sdpa_cli.diagnose",
     "Finding": "sdpa_cli.diagnose",
     "Thresholds": "sdpa_cli.diagnose",
+    "assert_attention_close": "sdpa_cli.testing",
     "SdpaError": "sdpa_cli.errors",
     "InputError": "sdpa_cli.errors",
     "SpecError": "sdpa_cli.errors",
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from sdpa_cli.errors import InputError, SdpaError, SpecError
     from sdpa_cli.loaders import load_array
     from sdpa_cli.spec import AttentionSpec, build_spec
+    from sdpa_cli.testing import assert_attention_close
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,11 @@
-"""Thresholds from the command line, ``sdpa.yaml`` or ``[tool.sdpa]`` in pyproject.toml.
+"""Settings from the command line, ``sdpa.yaml`` or ``[tool.sdpa]`` in pyproject.toml.
 
 The first found wins, in this order: a flag; ``sdpa.yaml`` in the working
 directory; ``[tool.sdpa]`` in ``pyproject.toml`` in the working directory; the
-defaults of :class:`~sdpa_cli.diagnose.Thresholds`. Keys are spelled as the flags
-(``head-fraction``) or with underscores.
+defaults. The top level holds the thresholds of the findings
+(:class:`~sdpa_cli.diagnose.Thresholds`); a ``check`` section (``[tool.sdpa.check]``)
+holds the settings of ``sdpa check`` (:class:`~sdpa_cli.check.CheckSettings`).
+Keys are spelled as the flags (``head-fraction``) or with underscores.
 """
 
 from __future__ import annotations
@@ -93,13 +95,93 @@ def thresholds(flags: Mapping[str, Any], directory: str = ".") -> Thresholds:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")
+        if name == "check":
+            continue  # sdpa check's own section
         if name not in THRESHOLD_NAMES:
             raise SpecError(
                 f"{source}: {key}",
-                f"unknown setting; expected {', '.join(n.replace('_', '-') for n in THRESHOLD_NAMES)}",
+                f"unknown setting; expected {', '.join(n.replace('_', '-') for n in THRESHOLD_NAMES)} "
+                "or a check section",
             )
         values[name] = _PARSERS[name](value, f"{source}: {key}")
     for name, value in flags.items():
         if value is not None:
             values[name] = _PARSERS[name](value, "--" + name.replace("_", "-"))
     return Thresholds(**values)
+
+
+# --- sdpa check -----------------------------------------------------------------------
+
+CHECK_NAMES = (
+    "rtol",
+    "atol",
+    "reference",
+    "tolerance",
+    "fudge",
+    "fail_on",
+    "fail_on_severity",
+    "equal_nan",
+)
+"""Settings of ``sdpa check`` a config file, a manifest or a flag may give."""
+
+
+def _kinds(value: Any, where: str) -> tuple[str, ...]:
+    """``overflow,nonfinite`` or a list; ``none`` (or empty) for no kind at all."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        items = [str(v).strip() for v in value]
+    else:
+        raise SpecError(where, f"expected finding kinds, comma-separated, got {value!r}")
+    kinds = tuple(k for k in items if k)
+    return () if kinds in ((), ("none",)) else kinds
+
+
+def _flag(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise SpecError(where, f"expected true or false, got {value!r}")
+
+
+_CHECK_PARSERS: dict[str, Any] = {
+    "rtol": parse_number,
+    "atol": parse_number,
+    "reference": lambda v, w: str(v),
+    "tolerance": lambda v, w: str(v),
+    "fudge": parse_number,
+    "fail_on": _kinds,
+    "fail_on_severity": lambda v, w: str(v),
+    "equal_nan": _flag,
+}
+
+
+def check_values(raw: Mapping[str, Any], where: str | None = None) -> dict[str, Any]:
+    """Parse ``sdpa check`` settings; keys spelled as the flags or with underscores.
+
+    Raises:
+        SpecError: an unknown key or a bad value, naming ``where`` and the key (or
+            the flag, ``--rtol``, when ``where`` is None).
+    """
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        label = "--" + name.replace("_", "-") if where is None else f"{where}: {key}"
+        if name not in CHECK_NAMES:
+            raise SpecError(
+                label,
+                f"unknown check setting; expected {', '.join(n.replace('_', '-') for n in CHECK_NAMES)}",
+            )
+        if value is not None:
+            values[name] = _CHECK_PARSERS[name](value, label)
+    return values
+
+
+def check_config(directory: str = ".") -> dict[str, Any]:
+    """The ``check`` section of the config file (parsed), or nothing."""
+    source, raw = read_config(directory)
+    section = raw.get("check")
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise InputError(f"{source}: check", "must be a mapping of check settings")
+    return check_values(section, f"{source}: check")

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import AttentionSpec
 
+if TYPE_CHECKING:
+    from sdpa_cli.check import Expected
+
 
 def load_spec(
-    inputs: tuple[str, ...], bias_path: str | None, mask_path: str | None, flags: dict[str, Any]
+    inputs: tuple[str, ...],
+    bias_path: str | None,
+    mask_path: str | None,
+    flags: Mapping[str, Any],
+    flag_where: Mapping[str, str] | None = None,
 ) -> tuple[AttentionSpec, str | None]:
     """Files and flags → a validated spec (and the case file's description, if any).
 
     One input is a case file; three are Q, K and V. Flags override the case file.
+    ``flag_where`` names where a flag's value came from (a manifest entry) for
+    messages; by default a flag is named by its spelling, ``--causal-align``.
     """
     from sdpa_cli.loaders import is_case_file, load_array, load_case
     from sdpa_cli.spec import OPTION_NAMES, build_spec, parse_options
@@ -54,6 +64,8 @@ def load_spec(
         if value is not None:
             raw[name] = value
             where.pop(name, None)  # a flag is named by its spelling, --causal-align
+            if flag_where and name in flag_where:
+                where[name] = flag_where[name]
     options = parse_options(raw, where)
     spec = build_spec(
         tensors["q"],
@@ -65,3 +77,15 @@ def load_spec(
         names=names,
     )
     return spec, description
+
+
+def load_expected(paths: Mapping[str, str | None]) -> list[Expected]:
+    """``{"output": "out.npy", ...}`` → the exported tensors, loaded (not cast)."""
+    from sdpa_cli.check import Expected
+    from sdpa_cli.loaders import load_array
+
+    return [
+        Expected(name, load_array(path, name=name), path)
+        for name, path in paths.items()
+        if path is not None
+    ]

@@ -1,4 +1,5 @@
-"""Trace → machine-readable payloads: JSON, YAML and .npz.
+"""Machine-readable payloads: a trace as JSON, YAML and .npz; check reports as JSON,
+JUnit XML and GitHub Actions annotations; the exit status of ``check``.
 
 JSON has no infinities or NaN, so non-finite numbers are written as the strings
 ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` (the convention of Protocol Buffers'
@@ -10,15 +11,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
+from sdpa_cli.check import Check, CheckReport, Mismatch, Tolerance, percent
 from sdpa_cli.compute import STAGES, Trace, applicable_stages
 from sdpa_cli.diagnose import Diagnosis
+from sdpa_cli.errors import ExitCode
 from sdpa_cli.loaders import write_atomic
+
+if TYPE_CHECKING:
+    from sdpa_cli.manifest import CaseResult
 
 
 def _json_number(x: float) -> float | str:
@@ -134,3 +140,179 @@ def save_npz(trace: Trace, path: str) -> None:
         np.savez(fh, **arrays)  # type: ignore[arg-type]
 
     write_atomic(path, write)
+
+
+# --- sdpa check -------------------------------------------------------------------------
+
+
+def check_payload(report: CheckReport, *, name: str | None = None) -> dict[str, Any]:
+    """One case as JSON: ``passed``, ``checks`` (each with ``index``), ``findings``."""
+    data: dict[str, Any] = {}
+    if name is not None:
+        data["name"] = name
+    data.update(
+        {
+            "passed": report.passed,
+            "export_dtype": report.export_dtype,
+            "reference": report.reference,
+            "fail_on": list(report.gate),
+            "fail_on_severity": report.fail_on_severity,
+            "checks": [c.to_dict() for c in report.checks],
+        }
+    )
+    diag = diagnosis_payload(report.diagnosis, for_json=True)
+    data["findings"] = diag["findings"]
+    data["finding_counts"] = diag["finding_counts"]
+    return _clean(data, True)  # type: ignore[no-any-return]
+
+
+def check_document(results: list[CaseResult], *, manifest: str | None) -> dict[str, Any]:
+    """The ``--format json`` object: one case at the top level, or ``cases``."""
+    code = check_exit_code(results)
+    if manifest is None:
+        (result,) = results
+        assert result.report is not None
+        return {"sdpa_version": __version__, "exit_code": int(code), **check_payload(result.report)}
+    cases: list[dict[str, Any]] = []
+    for r in results:
+        if r.report is None:
+            cases.append({"name": r.name, "passed": False, "error": r.error, "checks": []})
+        else:
+            cases.append({**check_payload(r.report, name=r.name), "error": None})
+    return {
+        "sdpa_version": __version__,
+        "manifest": manifest,
+        "passed": code == ExitCode.OK,
+        "exit_code": int(code),
+        "cases": cases,
+    }
+
+
+def check_exit_code(results: list[CaseResult]) -> ExitCode:
+    """2 when a case could not be checked (3 for a bug), else 1 when a check failed, else 0."""
+    if any(r.internal for r in results):
+        return ExitCode.INTERNAL
+    if any(r.report is None for r in results):
+        return ExitCode.BAD_INPUT
+    if not all(r.passed for r in results):
+        return ExitCode.CHECK_FAILED
+    return ExitCode.OK
+
+
+def _failure_text(check: Check) -> str:
+    """The detail under a failed check: the mismatch report, one fact per line."""
+    lines = [check.summary]
+    m = check.mismatch
+    if m is not None:
+        lines += mismatch_lines(m, check.tolerance)
+    elif check.index is not None:
+        lines.append(f"index: {list(check.index)}")
+    if check.file:
+        lines.append(f"file: {check.file}")
+    return "\n".join(lines)
+
+
+def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
+    """A mismatch as the lines of the report (shared by the table, JUnit and assertions)."""
+    lines = [
+        f"mismatched elements: {m.mismatched:,} / {m.total:,} ({percent(m.fraction)})",
+        f"NaN mismatches: {m.nan_mismatches:,} · inf mismatches: {m.inf_mismatches:,}",
+        f"greatest absolute difference: {m.max_abs:.6g} at index {_at(m.max_abs_at)}",
+        f"greatest relative difference: {m.max_rel:.6g} at index {_at(m.max_rel_at)}",
+    ]
+    if m.worst_at is not None:
+        lines.append(
+            f"worst element: index {list(m.worst_at)}: got {m.worst_actual:.8g}, "
+            f"reference {m.worst_reference:.8g}"
+        )
+    if tol is not None:
+        lines.append(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g} ({tol.source})")
+        if m.mismatched:
+            if m.passing_atol is None:
+                lines.append("would pass with: no tolerance (non-finite mismatches)")
+            else:
+                lines.append(
+                    f"would pass with: atol ≥ {m.passing_atol:.3g} (rtol {tol.rtol:g}) "
+                    f"or rtol ≥ {m.passing_rtol:.3g} (atol {tol.atol:g})"
+                )
+    return lines
+
+
+def _at(at: tuple[int, ...] | None) -> str:
+    return "-" if at is None else str(list(at))
+
+
+def junit_xml(results: list[CaseResult], *, suite: str = "sdpa check") -> bytes:
+    """JUnit XML: a testsuite per case, a testcase per check, ``<failure>`` on failure.
+
+    A case that could not be checked is one testcase with an ``<error>``; a warning is
+    a passing testcase whose ``<system-out>`` says why.
+    """
+    import xml.etree.ElementTree as ET
+
+    root = ET.Element("testsuites", name=suite)
+    totals = {"tests": 0, "failures": 0, "errors": 0}
+    for r in results:
+        ts = ET.SubElement(root, "testsuite", name=r.name)
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        if r.report is None:
+            tc = ET.SubElement(ts, "testcase", classname=f"sdpa.check.{r.name}", name="load")
+            ET.SubElement(tc, "error", message=r.error or "", type="error").text = r.error
+            counts["tests"] += 1
+            counts["errors"] += 1
+        else:
+            for c in r.report.checks:
+                attrs = {"classname": f"sdpa.check.{r.name}", "name": c.name}
+                if c.file:
+                    attrs["file"] = c.file
+                tc = ET.SubElement(ts, "testcase", attrs)
+                counts["tests"] += 1
+                if c.status == "fail":
+                    counts["failures"] += 1
+                    failure = ET.SubElement(tc, "failure", message=c.summary, type=c.name)
+                    failure.text = _failure_text(c)
+                elif c.status == "warn":
+                    ET.SubElement(tc, "system-out").text = f"WARN: {c.summary}"
+        for key, value in counts.items():
+            ts.set(key, str(value))
+        for key in totals:
+            totals[key] += counts[key]
+    for key, value in totals.items():
+        root.set(key, str(value))
+    ET.indent(root)
+    text: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return text + b"\n"
+
+
+def write_report(path: str, data: bytes) -> None:
+    """Write a report file atomically (no partial file on failure)."""
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(data)
+
+    write_atomic(path, write)
+
+
+def _escape(text: str, *, prop: bool = False) -> str:
+    """GitHub's workflow-command escaping (properties also escape ``:`` and ``,``)."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def github_annotations(results: list[CaseResult], *, manifest: str | None) -> list[str]:
+    """``::error``/``::warning`` lines for GitHub Actions: one per failed or warning check."""
+    lines = []
+    for r in results:
+        prefix = f"{r.name}: " if manifest is not None else ""
+        if r.report is None:
+            props = f"file={_escape(manifest, prop=True)}," if manifest else ""
+            lines.append(f"::error {props}title=sdpa check::{_escape(prefix + (r.error or ''))}")
+            continue
+        for c in r.report.checks:
+            if c.status == "pass":
+                continue
+            level = "error" if c.status == "fail" else "warning"
+            props = f"file={_escape(c.file, prop=True)}," if c.file else ""
+            title = _escape(f"sdpa check {c.name}", prop=True)
+            lines.append(f"::{level} {props}title={title}::{_escape(prefix + c.summary)}")
+    return lines

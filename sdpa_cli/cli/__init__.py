@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from sdpa_cli import __version__
+from sdpa_cli.cli.check import check
 from sdpa_cli.cli.compute import compute
 from sdpa_cli.cli.options import EXIT_CODES_HELP
 from sdpa_cli.errors import ExitCode, SdpaError
@@ -84,6 +85,7 @@ def cli(debug: bool) -> None:
 
 
 cli.add_command(compute)
+cli.add_command(check)
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:

@@ -113,6 +113,13 @@ def attention_options(f: F) -> F:
     return f
 
 
+COLOR_OPTION = click.option(
+    "--color/--no-color",
+    default=None,
+    help="Force color on or off (default: on for a terminal, off with NO_COLOR).",
+)
+
+
 def display_options(f: F) -> F:
     """Which part of the computation to show, and how."""
     for option in reversed(
@@ -149,11 +156,7 @@ def display_options(f: F) -> F:
                 show_default=True,
                 help="Digits after the point.",
             ),
-            click.option(
-                "--color/--no-color",
-                default=None,
-                help="Force color on or off (default: on for a terminal, off with NO_COLOR).",
-            ),
+            COLOR_OPTION,
         ]
     ):
         f = option(f)

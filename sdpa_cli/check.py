@@ -1,0 +1,844 @@
+"""``sdpa check``: exported attention tensors judged against a recomputed reference.
+
+Pure data in, data out: a validated spec, the exported arrays and the settings go in;
+a :class:`CheckReport` (a list of :class:`Check` records, the findings) comes out.
+Rendering, JSON, JUnit and exit codes are the command line's business.
+
+Every comparison is ``|actual − reference| ≤ atol + rtol · |reference|`` (the rule of
+``torch.testing.assert_close`` and ``numpy.isclose`` with the reference second), so
+a mismatch report reads the same as theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli import precision
+from sdpa_cli.compute import Trace, trace
+from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
+from sdpa_cli.errors import SpecError
+from sdpa_cli.spec import AttentionSpec, Options
+from sdpa_cli.stats import Index, input_dtypes, working_formats
+
+F64 = NDArray[np.float64]
+
+TENSORS = ("output", "weights", "lse")
+"""What an export may hold: the output, the attention weights, the logsumexp per row."""
+
+DTYPE_TOLERANCES: Mapping[str, tuple[float, float]] = {
+    # (rtol, atol). float16 and bfloat16: the floors of PyTorch's own SDPA kernel tests
+    # (test_transformers.py default_rtol/default_atol), not assert_close's defaults.
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1.6e-2, 1e-3),
+    # float32: the same tests' floor; float64: assert_close's default.
+    "float32": (1.3e-6, 1e-5),
+    "float64": (1e-7, 1e-7),
+    # float8 (no PyTorch floor): rtol one machine epsilon, atol an eighth of it.
+    "float8_e4m3fn": (1.25e-1, 1.5625e-2),
+    "float8_e5m2": (2.5e-1, 3.125e-2),
+}
+"""Default tolerances by the export's format."""
+
+REFERENCE_FORMATS = ("float32", "float64")
+
+STATUSES = ("pass", "warn", "fail")
+"""A check passes, warns (reported, never failing the run) or fails."""
+
+DEFAULT_GATE = ("nonfinite", "overflow")
+"""Finding kinds that fail a check with no expectation: non-finite values, and
+overflow in the run's own formats (the inputs' dtype or ``--dtype``)."""
+
+
+# --- settings ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """An ``rtol``/``atol`` pair and where it came from (for the report)."""
+
+    rtol: float
+    atol: float
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rtol": self.rtol, "atol": self.atol, "source": self.source}
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """How to judge an export. ``None`` means the default described on each field."""
+
+    rtol: float | None = None
+    """Relative tolerance; with ``atol`` (both or neither). Default: by the export's format."""
+    atol: float | None = None
+    reference: str | None = None
+    """Format of the reference: float32 for 16- and 8-bit exports, float64 otherwise."""
+    tolerance: str = "dtype"
+    """``dtype`` (the defaults of :data:`DTYPE_TOLERANCES`) or ``measured``: no worse
+    than the naive computation in the export's format, times ``fudge``."""
+    fudge: float = 2.0
+    fail_on: tuple[str, ...] | None = None
+    """Finding kinds that fail the run; default :data:`DEFAULT_GATE` without
+    expectations, none with them."""
+    fail_on_severity: str | None = None
+    """Fail on any finding at or above this severity."""
+    equal_nan: bool = False
+    """Whether NaN in both the export and the reference counts as a match."""
+
+    def __post_init__(self) -> None:
+        if (self.rtol is None) != (self.atol is None):
+            raise SpecError("--rtol/--atol", "give both, or neither (defaults by the dtype)")
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise SpecError(f"--{name}", f"must be a finite number ≥ 0, got {value!r}")
+        if self.tolerance not in ("dtype", "measured"):
+            raise SpecError("--tolerance", f"must be dtype or measured, got {self.tolerance!r}")
+        if self.tolerance == "measured" and self.rtol is not None:
+            raise SpecError("--tolerance", "measured computes rtol and atol; drop --rtol/--atol")
+        if not (math.isfinite(self.fudge) and self.fudge >= 1):
+            raise SpecError("--fudge", f"must be a finite number ≥ 1, got {self.fudge!r}")
+        if self.reference is not None and self.reference not in REFERENCE_FORMATS:
+            raise SpecError("--reference", f"must be float32 or float64, got {self.reference!r}")
+        for kind in self.fail_on or ():
+            if kind not in KINDS:
+                raise SpecError(
+                    "--fail-on", f"unknown finding kind {kind!r}; choose from {', '.join(KINDS)}"
+                )
+        if self.fail_on_severity is not None and self.fail_on_severity not in SEVERITIES:
+            raise SpecError(
+                "--fail-on-severity",
+                f"must be {', '.join(SEVERITIES)}, got {self.fail_on_severity!r}",
+            )
+
+
+# --- the records ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """How an exported tensor differs from its reference (the best validators' report).
+
+    Attributes:
+        total: elements compared.
+        mismatched: elements outside the tolerance (non-finite ones included).
+        nan_mismatches: of those, elements NaN on one side only (or on both, unless
+            ``equal_nan``).
+        inf_mismatches: of those, elements infinite on a side without a matching infinity.
+        max_abs, max_abs_at: the greatest absolute difference over finite pairs, and where.
+        max_rel, max_rel_at: the greatest relative difference ``|Δ|/|reference|``.
+        worst_at: the element furthest outside the tolerance (a non-finite mismatch first),
+            with ``worst_actual`` and ``worst_reference``.
+        passing_atol: the smallest atol that would pass at the same rtol; ``None`` when
+            non-finite mismatches make every tolerance fail.
+        passing_rtol: the smallest rtol that would pass at the same atol (``inf`` when a
+            zero reference is missed by more than atol).
+    """
+
+    total: int
+    mismatched: int
+    nan_mismatches: int
+    inf_mismatches: int
+    max_abs: float
+    max_abs_at: Index | None
+    max_rel: float
+    max_rel_at: Index | None
+    worst_at: Index | None
+    worst_actual: float | None
+    worst_reference: float | None
+    passing_atol: float | None
+    passing_rtol: float | None
+
+    @property
+    def fraction(self) -> float:
+        return self.mismatched / self.total if self.total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for key in ("max_abs_at", "max_rel_at", "worst_at"):
+            d[key] = None if d[key] is None else list(d[key])
+        d["fraction"] = self.fraction
+        return d
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its name, status, a one-line figure, and the numbers behind it.
+
+    ``index`` is the full index of the worst element (in the layout of the file
+    checked), or None when nothing is wrong or the check is not about one element.
+    """
+
+    name: str
+    status: str
+    summary: str
+    index: Index | None = None
+    file: str | None = None
+    tolerance: Tolerance | None = None
+    mismatch: Mismatch | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status != "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "passed": self.passed,
+            "status": self.status,
+            "summary": self.summary,
+            "index": None if self.index is None else list(self.index),
+        }
+        if self.file is not None:
+            out["file"] = self.file
+        if self.tolerance is not None:
+            out["tolerance"] = self.tolerance.to_dict()
+        if self.mismatch is not None:
+            out["mismatch"] = self.mismatch.to_dict()
+        out.update(self.details)
+        return out
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One exported tensor: what it is (``output``, ``weights``, ``lse``), its values
+    and the file it came from."""
+
+    name: str
+    values: NDArray[Any]
+    label: str
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Everything ``check`` concluded about one case."""
+
+    checks: tuple[Check, ...]
+    diagnosis: Diagnosis
+    export_dtype: str
+    reference: str
+    gate: tuple[str, ...]
+    fail_on_severity: str | None
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+
+# --- comparison -------------------------------------------------------------------------
+
+
+def _index(flat: int, shape: tuple[int, ...]) -> Index:
+    return tuple(int(i) for i in np.unravel_index(flat, shape))
+
+
+def compare(
+    actual: F64, reference: F64, rtol: float, atol: float, *, equal_nan: bool = False
+) -> Mismatch:
+    """Compare ``actual`` to ``reference`` (same shape) element by element.
+
+    An element passes when ``|a − r| ≤ atol + rtol·|r|``; when either side is not
+    finite, it passes only if both are the same infinity (or both NaN with
+    ``equal_nan``).
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    shape = a.shape
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        finite = np.isfinite(a) & np.isfinite(r)
+        diff = np.where(finite, np.abs(a - r), 0.0)
+        allowed = atol + rtol * np.abs(r)
+        bad_finite = finite & (diff > allowed)
+        a_nan, r_nan = np.isnan(a), np.isnan(r)
+        nan_bad = (a_nan | r_nan) & ~(a_nan & r_nan & equal_nan)
+        inf_bad = ~finite & ~(a_nan | r_nan) & (a != r)
+        nonfinite_bad = nan_bad | inf_bad
+        mismatched = int(bad_finite.sum()) + int(nonfinite_bad.sum())
+
+        max_abs, max_abs_at = 0.0, None
+        max_rel, max_rel_at = 0.0, None
+        worst_at = None
+        passing_atol: float | None = 0.0
+        passing_rtol: float | None = 0.0
+        if finite.any():
+            flat = int(np.argmax(diff))
+            max_abs, max_abs_at = float(diff.flat[flat]), _index(flat, shape)
+            rel = np.where(
+                finite & (diff > 0), diff / np.where(r == 0, 0.0, np.abs(r)), 0.0
+            )  # x/0 → inf: a zero reference missed by anything
+            flat = int(np.argmax(rel))
+            max_rel, max_rel_at = float(rel.flat[flat]), _index(flat, shape)
+            excess = np.where(finite, diff - rtol * np.abs(r), -np.inf)
+            passing_atol = max(0.0, float(excess.max()))
+            need = np.where(finite & (diff > atol), (diff - atol) / np.abs(r), 0.0)
+            passing_rtol = float(need.max())
+            if bad_finite.any():
+                ratio = np.where(bad_finite, diff / np.where(allowed > 0, allowed, 1.0), 0.0)
+                ratio = np.where(bad_finite & (allowed == 0), np.inf, ratio)
+                worst_at = _index(int(np.argmax(ratio)), shape)
+        if nonfinite_bad.any():
+            worst_at = _index(int(np.argmax(nonfinite_bad)), shape)
+            passing_atol = passing_rtol = None
+    return Mismatch(
+        total=int(a.size),
+        mismatched=mismatched,
+        nan_mismatches=int(nan_bad.sum()),
+        inf_mismatches=int(inf_bad.sum()),
+        max_abs=max_abs,
+        max_abs_at=max_abs_at,
+        max_rel=max_rel,
+        max_rel_at=max_rel_at,
+        worst_at=worst_at,
+        worst_actual=None if worst_at is None else float(a[worst_at]),
+        worst_reference=None if worst_at is None else float(r[worst_at]),
+        passing_atol=passing_atol,
+        passing_rtol=passing_rtol,
+    )
+
+
+def measured_tolerance(reference: F64, naive: F64, export_dtype: str, fudge: float) -> Tolerance:
+    """PyTorch's ``get_tolerances``: how far the naive computation in the export's
+    format strays from the reference, floored at the dtype defaults, times ``fudge``.
+
+    Only pairs finite on both sides count; a relative deviation beyond 1e30 (a zero
+    reference) falls back to the default rtol, as PyTorch does.
+    """
+    rtol0, atol0 = DTYPE_TOLERANCES[export_dtype]
+    ref = np.asarray(reference, dtype=np.float64)
+    got = np.asarray(naive, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        finite = np.isfinite(ref) & np.isfinite(got)
+        dev = np.where(finite, np.abs(ref - got), 0.0)
+        rel = np.where(finite & (dev > 0), dev / np.abs(ref), 0.0)
+    atol = fudge * max(float(dev.max(initial=0.0)), atol0)
+    rtol = fudge * max(float(rel.max(initial=0.0)), rtol0)
+    if rtol > 1e30:
+        rtol = rtol0
+    return Tolerance(rtol, atol, f"measured ×{fudge:g} (naive {export_dtype})")
+
+
+def percent(fraction: float) -> str:
+    """``0.90%``, ``84.84%``; two significant digits below 0.01 %: ``0.0061%``."""
+    x = 100 * fraction
+    return f"{x:.2f}%" if x == 0 or x >= 0.01 else f"{x:.2g}%"
+
+
+def mismatch_summary(m: Mismatch, tol: Tolerance) -> str:
+    """``37 of 4,096 (0.90%) beyond rtol 0.001, atol 0.001; greatest |Δ| 0.0125``."""
+    head = f"{m.mismatched:,} of {m.total:,} ({percent(m.fraction)})"
+    if not m.mismatched:
+        return f"all {m.total:,} within rtol {tol.rtol:g}, atol {tol.atol:g} (greatest |Δ| {m.max_abs:.3g})"
+    extra = []
+    if m.nan_mismatches:
+        extra.append(f"{m.nan_mismatches:,} NaN")
+    if m.inf_mismatches:
+        extra.append(f"{m.inf_mismatches:,} inf")
+    kinds = f" ({', '.join(extra)})" if extra else ""
+    return (
+        f"{head}{kinds} beyond rtol {tol.rtol:g}, atol {tol.atol:g}; greatest |Δ| {m.max_abs:.3g}"
+    )
+
+
+# --- exported tensors: shapes and layouts -----------------------------------------------
+
+
+def expected_shapes(spec: AttentionSpec, name: str) -> tuple[tuple[int, ...], ...]:
+    """The layouts accepted for an exported ``name``: the computation's, and for the
+    output under ``--heads`` the merged ``(..., L, heads·Ev)`` as well."""
+    if name == "weights":
+        return (spec.weights_shape,)
+    if name == "lse":
+        return ((*spec.lead, spec.L),)
+    if spec.options.heads is not None:
+        return (spec.merged_output_shape, spec.output_shape)
+    return (spec.output_shape,)
+
+
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    i = 0
+    while i < len(shape) - 1 and shape[i] == 1:
+        i += 1
+    return shape[i:]
+
+
+def fit_expected(spec: AttentionSpec, exp: Expected) -> tuple[F64, tuple[int, ...]]:
+    """The export as float64 in one of :func:`expected_shapes` (leading 1s may differ).
+
+    Returns the values reshaped to the accepted layout, and that layout.
+
+    Raises:
+        SpecError: naming the file, when no layout fits.
+    """
+    got = tuple(exp.values.shape)
+    for shape in expected_shapes(spec, exp.name):
+        if got == shape or _strip_ones(got) == _strip_ones(shape):
+            values = np.asarray(exp.values, dtype=np.float64).reshape(shape)
+            return values, shape
+    want = " or ".join(str(s) for s in expected_shapes(spec, exp.name))
+    raise SpecError(exp.label, f"has shape {got}; the computation's {exp.name} is {want}")
+
+
+def export_dtype(spec: AttentionSpec, expected: list[Expected]) -> str:
+    """The format the export was computed in: ``--dtype`` when given, otherwise the
+    narrowest of the exported files' and the inputs' dtypes (float64 when all are)."""
+    if spec.options.emulated:
+        return spec.options.dtype
+    names = {str(e.values.dtype) for e in expected} | set(input_dtypes(spec))
+    return next((d for d in reversed(precision.FORMATS) if d in names), "float64")
+
+
+def _with_dtype(spec: AttentionSpec, dtype: str, base: Options | None = None) -> AttentionSpec:
+    """``spec`` run in ``dtype``: a reference keeps everything in that format; a
+    naive run in the export's format keeps the user's ``--accumulate`` and friends."""
+    o = spec.options
+    if base is None:  # a reference: every step in the reference format
+        options = dataclasses.replace(
+            o, dtype=dtype, accumulate=dtype, softmax_dtype=dtype, logits_dtype=dtype
+        )
+    else:
+        keep = o.dtype == dtype
+        options = dataclasses.replace(
+            o,
+            dtype=dtype,
+            accumulate=o.accumulate if keep else "float32",
+            softmax_dtype=o.softmax_dtype if keep else "float32",
+            logits_dtype=o.logits_dtype if keep else dtype,
+        )
+    return dataclasses.replace(spec, options=options)
+
+
+def logsumexp(masked: F64) -> F64:
+    """``log Σ_j exp(logit_j)`` per row, max-subtracted; −inf for a row with no
+    visible key (every logit −inf)."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        m = np.max(masked, axis=-1, initial=-math.inf)
+        safe = np.where(np.isfinite(m), m, 0.0)
+        total = np.exp(masked - safe[..., None]).sum(axis=-1)
+        return np.where(m == -math.inf, -math.inf, safe + np.log(total))
+
+
+def _to_merged(spec: AttentionSpec, out: F64) -> F64:
+    moved = np.moveaxis(out, -3, -2)
+    return moved.reshape(spec.merged_output_shape)
+
+
+def _merged_index(spec: AttentionSpec, at: Index) -> Index:
+    """An index into the split output ``(..., heads, L, Ev)`` as an index into the
+    merged ``(..., L, heads·Ev)`` layout the file has."""
+    *lead, h, i, c = at
+    return (*lead, i, h * spec.Ev + c)
+
+
+# --- the checks -------------------------------------------------------------------------
+
+
+def _finite_check(name: str, values: F64, label: str) -> Check:
+    bad = ~np.isfinite(values)
+    n = int(bad.sum())
+    if not n:
+        return Check(f"{name}.finite", "pass", f"all {values.size:,} finite", file=label)
+    at = _index(int(np.argmax(bad)), values.shape)
+    nan = int(np.isnan(values).sum())
+    return Check(
+        f"{name}.finite",
+        "fail",
+        f"{n:,} of {values.size:,} not finite ({nan:,} NaN, {n - nan:,} inf); first at {list(at)}",
+        index=at,
+        file=label,
+        details={"nonfinite": n, "nan": nan, "inf": n - nan},
+    )
+
+
+def _close_check(
+    name: str, actual: F64, reference: F64, tol: Tolerance, label: str, equal_nan: bool
+) -> Check:
+    m = compare(actual, reference, tol.rtol, tol.atol, equal_nan=equal_nan)
+    return Check(
+        f"{name}.close",
+        "fail" if m.mismatched else "pass",
+        mismatch_summary(m, tol),
+        index=m.worst_at,
+        file=label,
+        tolerance=tol,
+        mismatch=m,
+    )
+
+
+def _weights_range(w: F64, tol: Tolerance, label: str) -> Check:
+    """Every weight in [0, 1] (up to atol)."""
+    with np.errstate(invalid="ignore"):
+        bad = np.isfinite(w) & ((w < -tol.atol) | (w > 1 + tol.atol))
+    n = int(bad.sum())
+    if not n:
+        return Check("weights.range", "pass", "all in [0, 1]", file=label)
+    at = _index(int(np.argmax(bad)), w.shape)
+    return Check(
+        "weights.range",
+        "fail",
+        f"{n:,} of {w.size:,} outside [0, 1]; first {w[at]:.6g} at {list(at)}",
+        index=at,
+        file=label,
+        details={"outside": n, "first_value": float(w[at])},
+    )
+
+
+def _weights_rows(
+    spec: AttentionSpec, w: F64, visible: NDArray[np.bool_], tol: Tolerance, label: str
+) -> Check:
+    """Rows sum to 1 over visible keys, hidden keys get nothing; a row with no visible
+    key sums to 0 (to 1, spread over every key, under a finite mask value)."""
+    finite_mask = math.isfinite(spec.options.mask_value)
+    any_visible = np.asarray(visible.any(axis=-1))
+    everyone = ~any_visible & finite_mask  # fully masked rows a finite mask value spreads
+    counted = visible | everyone[..., None]
+    with np.errstate(invalid="ignore"):
+        sums = np.where(counted, w, 0.0).sum(axis=-1)
+        target = np.where(any_visible | everyone, 1.0, 0.0)
+        leaked = np.where(counted, 0.0, np.abs(w)).max(axis=-1, initial=0.0)
+        off = np.abs(sums - target)
+        bad_sum = np.isfinite(sums) & (off > tol.atol + tol.rtol)
+        bad_leak = leaked > tol.atol
+    bad = bad_sum | bad_leak
+    n_rows = int(np.prod(sums.shape))
+    n = int(bad.sum())
+    if not n:
+        return Check(
+            "weights.rows",
+            "pass",
+            f"all {n_rows:,} rows sum to {'1' if any_visible.all() else '1 (0 with no visible key)'}"
+            f" (largest |Σ − 1| {float(off[np.isfinite(off)].max(initial=0.0)):.3g})",
+            file=label,
+        )
+    row = _index(int(np.argmax(bad)), sums.shape)
+    if bad_sum[row]:
+        what = f"sums to {sums[row]:.6g}, not {target[row]:g}"
+    else:
+        what = f"puts {leaked[row]:.3g} on hidden keys"
+    return Check(
+        "weights.rows",
+        "fail",
+        f"{n:,} of {n_rows:,} rows off: row {list(row)} {what}",
+        index=row,
+        file=label,
+        details={
+            "rows_off": n,
+            "bad_sums": int(bad_sum.sum()),
+            "leaking_rows": int(bad_leak.sum()),
+        },
+    )
+
+
+def _v_range(
+    spec: AttentionSpec, lead: tuple[int, ...], visible: NDArray[np.bool_]
+) -> tuple[F64, F64]:
+    """Per row and column, the smallest and largest V over the row's visible keys
+    (every key for a fully masked row under a finite mask value; 0 otherwise)."""
+    v = np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64)  # (S, Ev)
+    L = visible.shape[0]
+    lo = np.empty((L, spec.Ev))
+    hi = np.empty((L, spec.Ev))
+    finite_mask = math.isfinite(spec.options.mask_value)
+    step = max(1, (1 << 21) // max(1, spec.S * spec.Ev))
+    for i0 in range(0, L, step):
+        vis = visible[i0 : i0 + step]
+        none = np.asarray(~vis.any(axis=-1))
+        if finite_mask:
+            vis = vis | none[:, None]
+        sel = vis[:, :, None]
+        lo[i0 : i0 + step] = np.where(sel, v[None], np.inf).min(axis=1)
+        hi[i0 : i0 + step] = np.where(sel, v[None], -np.inf).max(axis=1)
+        if not finite_mask:
+            lo[i0 : i0 + step][none] = 0.0
+            hi[i0 : i0 + step][none] = 0.0
+    return lo, hi
+
+
+def _output_range(
+    spec: AttentionSpec,
+    out: F64,
+    visible: NDArray[np.bool_],
+    tol: Tolerance,
+    label: str,
+    merged: bool,
+) -> Check:
+    """Each output inside the per-column range of V over the row's visible keys: it is
+    a convex combination of those rows of V."""
+    if spec.options.dropout > 0:
+        return Check(
+            "output.range",
+            "pass",
+            "skipped: dropout rescales the weights, so the output may leave V's range",
+            file=label,
+            details={"skipped": True},
+        )
+    n = 0
+    first: Index | None = None
+    first_value = 0.0
+    bounds = (0.0, 0.0)
+    for lead in np.ndindex(*spec.lead):
+        lo, hi = _v_range(spec, lead, visible[lead])
+        o = out[lead]
+        slack = tol.atol + tol.rtol * np.maximum(np.abs(lo), np.abs(hi))
+        with np.errstate(invalid="ignore"):
+            bad = np.isfinite(o) & ((o < lo - slack) | (o > hi + slack))
+        k = int(bad.sum())
+        if k and first is None:
+            i, c = _index(int(np.argmax(bad)), bad.shape)
+            first = (*lead, i, c)
+            first_value = float(o[i, c])
+            bounds = (float(lo[i, c]), float(hi[i, c]))
+        n += k
+    if not n:
+        return Check(
+            "output.range", "pass", "every value inside V's range over its visible keys", file=label
+        )
+    assert first is not None
+    at = _merged_index(spec, first) if merged else first
+    return Check(
+        "output.range",
+        "fail",
+        f"{n:,} of {out.size:,} outside V's range over the visible keys; "
+        f"{first_value:.6g} at {list(at)} is outside [{bounds[0]:.6g}, {bounds[1]:.6g}]",
+        index=at,
+        file=label,
+        details={"outside": n, "first_value": first_value, "range": list(bounds)},
+    )
+
+
+def _lse_weights(
+    masked: F64,
+    lse: F64,
+    w: F64,
+    visible: NDArray[np.bool_],
+    tol: Tolerance,
+    label: str,
+    equal_nan: bool,
+) -> Check:
+    """The exported weights equal exp(logit − exported LSE) on rows with a visible key."""
+    rows = np.asarray(visible.any(axis=-1))
+    with np.errstate(over="ignore", invalid="ignore"):
+        implied = np.exp(masked - np.where(rows, lse, 0.0)[..., None])
+    implied = np.where(rows[..., None], implied, w)  # rows with no key: nothing to check
+    m = compare(w, implied, tol.rtol, tol.atol, equal_nan=equal_nan)
+    summary = (
+        "the exported weights equal exp(logit − LSE)"
+        if not m.mismatched
+        else f"weights ≠ exp(logit − LSE): {mismatch_summary(m, tol)}"
+    )
+    return Check(
+        "lse.weights",
+        "fail" if m.mismatched else "pass",
+        summary,
+        index=m.worst_at,
+        file=label,
+        tolerance=tol,
+        mismatch=m,
+    )
+
+
+def _gate(settings: CheckSettings, has_expectations: bool) -> tuple[tuple[str, ...], bool]:
+    """The gated kinds, and whether overflow counts only in the run's own formats."""
+    if settings.fail_on is not None:
+        return settings.fail_on, False
+    if has_expectations:
+        return (), False
+    return DEFAULT_GATE, True
+
+
+def _finding_checks(
+    diagnosis: Diagnosis,
+    gate: tuple[str, ...],
+    own_formats_only: bool,
+    working: tuple[str, ...],
+    severity: str | None,
+) -> Iterator[Check]:
+    def gated(kind: str) -> list[Any]:
+        return [
+            f
+            for f in diagnosis.findings
+            if f.kind == kind
+            and not (own_formats_only and kind == "overflow" and f.dtype not in working)
+        ]
+
+    used: set[int] = set()
+    for kind in gate:
+        hits = gated(kind)
+        used.update(id(f) for f in hits)
+        filtered = own_formats_only and kind == "overflow"
+        if not hits:
+            scope = ""
+            if filtered:
+                scope = f" in {', '.join(working) or 'float64'}, the run's own format"
+                if diagnosis.counts.get(kind):
+                    scope += " (other formats: see findings)"
+            yield Check(f"findings.{kind}", "pass", f"no {kind} findings{scope}")
+            continue
+        # Row findings are listed up to --max-findings but all counted.
+        count = len(hits) if filtered else diagnosis.counts.get(kind, len(hits))
+        yield Check(
+            f"findings.{kind}",
+            "fail",
+            f"{plural(count, kind + ' finding')}; first: {hits[0].message}",
+            index=hits[0].index,
+            details={"findings": [f.to_dict() for f in hits[:5]], "count": count},
+        )
+    if severity is not None:
+        rank = SEVERITIES.index(severity)
+        hits = [f for f in diagnosis.findings if SEVERITIES.index(f.severity) >= rank]
+        used.update(id(f) for f in hits)
+        if hits:
+            yield Check(
+                "findings.severity",
+                "fail",
+                f"{plural(len(hits), 'finding')} at {severity} or worse; first: {hits[0].kind}: {hits[0].message}",
+                index=hits[0].index,
+                details={"findings": [f.to_dict() for f in hits[:5]], "count": len(hits)},
+            )
+        else:
+            yield Check("findings.severity", "pass", f"no finding at {severity} or worse")
+    rest = [f for f in diagnosis.findings if id(f) not in used]
+    serious = [f for f in rest if f.severity != "info"]
+    if serious:
+        kinds = sorted({f.kind for f in serious}, key=KINDS.index)
+        yield Check(
+            "findings",
+            "warn",
+            f"{plural(len(serious), 'finding')} not gating ({', '.join(kinds)}); "
+            f"first: {serious[0].message}",
+            index=serious[0].index,
+            details={"count": len(serious), "kinds": kinds},
+        )
+    else:
+        note = f" ({plural(len(rest), 'info finding')})" if rest else ""
+        yield Check("findings", "pass", f"nothing worth a warning{note}")
+
+
+def run_checks(
+    spec: AttentionSpec,
+    expected: list[Expected],
+    settings: CheckSettings | None = None,
+    thresholds: Thresholds | None = None,
+) -> CheckReport:
+    """Judge the exported tensors (any of output, weights, lse) against ``spec``.
+
+    Without any export, the inputs and the computation themselves are judged: the
+    findings of the computation (as ``compute`` would find them) gate the result.
+
+    Raises:
+        SpecError: an export whose shape fits no layout of the computation.
+    """
+    settings = settings or CheckSettings()
+    names = [e.name for e in expected]
+    for name in names:
+        if name not in TENSORS:
+            raise SpecError(name, f"unknown export; expected one of {', '.join(TENSORS)}")
+    fitted = {e.name: (e, *fit_expected(spec, e)) for e in expected}
+
+    export = export_dtype(spec, expected)
+    ref_format = settings.reference or (
+        "float64" if export in ("float64", "float32") else "float32"
+    )
+    stages = ("masked", "weights", "output")
+
+    # The computation as compute runs it: the findings come from here.
+    run = trace(spec, stages=stages)
+    diagnosis = diagnose(run, thresholds)
+    reference = (
+        run if _same_run(spec, ref_format) else trace(_with_dtype(spec, ref_format), stages=stages)
+    )
+
+    naive: Trace | None = None
+    if settings.tolerance == "measured" and expected:
+        naive = (
+            run
+            if spec.options.dtype == export
+            else trace(_with_dtype(spec, export, spec.options), stages=stages)
+        )
+
+    def tolerance_for(ref_values: F64, naive_values: F64 | None) -> Tolerance:
+        if settings.rtol is not None and settings.atol is not None:
+            return Tolerance(settings.rtol, settings.atol, "given")
+        if naive_values is not None:
+            return measured_tolerance(ref_values, naive_values, export, settings.fudge)
+        rtol, atol = DTYPE_TOLERANCES[export]
+        return Tolerance(rtol, atol, f"{export} defaults")
+
+    checks: list[Check] = []
+    assert reference.masked is not None
+    assert reference.weights is not None
+    assert reference.output is not None
+    # Keys hidden by a float mask's −inf count as hidden, as a boolean mask's do.
+    visible = reference.visible & (reference.masked != -math.inf)
+    ref_lse = logsumexp(reference.masked)
+    weights_tol: Tolerance | None = None
+
+    if "output" in fitted:
+        exp, values, shape = fitted["output"]
+        merged = spec.options.heads is not None and shape == spec.merged_output_shape
+        ref_out = _to_merged(spec, reference.output) if merged else reference.output
+        naive_out = None
+        if naive is not None and naive.output is not None:
+            naive_out = _to_merged(spec, naive.output) if merged else naive.output
+        tol = tolerance_for(ref_out, naive_out)
+        checks.append(_finite_check("output", values, exp.label))
+        split = values
+        if merged:
+            heads = spec.merged_output_shape[-1] // spec.Ev
+            split = np.moveaxis(values.reshape(*values.shape[:-1], heads, spec.Ev), -2, -3)
+        checks.append(_output_range(spec, split, visible, tol, exp.label, merged))
+        checks.append(_close_check("output", values, ref_out, tol, exp.label, settings.equal_nan))
+    if "weights" in fitted:
+        exp, values, _ = fitted["weights"]
+        tol = tolerance_for(reference.weights, None if naive is None else naive.weights)
+        weights_tol = tol
+        checks.append(_finite_check("weights", values, exp.label))
+        checks.append(_weights_range(values, tol, exp.label))
+        checks.append(_weights_rows(spec, values, visible, tol, exp.label))
+        checks.append(
+            _close_check("weights", values, reference.weights, tol, exp.label, settings.equal_nan)
+        )
+    if "lse" in fitted:
+        exp, values, _ = fitted["lse"]
+        naive_lse = None if naive is None or naive.masked is None else logsumexp(naive.masked)
+        tol = tolerance_for(ref_lse, naive_lse)
+        # A row with no visible key: −inf, or +inf as FlashAttention 2 writes it.
+        ref_lse = np.where((ref_lse == -math.inf) & np.isinf(values), values, ref_lse)
+        checks.append(_close_check("lse", values, ref_lse, tol, exp.label, settings.equal_nan))
+        if "weights" in fitted:
+            w = fitted["weights"][1]
+            assert weights_tol is not None
+            checks.append(
+                _lse_weights(
+                    reference.masked, values, w, visible, weights_tol, exp.label, settings.equal_nan
+                )
+            )
+
+    gate, own_only = _gate(settings, bool(expected))
+    checks.extend(
+        _finding_checks(diagnosis, gate, own_only, working_formats(spec), settings.fail_on_severity)
+    )
+    return CheckReport(
+        checks=tuple(checks),
+        diagnosis=diagnosis,
+        export_dtype=export,
+        reference=ref_format,
+        gate=gate,
+        fail_on_severity=settings.fail_on_severity,
+    )
+
+
+def _same_run(spec: AttentionSpec, ref_format: str) -> bool:
+    """Whether the run as given already is the reference (float64, not emulated)."""
+    return ref_format == "float64" and not spec.options.emulated

@@ -1,0 +1,224 @@
+"""``sdpa check``: exported attention tensors judged against a recomputed reference."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from sdpa_cli.cli.options import (
+    COLOR_OPTION,
+    attention_options,
+    diagnostic_options,
+    make_console,
+)
+from sdpa_cli.errors import SpecError
+
+CHECK_EXIT_CODES_HELP = (
+    "Exit codes: 0 every check passed · 1 a check failed · 2 bad usage, or an input "
+    "that cannot be read or is invalid (never 1) · 3 internal error (please report) · "
+    "130 interrupted."
+)
+
+
+@click.command(epilog=CHECK_EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1, metavar="Q K V | CASE")
+@click.option("--expect-output", metavar="FILE", help="The exported output, (..., L, Ev).")
+@click.option(
+    "--expect-weights", metavar="FILE", help="The exported attention weights, (..., L, S)."
+)
+@click.option(
+    "--expect-lse",
+    metavar="FILE",
+    help="The exported logsumexp per row, (..., L), as FlashAttention returns it.",
+)
+@click.option("--rtol", metavar="X", help="Relative tolerance (with --atol; default by dtype).")
+@click.option("--atol", metavar="X", help="Absolute tolerance (with --rtol; default by dtype).")
+@click.option(
+    "--reference",
+    type=click.Choice(["float32", "float64"]),
+    help="Format of the reference (default: float32 for 16- and 8-bit exports, else float64).",
+)
+@click.option(
+    "--tolerance",
+    type=click.Choice(["dtype", "measured"]),
+    help="dtype: defaults by the export's dtype; measured: no worse than the naive "
+    "computation in that dtype × --fudge (as PyTorch's kernel tests).",
+)
+@click.option("--fudge", metavar="F", help="Factor on measured tolerances (default 2).")
+@click.option(
+    "--fail-on",
+    metavar="KIND[,KIND...]",
+    help="Fail on these finding kinds, or none (default without --expect-*: "
+    "nonfinite and overflow in the inputs' own dtype; with them: none).",
+)
+@click.option(
+    "--fail-on-severity",
+    type=click.Choice(["info", "warning", "error"]),
+    help="Fail on any finding at this severity or worse.",
+)
+@click.option(
+    "--equal-nan/--no-equal-nan",
+    default=None,
+    help="Count NaN in both export and reference as a match (default no).",
+)
+@click.option(
+    "--manifest",
+    metavar="FILE",
+    help="Run the cases listed in FILE (YAML/JSON) in parallel, with one summary.",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Cases run at once with --manifest (default: the number of cores).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A summary for a person, or one JSON object on stdout.",
+)
+@click.option("--junit", metavar="FILE.xml", help="Also write a JUnit XML report, atomically.")
+@click.option("--report", metavar="FILE.json", help="Also write the JSON report, atomically.")
+@attention_options
+@diagnostic_options
+@COLOR_OPTION
+def check(
+    inputs: tuple[str, ...],
+    expect_output: str | None,
+    expect_weights: str | None,
+    expect_lse: str | None,
+    rtol: str | None,
+    atol: str | None,
+    reference: str | None,
+    tolerance: str | None,
+    fudge: str | None,
+    fail_on: str | None,
+    fail_on_severity: str | None,
+    equal_nan: bool | None,
+    manifest: str | None,
+    jobs: int | None,
+    fmt: str,
+    junit: str | None,
+    report: str | None,
+    bias_path: str | None,
+    mask_path: str | None,
+    saturation: str | None,
+    uniform: str | None,
+    head_fraction: str | None,
+    max_findings: str | None,
+    color: bool | None,
+    **flags: Any,
+) -> int:
+    """Validate exported attention tensors against a recomputed reference (for CI).
+
+    Give Q K V (or a case file) with the options of compute, and the tensors to
+    validate. With no --expect-* the inputs and the computation themselves are
+    checked. Every export is also checked without a reference: finite, weights on
+    the simplex, outputs inside V's range, LSE consistent with the weights.
+
+    \b
+    Examples:
+      sdpa check q.npy k.npy v.npy --causal --expect-output out.npy
+      sdpa check q.npy k.npy v.npy --expect-weights w.npy --rtol 1e-4 --atol 1e-5
+      sdpa check q.npy k.npy v.npy --fail-on overflow,nonfinite --format json
+      sdpa check --manifest checks.yaml --junit report.xml
+    """
+    from sdpa_cli.check import CheckSettings, run_checks
+    from sdpa_cli.config import check_config, check_values, thresholds
+    from sdpa_cli.manifest import CaseResult, Overrides, default_jobs, load_manifest, run_cases
+    from sdpa_cli.report import (
+        check_document,
+        check_exit_code,
+        github_annotations,
+        junit_xml,
+        to_json,
+        write_report,
+    )
+
+    limits = thresholds(
+        {
+            "saturation": saturation,
+            "uniform": uniform,
+            "head_fraction": head_fraction,
+            "max_findings": max_findings,
+        }
+    )
+    config = check_config()
+    given = check_values(
+        {
+            "rtol": rtol,
+            "atol": atol,
+            "reference": reference,
+            "tolerance": tolerance,
+            "fudge": fudge,
+            "fail_on": fail_on,
+            "fail_on_severity": fail_on_severity,
+            "equal_nan": equal_nan,
+        }
+    )
+    expect = {"output": expect_output, "weights": expect_weights, "lse": expect_lse}
+    if manifest is not None:
+        if inputs or bias_path or mask_path or any(expect.values()):
+            raise SpecError(
+                "--manifest",
+                "the manifest lists inputs and expectations; give no Q K V, --bias, --mask "
+                "or --expect-* beside it",
+            )
+        cases = load_manifest(manifest)
+        over = Overrides(
+            config=config,
+            check_flags=given,
+            option_flags={k: v for k, v in flags.items() if v is not None},
+            thresholds=limits,
+        )
+        CheckSettings(**{**config, **given})  # bad flags: exit 2 before any case runs
+        results = run_cases(cases, over, jobs or default_jobs())
+        title = None
+    else:
+        from sdpa_cli.inputs import load_expected, load_spec
+
+        if not inputs:
+            raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
+        if jobs is not None:
+            raise SpecError("--jobs", "applies to --manifest only")
+        settings = CheckSettings(**{**config, **given})
+        spec, description = load_spec(inputs, bias_path, mask_path, flags)
+        expected = load_expected(expect)
+        title = (description or "").strip() or " ".join(inputs)
+        results = [CaseResult(title, run_checks(spec, expected, settings, limits))]
+
+    code = check_exit_code(results)
+    document = check_document(results, manifest=manifest)
+    json_text = to_json(document) + "\n"
+    # Report files first (atomically), then what a person or a script reads.
+    if junit is not None:
+        write_report(junit, junit_xml(results))
+    if report is not None:
+        write_report(report, json_text.encode())
+
+    console = make_console(color)
+    err = make_console(color, stderr=True)
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        for line in github_annotations(results, manifest=manifest):
+            # On stdout, where the runner reads them; on stderr beside JSON on stdout.
+            click.echo(line, err=fmt == "json")
+    for r in results:
+        if r.error is not None:
+            err.print(f"sdpa: error: {r.name}: {r.error}", markup=False, highlight=False)
+    if fmt == "json":
+        click.echo(json_text, nl=False)
+    elif manifest is not None:
+        from sdpa_cli.render_check import render_cases
+
+        console.print(render_cases(results, manifest))
+    else:
+        from sdpa_cli.render_check import render_report
+
+        assert results[0].report is not None
+        console.print(render_report(results[0].report, title))
+    return int(code)

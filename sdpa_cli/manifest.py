@@ -1,0 +1,214 @@
+"""``sdpa check --manifest``: many cases (every layer of a model dump), one summary.
+
+A manifest is a YAML or JSON mapping::
+
+    defaults:            # optional: options and check settings for every case
+      causal: true
+      rtol: 1e-3
+      atol: 1e-3
+    cases:
+      - name: layer0     # optional; default case-1, case-2, ...
+        q: dump/l0_q.npy # or  case: l0.yaml  (a case file holding q, k, v, options)
+        k: dump/l0_k.npy
+        v: dump/l0_v.npy
+        expect-output: dump/l0_out.npy
+        scale: 0.125     # any option of compute, any setting of check
+
+Paths are relative to the manifest. Cases run in parallel processes; a case that
+fails, or cannot be read, does not stop the others.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sdpa_cli.check import CheckReport, CheckSettings, run_checks
+from sdpa_cli.config import CHECK_NAMES, check_values
+from sdpa_cli.diagnose import Thresholds
+from sdpa_cli.errors import InputError, SdpaError
+from sdpa_cli.spec import OPTION_NAMES
+
+INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask")
+EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
+TEXT_KEYS = ("name", "description")
+
+
+@dataclass(frozen=True)
+class ManifestCase:
+    """One case of a manifest, paths resolved, settings parsed (defaults merged in)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    bias: str | None = None
+    mask: str | None = None
+    expect: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    where: Mapping[str, str] = field(default_factory=dict)
+    check: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """A case's report, or the one-line reason it could not be checked."""
+
+    name: str
+    report: CheckReport | None = None
+    error: str | None = None
+    internal: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.report is not None and self.report.passed
+
+
+def _entries(
+    data: Mapping[Any, Any], where: str, base: Path
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], dict[str, Any]]:
+    """Split one mapping into inputs/expectations (paths), options and check settings."""
+    paths: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    option_where: dict[str, str] = {}
+    check: dict[str, Any] = {}
+    known = set(INPUT_KEYS) | set(EXPECT_KEYS) | set(TEXT_KEYS) | set(OPTION_NAMES)
+    known |= set(CHECK_NAMES)
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in known:
+            raise InputError(
+                f"{where}: {raw_key}",
+                "unknown key; expected name, case or q/k/v, bias, mask, expect-output, "
+                "expect-weights, expect-lse, an option of compute or a setting of check",
+            )
+        if key in INPUT_KEYS or key in EXPECT_KEYS:
+            if not isinstance(value, str):
+                raise InputError(f"{where}: {raw_key}", f"expected a file path, got {value!r}")
+            paths[key] = str(base / Path(value).expanduser())
+        elif key in TEXT_KEYS:
+            paths[key] = str(value)
+        elif key in CHECK_NAMES:
+            check.update(check_values({key: value}, where))
+        else:
+            options[key] = value
+            option_where[key] = f"{where}: {raw_key}"
+    return paths, options, option_where, check
+
+
+def load_manifest(path: str) -> list[ManifestCase]:
+    """Read and validate a manifest; nothing is run and no tensor is loaded.
+
+    Raises:
+        InputError: naming the manifest (and the entry) when it is not well formed.
+    """
+    from sdpa_cli.loaders import TEXT_SUFFIXES, parse_text
+
+    file = Path(path)
+    fmt = TEXT_SUFFIXES.get(file.suffix.lower())
+    if fmt is None:
+        raise InputError(path, "a manifest is a .yaml, .yml or .json file")
+    data = parse_text(file, fmt, path)
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
+        raise InputError(path, "a manifest is a mapping with a list of cases under 'cases'")
+    unknown = [str(k) for k in data if k not in ("cases", "defaults")]
+    if unknown:
+        raise InputError(path, f"unknown key {unknown[0]!r}; expected cases and defaults")
+    if not data["cases"]:
+        raise InputError(path, "lists no cases")
+    base = file.parent
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise InputError(f"{path}: defaults", "must be a mapping of options and settings")
+    d_paths, d_options, d_where, d_check = _entries(defaults, f"{path}: defaults", base)
+    cases: list[ManifestCase] = []
+    names: set[str] = set()
+    for n, entry in enumerate(data["cases"], start=1):
+        where = f"{path}: cases[{n}]"
+        if not isinstance(entry, dict):
+            raise InputError(where, "must be a mapping (q, k, v or case, expect-..., options)")
+        paths, options, option_where, check = _entries(entry, where, base)
+        paths = {**d_paths, **paths}
+        name = str(paths.pop("name", f"case-{n}"))
+        paths.pop("description", None)
+        if name in names:
+            raise InputError(where, f"the name {name!r} is used twice")
+        names.add(name)
+        if "case" in paths:
+            if any(k in paths for k in ("q", "k", "v")):
+                raise InputError(where, "give either case or q, k and v, not both")
+            inputs: tuple[str, ...] = (paths["case"],)
+        else:
+            missing = [k for k in ("q", "k", "v") if k not in paths]
+            if missing:
+                raise InputError(where, f"needs q, k and v (or case); missing {', '.join(missing)}")
+            inputs = (paths["q"], paths["k"], paths["v"])
+        cases.append(
+            ManifestCase(
+                name=name,
+                inputs=inputs,
+                bias=paths.get("bias"),
+                mask=paths.get("mask"),
+                expect={EXPECT_KEYS[k]: p for k, p in paths.items() if k in EXPECT_KEYS},
+                options={**d_options, **options},
+                where={**d_where, **option_where},
+                check={**d_check, **check},
+            )
+        )
+    return cases
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line adds to every case: the config file's check settings
+    (under the case's), and flags (over them)."""
+
+    config: Mapping[str, Any] = field(default_factory=dict)
+    check_flags: Mapping[str, Any] = field(default_factory=dict)
+    option_flags: Mapping[str, Any] = field(default_factory=dict)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
+    """Load, compute and judge one case; never raises for a bad case."""
+    from sdpa_cli.inputs import load_expected, load_spec
+
+    try:
+        flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}
+        where = {k: w for k, w in case.where.items() if over.option_flags.get(k) is None}
+        spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where)
+        settings = CheckSettings(**{**over.config, **case.check, **over.check_flags})
+        expected = load_expected(case.expect)
+        return CaseResult(case.name, run_checks(spec, expected, settings, over.thresholds))
+    except SdpaError as exc:
+        return CaseResult(case.name, error=str(exc))
+    except Exception as exc:  # a bug: reported for this case, the others still run
+        return CaseResult(
+            case.name, error=f"internal error: {type(exc).__name__}: {exc}", internal=True
+        )
+
+
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def run_cases(cases: list[ManifestCase], over: Overrides, jobs: int) -> list[CaseResult]:
+    """Every case, in manifest order, ``jobs`` at a time in separate processes."""
+    jobs = max(1, min(jobs, len(cases)))
+    if jobs == 1:
+        return [run_case(c, over) for c in cases]
+    pool = ProcessPoolExecutor(max_workers=jobs)
+    try:
+        futures = [pool.submit(run_case, c, over) for c in cases]
+        results = [f.result() for f in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: stop, do not wait
+        raise
+    pool.shutdown()
+    return results

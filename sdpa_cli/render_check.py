@@ -1,0 +1,124 @@
+"""Check reports → rich renderables: one row per check, the mismatch report of each
+failure, a verdict. Never prints. Every status reads as a word (PASS, WARN, FAIL) as
+well as a color, so a piped or colorless report says the same.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from sdpa_cli.check import Check, CheckReport
+from sdpa_cli.diagnose import plural
+from sdpa_cli.manifest import CaseResult
+from sdpa_cli.report import mismatch_lines
+
+STATUS_STYLE = {
+    "pass": Style(color="green", bold=True),
+    "warn": Style(color="yellow", bold=True),
+    "fail": Style(color="red", bold=True),
+    "error": Style(color="red", bold=True, reverse=True),
+}
+
+
+def _status(word: str) -> Text:
+    return Text(word.upper(), style=STATUS_STYLE[word])
+
+
+def checks_table(checks: tuple[Check, ...]) -> Table:
+    """One row per check: its name, PASS/WARN/FAIL and its figure."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
+    table.add_column("check", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("figure", overflow="fold")
+    for c in checks:
+        table.add_row(c.name, _status(c.status), c.summary)
+    return table
+
+
+def failure_panel(check: Check) -> Panel:
+    """A failed check in full: the mismatch report, or its figure and index."""
+    lines = [check.summary] if check.mismatch is None else []
+    if check.mismatch is not None:
+        lines += mismatch_lines(check.mismatch, check.tolerance)
+    elif check.index is not None:
+        lines.append(f"index: {list(check.index)}")
+    title = Text(check.name, style=STATUS_STYLE["fail"])
+    if check.file:
+        title.append(f" · {check.file}", style="default")
+    return Panel(Text("\n".join(lines)), title=title, title_align="left", box=box.ROUNDED)
+
+
+def _verdict(failed: int, total: int, unit: str, warned: int = 0, errors: int = 0) -> Text:
+    if errors:
+        word, style = "ERROR", STATUS_STYLE["error"]
+        rest = f" {plural(errors, unit)} could not be checked"
+        if failed:
+            rest += f"; {failed} of {total} failed"
+    elif failed:
+        word, style = "FAIL", STATUS_STYLE["fail"]
+        rest = f" {failed} of {plural(total, unit)} failed"
+    else:
+        word, style = "PASS", STATUS_STYLE["pass"]
+        rest = f" {plural(total, unit)} passed"
+        if warned:
+            rest += f" ({plural(warned, 'warning')})"
+    return Text.assemble((word, style), (":", style), rest)
+
+
+def render_report(report: CheckReport, title: str | None = None) -> RenderableType:
+    """One case: header, the checks table, a panel per failure, the verdict."""
+    head = Text()
+    if title:
+        head.append(f"{title}\n", style="bold")
+    head.append(f"export {report.export_dtype} · reference {report.reference}")
+    gate = ", ".join(report.gate) or "none"
+    if report.fail_on_severity:
+        gate += f"; any {report.fail_on_severity} or worse"
+    head.append(f" · fail on findings: {gate}", style="dim")
+    parts: list[RenderableType] = [head, checks_table(report.checks)]
+    parts += [failure_panel(c) for c in report.failed]
+    warned = sum(c.status == "warn" for c in report.checks)
+    parts.append(_verdict(len(report.failed), len(report.checks), "check", warned))
+    return Group(*parts)
+
+
+def render_cases(results: list[CaseResult], manifest: str) -> RenderableType:
+    """A manifest: one row per case, then each failing case's failures, the verdict."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=manifest, title_justify="left")
+    table.add_column("case", overflow="fold")
+    table.add_column("result", no_wrap=True)
+    table.add_column("checks", justify="right", no_wrap=True)
+    table.add_column("first failure", overflow="fold")
+    details: list[RenderableType] = []
+    for r in results:
+        if r.report is None:
+            table.add_row(r.name, _status("error"), "-", r.error or "")
+            continue
+        failed = r.report.failed
+        status = (
+            "fail"
+            if failed
+            else "warn"
+            if any(c.status == "warn" for c in r.report.checks)
+            else "pass"
+        )
+        passed = len(r.report.checks) - len(failed)
+        first = f"{failed[0].name}: {failed[0].summary}" if failed else ""
+        table.add_row(r.name, _status(status), f"{passed}/{len(r.report.checks)}", first)
+        for c in failed:
+            panel = failure_panel(c)
+            panel.title = Text.assemble((f"{r.name} › ", "bold"), panel.title or "")
+            details.append(panel)
+    errors = sum(r.report is None for r in results)
+    failed_cases = sum(r.report is not None and not r.passed for r in results)
+    warned = sum(
+        r.report is not None and r.passed and any(c.status == "warn" for c in r.report.checks)
+        for r in results
+    )
+    verdict = _verdict(failed_cases, len(results), "case", warned, errors)
+    return Group(table, *details, verdict)

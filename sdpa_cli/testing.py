@@ -1,0 +1,134 @@
+"""For test suites: ``assert_attention_close``, ``sdpa check`` as an assertion.
+
+    from sdpa_cli import assert_attention_close
+
+    out = my_kernel(q, k, v, causal=True)             # numpy arrays or torch tensors
+    assert_attention_close(q, k, v, output=out, causal=True)
+
+On failure it raises ``AssertionError`` carrying the same report ``sdpa check``
+prints: each failed check, the mismatch counts, the greatest differences with their
+full index, and the tolerances that would have passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.check import Check, CheckReport, CheckSettings, Expected, run_checks
+from sdpa_cli.diagnose import Thresholds
+from sdpa_cli.report import mismatch_lines
+from sdpa_cli.spec import build_spec, parse_options
+
+
+def _as_array(x: Any, name: str) -> tuple[NDArray[Any], str]:
+    """A numpy array (or a torch tensor, moved to the CPU) and its dtype's name.
+
+    bfloat16 tensors come back as float32 arrays (numpy has no bfloat16 of its own)
+    with the name ``bfloat16``, so the check still knows the export's format.
+    """
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
+        t = x.detach().cpu()
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+            t = t.float()
+        return np.asarray(t.numpy()), dtype
+    a = np.asarray(x)
+    return a, str(a.dtype)
+
+
+def report_text(report: CheckReport) -> str:
+    """A plain-text report: a line per check, the mismatch report under each failure."""
+    verdict = "passed" if report.passed else f"{len(report.failed)} failed"
+    lines = [f"sdpa check {verdict} (export {report.export_dtype}, reference {report.reference}):"]
+    for c in report.checks:
+        lines.append(f"  {c.status.upper():4} {c.name}: {c.summary}")
+        if c.status == "fail":
+            lines.extend("         " + line for line in _detail(c))
+    return "\n".join(lines)
+
+
+def _detail(c: Check) -> list[str]:
+    if c.mismatch is not None:
+        return mismatch_lines(c.mismatch, c.tolerance)
+    return [f"index: {list(c.index)}"] if c.index is not None else []
+
+
+def assert_attention_close(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    output: Any = None,
+    weights: Any = None,
+    lse: Any = None,
+    bias: Any = None,
+    mask: Any = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    reference: str | None = None,
+    tolerance: str = "dtype",
+    fudge: float = 2.0,
+    fail_on: tuple[str, ...] | list[str] | None = None,
+    fail_on_severity: str | None = None,
+    equal_nan: bool = False,
+    thresholds: Thresholds | None = None,
+    **options: Any,
+) -> CheckReport:
+    """Assert that exported attention tensors match a recomputed reference.
+
+    ``softmax(Q·Kᵀ·scale + bias + mask)·V`` is recomputed from ``q``, ``k``, ``v``
+    with ``options`` (the options of ``sdpa compute``, as keywords: ``causal=True``,
+    ``scale=0.125``, ``key_lengths=[5, 3]``, ``dtype="float16"``...) and the given
+    ``output`` ``(..., L, Ev)``, ``weights`` ``(..., L, S)`` and ``lse`` ``(..., L)``
+    are judged as ``sdpa check`` judges them. Tolerances default by the export's
+    dtype (a torch bfloat16 tensor counts as bfloat16).
+
+    Returns:
+        The report, when every check passed.
+
+    Raises:
+        AssertionError: a check failed; the message is the report.
+        SdpaError: the inputs or options are invalid (not a failed check).
+    """
+    arrays: dict[str, NDArray[Any]] = {}
+    dtypes: set[str] = set()
+    given = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask}
+    given |= {"output": output, "weights": weights, "lse": lse}
+    for name, value in given.items():
+        if value is not None:
+            arrays[name], dtype = _as_array(value, name)
+            dtypes.add(dtype)
+    raw: dict[str, Any] = dict(options)
+    for narrow in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        if narrow in dtypes and "dtype" not in raw:
+            raw["dtype"] = narrow  # no numpy dtype says so: the computation's format does
+    spec = build_spec(
+        arrays["q"],
+        arrays["k"],
+        arrays["v"],
+        bias=arrays.get("bias"),
+        mask=arrays.get("mask"),
+        options=parse_options(raw, {n: n for n in raw}),
+        names={n: n for n in ("q", "k", "v", "bias", "mask") if n in arrays},
+    )
+    settings = CheckSettings(
+        rtol=rtol,
+        atol=atol,
+        reference=reference,
+        tolerance=tolerance,
+        fudge=fudge,
+        fail_on=None if fail_on is None else tuple(fail_on),
+        fail_on_severity=fail_on_severity,
+        equal_nan=equal_nan,
+    )
+    expected = [Expected(n, arrays[n], n) for n in ("output", "weights", "lse") if n in arrays]
+    report = run_checks(spec, expected, settings, thresholds)
+    if not report.passed:
+        raise AssertionError(report_text(report))
+    return report
+
+
+__all__ = ["assert_attention_close", "report_text"]
