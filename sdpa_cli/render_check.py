@@ -47,6 +47,8 @@ def failure_panel(check: Check) -> Panel:
         lines += mismatch_lines(check.mismatch, check.tolerance)
     elif check.index is not None:
         lines.append(f"index: {list(check.index)}")
+    if check.hint:
+        lines.append(f"hint: {check.hint}")
     title = Text(check.name, style=STATUS_STYLE["fail"])
     if check.file:
         title.append(f" · {check.file}", style="default")

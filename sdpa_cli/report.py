@@ -207,6 +207,8 @@ def _failure_text(check: Check) -> str:
         lines += mismatch_lines(m, check.tolerance)
     elif check.index is not None:
         lines.append(f"index: {list(check.index)}")
+    if check.hint:
+        lines.append(f"hint: {check.hint}")
     if check.file:
         lines.append(f"file: {check.file}")
     return "\n".join(lines)

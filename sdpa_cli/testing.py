@@ -51,9 +51,12 @@ def report_text(report: CheckReport) -> str:
 
 
 def _detail(c: Check) -> list[str]:
+    lines = []
     if c.mismatch is not None:
-        return mismatch_lines(c.mismatch, c.tolerance)
-    return [f"index: {list(c.index)}"] if c.index is not None else []
+        lines = mismatch_lines(c.mismatch, c.tolerance)
+    elif c.index is not None:
+        lines = [f"index: {list(c.index)}"]
+    return lines + ([f"hint: {c.hint}"] if c.hint else [])
 
 
 def assert_attention_close(
