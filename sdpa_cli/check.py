@@ -704,7 +704,7 @@ def _suspect(
         run = trace(_with_dtype(alt, ref_format), stages=("masked", "weights", "output"))
         ref = _stage_values(run, name, merged)
         if not compare(values, ref, tol.rtol, tol.atol).mismatched:
-            return f"the export matches the computation with {label}: the kernel and these options differ there"
+            return f"the export matches the computation with {label}: the kernel and these options disagree on it"
     return None
 
 

@@ -41,18 +41,34 @@ def checks_table(checks: tuple[Check, ...]) -> Table:
 
 
 def failure_panel(check: Check) -> Panel:
-    """A failed check in full: the mismatch report, or its figure and index."""
-    lines = [check.summary] if check.mismatch is None else []
+    """A failed check in full: the mismatch report, the findings, or its figure."""
+    body: list[RenderableType] = []
+    findings = check.details.get("findings")
     if check.mismatch is not None:
-        lines += mismatch_lines(check.mismatch, check.tolerance)
-    elif check.index is not None:
-        lines.append(f"index: {list(check.index)}")
+        body.append(Text("\n".join(mismatch_lines(check.mismatch, check.tolerance))))
+    elif findings:
+        count = check.details.get("count", len(findings))
+        body.append(
+            Text(f"{plural(count, 'finding')}" + (", the first:" if count > len(findings) else ":"))
+        )
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True)
+        grid.add_column()
+        for f in findings:
+            grid.add_row("•", f["message"])
+            if f.get("hint"):
+                grid.add_row("", Text(f"hint: {f['hint']}", style="dim"))
+        body.append(grid)
+    else:
+        body.append(Text(check.summary))
+        if check.index is not None:
+            body.append(Text(f"index: {list(check.index)}"))
     if check.hint:
-        lines.append(f"hint: {check.hint}")
+        body.append(Text(f"hint: {check.hint}"))
     title = Text(check.name, style=STATUS_STYLE["fail"])
     if check.file:
         title.append(f" · {check.file}", style="default")
-    return Panel(Text("\n".join(lines)), title=title, title_align="left", box=box.ROUNDED)
+    return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED)
 
 
 def _verdict(failed: int, total: int, unit: str, warned: int = 0, errors: int = 0) -> Text:
