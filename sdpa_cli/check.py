@@ -548,24 +548,39 @@ def _v_range(
     spec: AttentionSpec, lead: tuple[int, ...], visible: NDArray[np.bool_]
 ) -> tuple[F64, F64]:
     """Per row and column, the smallest and largest V over the row's visible keys
-    (every key for a fully masked row under a finite mask value; 0 otherwise)."""
+    (every key for a fully masked row under a finite mask value; 0 otherwise).
+
+    Rows that see a prefix of the keys (causal, padding) or a suffix read running
+    minima and maxima, O(S·Ev) in all; only other rows (windows, arbitrary masks)
+    reduce over their keys one block of rows at a time.
+    """
     v = np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64)  # (S, Ev)
-    L = visible.shape[0]
-    lo = np.empty((L, spec.Ev))
-    hi = np.empty((L, spec.Ev))
-    finite_mask = math.isfinite(spec.options.mask_value)
-    step = max(1, (1 << 21) // max(1, spec.S * spec.Ev))
-    for i0 in range(0, L, step):
-        vis = visible[i0 : i0 + step]
-        none = np.asarray(~vis.any(axis=-1))
-        if finite_mask:
-            vis = vis | none[:, None]
-        sel = vis[:, :, None]
-        lo[i0 : i0 + step] = np.where(sel, v[None], np.inf).min(axis=1)
-        hi[i0 : i0 + step] = np.where(sel, v[None], -np.inf).max(axis=1)
-        if not finite_mask:
-            lo[i0 : i0 + step][none] = 0.0
-            hi[i0 : i0 + step][none] = 0.0
+    L, S = visible.shape
+    lo = np.zeros((L, spec.Ev))
+    hi = np.zeros((L, spec.Ev))
+    if S == 0:
+        return lo, hi
+    vis = np.asarray(visible, dtype=np.bool_)
+    none = np.asarray(~vis.any(axis=-1))
+    if math.isfinite(spec.options.mask_value):
+        vis = vis | none[:, None]  # a finite mask value spreads such rows over every key
+    count = vis.sum(axis=-1)
+    first = np.argmax(vis, axis=-1)
+    last = S - 1 - np.argmax(vis[:, ::-1], axis=-1)
+    contiguous = (count > 0) & (count == last - first + 1)
+    prefix = contiguous & (first == 0)
+    suffix = contiguous & (last == S - 1) & ~prefix
+    lo[prefix] = np.minimum.accumulate(v, axis=0)[last[prefix]]
+    hi[prefix] = np.maximum.accumulate(v, axis=0)[last[prefix]]
+    lo[suffix] = np.minimum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
+    hi[suffix] = np.maximum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
+    rest = np.flatnonzero((count > 0) & ~prefix & ~suffix)
+    step = max(1, (1 << 21) // max(1, S * spec.Ev))
+    for j in range(0, rest.size, step):
+        rows = rest[j : j + step]
+        sel = vis[rows][:, :, None]
+        lo[rows] = np.where(sel, v[None], np.inf).min(axis=1)
+        hi[rows] = np.where(sel, v[None], -np.inf).max(axis=1)
     return lo, hi
 
 
