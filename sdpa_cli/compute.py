@@ -297,7 +297,11 @@ def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
 
 
 def trace(
-    spec: AttentionSpec, stages: tuple[str, ...] | None = None, rows: int | None = None
+    spec: AttentionSpec,
+    stages: tuple[str, ...] | None = None,
+    rows: int | None = None,
+    *,
+    gather_stats: bool = True,
 ) -> Trace:
     """Run the engine over every block and keep the stages asked for (default: all).
 
@@ -310,6 +314,8 @@ def trace(
         stages: names from :data:`STAGES` to keep; the others are not stored.
         rows: query rows per block (default :func:`block_rows`); any value gives the
             same numbers to rounding.
+        gather_stats: False for a trace used only for its values (a reference to
+            compare against): no statistics, no float64 twin of an emulated block.
     """
     from sdpa_cli.stats import Stats  # stats reads Block: imported here, not at the top
 
@@ -323,10 +329,11 @@ def trace(
     stats = Stats.empty(spec)
     for lead_index, r in iter_blocks(spec, rows):
         block = attend_block(spec, lead_index, r)
-        reference = (
-            attend_block(spec, lead_index, r, emulate=False) if spec.options.emulated else block
-        )
-        stats.observe(block, reference)
+        if gather_stats:
+            reference = (
+                attend_block(spec, lead_index, r, emulate=False) if spec.options.emulated else block
+            )
+            stats.observe(block, reference)
         at: tuple[int | slice, ...] = (*lead_index, r)
         visible[at] = block.visible
         for name, arr in arrays.items():
