@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sdpa_cli.config import read_config, thresholds
+from sdpa_cli.config import check_config, check_values, read_config, thresholds
 from sdpa_cli.diagnose import Thresholds
 from sdpa_cli.errors import InputError, SpecError
 
@@ -184,3 +184,86 @@ def test_empty_sdpa_yaml_gives_the_defaults(tmp_path: Path, text: str) -> None:
     path = write(tmp_path, "sdpa.yaml", text)
     assert read_config(str(tmp_path)) == (str(path), {})
     assert thresholds(NO_FLAGS, str(tmp_path)) == DEFAULTS
+
+
+# --- sdpa check's section: `check:` in sdpa.yaml, [tool.sdpa.check] in pyproject.toml ---
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        (
+            "sdpa.yaml",
+            "saturation: 0.95\ncheck:\n  rtol: 1e-4\n  atol: 2e-5\n  fail-on: [nonfinite, fully_masked]\n",
+        ),
+        (
+            "pyproject.toml",
+            '[tool.sdpa]\nsaturation = 0.95\n\n[tool.sdpa.check]\nrtol = 1e-4\natol = 2e-5\nfail-on = "nonfinite,fully_masked"\n',
+        ),
+    ],
+)
+def test_the_check_section_sits_beside_the_thresholds(tmp_path: Path, name: str, text: str) -> None:
+    """The thresholds ignore the check section; check_config reads only it."""
+    write(tmp_path, name, text)
+    assert thresholds(NO_FLAGS, str(tmp_path)) == Thresholds(0.95, 0.98, 0.9, 50)
+    assert check_config(str(tmp_path)) == {
+        "rtol": 1e-4,
+        "atol": 2e-5,
+        "fail_on": ("nonfinite", "fully_masked"),
+    }
+
+
+def test_no_check_section_gives_no_check_settings(tmp_path: Path) -> None:
+    write(tmp_path, "sdpa.yaml", "saturation: 0.95\n")
+    assert check_config(str(tmp_path)) == {}
+
+
+def test_every_check_setting_is_parsed() -> None:
+    raw = {
+        "rtol": "1e-3",
+        "atol": 0,
+        "reference": "float64",
+        "tolerance": "measured",
+        "fudge": 3,
+        "fail-on": "none",
+        "fail_on_severity": "warning",
+        "equal-nan": True,
+    }
+    assert check_values(raw, "sdpa.yaml: check") == {
+        "rtol": 1e-3,
+        "atol": 0.0,
+        "reference": "float64",
+        "tolerance": "measured",
+        "fudge": 3.0,
+        "fail_on": (),
+        "fail_on_severity": "warning",
+        "equal_nan": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        ({"rtoll": 1e-3}, "sdpa.yaml: check: rtoll"),
+        ({"rtol": "tight"}, "sdpa.yaml: check: rtol"),
+        ({"equal-nan": "yes"}, "sdpa.yaml: check: equal-nan"),
+        ({"fail-on": 3}, "sdpa.yaml: check: fail-on"),
+    ],
+)
+def test_bad_check_settings_name_the_file_and_key(raw: dict[str, Any], where: str) -> None:
+    with pytest.raises(SpecError) as info:
+        check_values(raw, "sdpa.yaml: check")
+    assert info.value.where == where
+
+
+def test_bad_check_flags_name_the_flag() -> None:
+    with pytest.raises(SpecError) as info:
+        check_values({"fudge": "lots"})
+    assert info.value.where == "--fudge"
+
+
+def test_a_check_section_that_is_not_a_mapping_is_an_input_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "sdpa.yaml", "check: strict\n")
+    with pytest.raises(InputError) as info:
+        check_config(str(tmp_path))
+    assert info.value.where == f"{path}: check"
