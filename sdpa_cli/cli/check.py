@@ -120,6 +120,8 @@ def check(
     validate. With no --expect-* the inputs and the computation themselves are
     checked. Every export is also checked without a reference: finite, weights on
     the simplex, outputs inside V's range, LSE consistent with the weights.
+    --dtype names the format the export was computed in (a bfloat16 export saved
+    as float32 needs it); otherwise it is read from the files.
 
     \b
     Examples:
