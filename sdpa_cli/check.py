@@ -94,7 +94,9 @@ class CheckSettings:
 
     def __post_init__(self) -> None:
         if (self.rtol is None) != (self.atol is None):
-            raise SpecError("--rtol/--atol", "give both, or neither (defaults by the dtype)")
+            raise SpecError(
+                "--rtol/--atol", "give both rtol and atol, or neither (defaults by the dtype)"
+            )
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from sdpa_cli.diagnose import THRESHOLD_NAMES, Thresholds
+from sdpa_cli.diagnose import KINDS, SEVERITIES, THRESHOLD_NAMES, Thresholds
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.spec import parse_number
 
@@ -134,7 +134,12 @@ def _kinds(value: Any, where: str) -> tuple[str, ...]:
     else:
         raise SpecError(where, f"expected finding kinds, comma-separated, got {value!r}")
     kinds = tuple(k for k in items if k)
-    return () if kinds in ((), ("none",)) else kinds
+    if kinds in ((), ("none",)):
+        return ()
+    for kind in kinds:
+        if kind not in KINDS:
+            raise SpecError(where, f"unknown finding kind {kind!r}; choose from {', '.join(KINDS)}")
+    return kinds
 
 
 def _flag(value: Any, where: str) -> bool:
@@ -143,14 +148,37 @@ def _flag(value: Any, where: str) -> bool:
     raise SpecError(where, f"expected true or false, got {value!r}")
 
 
+def _tolerance(value: Any, where: str) -> float:
+    x = parse_number(value, where)
+    if not (math.isfinite(x) and x >= 0):
+        raise SpecError(where, f"must be a finite number ≥ 0, got {value}")
+    return x
+
+
+def _fudge(value: Any, where: str) -> float:
+    x = parse_number(value, where)
+    if not (math.isfinite(x) and x >= 1):
+        raise SpecError(where, f"must be a finite number ≥ 1, got {value}")
+    return x
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def parse(value: Any, where: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise SpecError(where, f"must be {' or '.join(choices)}, got {value!r}")
+        return value
+
+    return parse
+
+
 _CHECK_PARSERS: dict[str, Any] = {
-    "rtol": parse_number,
-    "atol": parse_number,
-    "reference": lambda v, w: str(v),
-    "tolerance": lambda v, w: str(v),
-    "fudge": parse_number,
+    "rtol": _tolerance,
+    "atol": _tolerance,
+    "reference": _one_of(("float32", "float64")),
+    "tolerance": _one_of(("dtype", "measured")),
+    "fudge": _fudge,
     "fail_on": _kinds,
-    "fail_on_severity": lambda v, w: str(v),
+    "fail_on_severity": _one_of(SEVERITIES),
     "equal_nan": _flag,
 }
 
@@ -185,3 +213,21 @@ def check_config(directory: str = ".") -> dict[str, Any]:
     if not isinstance(section, dict):
         raise InputError(f"{source}: check", "must be a mapping of check settings")
     return check_values(section, f"{source}: check")
+
+
+def merge_check_settings(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Check settings, each layer over the ones before (config, manifest, flags).
+
+    Tolerances given one way replace those given the other: ``rtol``/``atol`` in a
+    later layer drop an earlier ``tolerance: measured``, and ``measured`` drops an
+    earlier ``rtol``/``atol``.
+    """
+    out: dict[str, Any] = {}
+    for layer in layers:
+        if layer.get("tolerance") == "measured":
+            out.pop("rtol", None)
+            out.pop("atol", None)
+        if ("rtol" in layer or "atol" in layer) and out.get("tolerance") == "measured":
+            out.pop("tolerance")
+        out.update(layer)
+    return out

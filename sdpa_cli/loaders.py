@@ -199,13 +199,21 @@ def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
 
 
 def _read_text(path: Path, label: str) -> str:
-    size = path.stat().st_size
-    if size > MAX_TEXT_BYTES:
-        raise InputError(label, f"is {size} bytes of text; tensors this large belong in .npy")
     try:
+        if path.is_dir():
+            raise InputError(label, "is a directory, not a file")
+        size = path.stat().st_size
+        if size > MAX_TEXT_BYTES:
+            raise InputError(label, f"is {size} bytes of text; tensors this large belong in .npy")
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise InputError(label, "is not UTF-8 text") from None
+    except FileNotFoundError:
+        raise InputError(label, "no such file") from None
+    except PermissionError:
+        raise InputError(label, "permission denied") from None
+    except OSError as exc:
+        raise InputError(label, f"cannot be read: {exc.strerror or exc}") from None
 
 
 def parse_text(path: Path, fmt: str, label: str) -> Any:
@@ -353,6 +361,48 @@ def write_atomic(path: str | os.PathLike[str], write: Any) -> None:
         if isinstance(exc, OSError):
             raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
         raise
+
+
+def write_all_atomic(files: list[tuple[str, bytes]]) -> None:
+    """Write several files all or none: every temporary file is written first, then
+    each is renamed into place. A failure before the renames leaves nothing behind.
+
+    Raises:
+        InputError: naming the path that cannot be written.
+    """
+    import tempfile
+
+    temps: list[tuple[str, Path]] = []
+    try:
+        for path, data in files:
+            target = Path(path)
+            if target.is_dir():
+                raise InputError(path, "is a directory; expected a file name")
+            try:
+                fd, tmp = tempfile.mkstemp(
+                    prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+                )
+            except FileNotFoundError:
+                raise InputError(
+                    path, f"cannot be written: directory {str(target.parent)!r} does not exist"
+                ) from None
+            except OSError as exc:
+                raise InputError(path, f"cannot be written: {exc.strerror or exc}") from None
+            temps.append((path, Path(tmp)))
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.chmod(tmp, _new_file_mode(target))
+            except OSError as exc:
+                raise InputError(path, f"cannot be written: {exc.strerror or exc}") from None
+        for path, written in temps:
+            try:
+                os.replace(written, path)
+            except OSError as exc:
+                raise InputError(path, f"cannot be written: {exc.strerror or exc}") from None
+    finally:
+        for _, leftover in temps:
+            leftover.unlink(missing_ok=True)
 
 
 def _new_file_mode(target: Path) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sdpa_cli.check import CheckReport, CheckSettings, run_checks
-from sdpa_cli.config import CHECK_NAMES, check_values
+from sdpa_cli.config import CHECK_NAMES, check_values, merge_check_settings
 from sdpa_cli.diagnose import Thresholds
 from sdpa_cli.errors import InputError, SdpaError
 from sdpa_cli.spec import OPTION_NAMES
@@ -91,7 +91,7 @@ def _entries(
         elif key in TEXT_KEYS:
             paths[key] = str(value)
         elif key in CHECK_NAMES:
-            check.update(check_values({key: value}, where))
+            check.update(check_values({raw_key: value}, where))
         else:
             options[key] = value
             option_where[key] = f"{where}: {raw_key}"
@@ -154,7 +154,7 @@ def load_manifest(path: str) -> list[ManifestCase]:
                 expect={EXPECT_KEYS[k]: p for k, p in paths.items() if k in EXPECT_KEYS},
                 options={**d_options, **options},
                 where={**d_where, **option_where},
-                check={**d_check, **check},
+                check=merge_check_settings(d_check, check),
             )
         )
     return cases
@@ -171,6 +171,11 @@ class Overrides:
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
+def case_settings(case: ManifestCase, over: Overrides) -> dict[str, Any]:
+    """A case's check settings: the config file's, the manifest's, the flags'."""
+    return merge_check_settings(over.config, case.check, over.check_flags)
+
+
 def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
     """Load, compute and judge one case; never raises for a bad case."""
     from sdpa_cli.inputs import load_expected, load_spec
@@ -179,7 +184,7 @@ def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
         flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}
         where = {k: w for k, w in case.where.items() if over.option_flags.get(k) is None}
         spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where)
-        settings = CheckSettings(**{**over.config, **case.check, **over.check_flags})
+        settings = CheckSettings(**case_settings(case, over))
         expected = load_expected(case.expect)
         return CaseResult(case.name, run_checks(spec, expected, settings, over.thresholds))
     except SdpaError as exc:

@@ -21,7 +21,7 @@ from sdpa_cli.check import Check, CheckReport, Mismatch, Tolerance, percent
 from sdpa_cli.compute import STAGES, Trace, applicable_stages
 from sdpa_cli.diagnose import Diagnosis
 from sdpa_cli.errors import ExitCode
-from sdpa_cli.loaders import write_atomic
+from sdpa_cli.loaders import write_all_atomic, write_atomic
 
 if TYPE_CHECKING:
     from sdpa_cli.manifest import CaseResult
@@ -176,7 +176,20 @@ def check_document(results: list[CaseResult], *, manifest: str | None) -> dict[s
     cases: list[dict[str, Any]] = []
     for r in results:
         if r.report is None:
-            cases.append({"name": r.name, "passed": False, "error": r.error, "checks": []})
+            cases.append(
+                {
+                    "name": r.name,
+                    "passed": False,
+                    "export_dtype": None,
+                    "reference": None,
+                    "fail_on": [],
+                    "fail_on_severity": None,
+                    "checks": [],
+                    "findings": [],
+                    "finding_counts": {},
+                    "error": r.error,
+                }
+            )
         else:
             cases.append({**check_payload(r.report, name=r.name), "error": None})
     return {
@@ -286,13 +299,9 @@ def junit_xml(results: list[CaseResult], *, suite: str = "sdpa check") -> bytes:
     return text + b"\n"
 
 
-def write_report(path: str, data: bytes) -> None:
-    """Write a report file atomically (no partial file on failure)."""
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(data)
-
-    write_atomic(path, write)
+def write_reports(files: list[tuple[str, bytes]]) -> None:
+    """Write the report files all or none, each atomically."""
+    write_all_atomic(files)
 
 
 def _escape(text: str, *, prop: bool = False) -> str:

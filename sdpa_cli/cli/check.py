@@ -131,15 +131,22 @@ def check(
       sdpa check --manifest checks.yaml --junit report.xml
     """
     from sdpa_cli.check import CheckSettings, run_checks
-    from sdpa_cli.config import check_config, check_values, thresholds
-    from sdpa_cli.manifest import CaseResult, Overrides, default_jobs, load_manifest, run_cases
+    from sdpa_cli.config import check_config, check_values, merge_check_settings, thresholds
+    from sdpa_cli.manifest import (
+        CaseResult,
+        Overrides,
+        case_settings,
+        default_jobs,
+        load_manifest,
+        run_cases,
+    )
     from sdpa_cli.report import (
         check_document,
         check_exit_code,
         github_annotations,
         junit_xml,
         to_json,
-        write_report,
+        write_reports,
     )
 
     limits = thresholds(
@@ -178,7 +185,11 @@ def check(
             option_flags={k: v for k, v in flags.items() if v is not None},
             thresholds=limits,
         )
-        CheckSettings(**{**config, **given})  # bad flags: exit 2 before any case runs
+        for case in cases:  # settings that do not fit together: exit 2 before any case runs
+            try:
+                CheckSettings(**case_settings(case, over))
+            except SpecError as exc:
+                raise SpecError(f"{manifest}: case {case.name}", str(exc)) from None
         results = run_cases(cases, over, jobs or default_jobs())
         title = None
     else:
@@ -188,7 +199,7 @@ def check(
             raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
         if jobs is not None:
             raise SpecError("--jobs", "applies to --manifest only")
-        settings = CheckSettings(**{**config, **given})
+        settings = CheckSettings(**merge_check_settings(config, given))
         spec, description = load_spec(inputs, bias_path, mask_path, flags)
         expected = load_expected(expect)
         title = (description or "").strip() or " ".join(inputs)
@@ -198,20 +209,18 @@ def check(
     document = check_document(results, manifest=manifest)
     json_text = to_json(document) + "\n"
     # Report files first (atomically), then what a person or a script reads.
-    if junit is not None:
-        write_report(junit, junit_xml(results))
-    if report is not None:
-        write_report(report, json_text.encode())
+    files = [] if junit is None else [(junit, junit_xml(results))]
+    files += [] if report is None else [(report, json_text.encode())]
+    write_reports(files)
 
     console = make_console(color)
-    err = make_console(color, stderr=True)
     if os.environ.get("GITHUB_ACTIONS") == "true":
         for line in github_annotations(results, manifest=manifest):
             # On stdout, where the runner reads them; on stderr beside JSON on stdout.
             click.echo(line, err=fmt == "json")
     for r in results:
-        if r.error is not None:
-            err.print(f"sdpa: error: {r.name}: {r.error}", markup=False, highlight=False)
+        if r.error is not None:  # one line each, never wrapped
+            click.echo(f"sdpa: error: {r.name}: {r.error}", err=True)
     if fmt == "json":
         click.echo(json_text, nl=False)
     elif manifest is not None:
