@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,6 +250,16 @@ def _index(flat: int, shape: tuple[int, ...]) -> Index:
     return tuple(int(i) for i in np.unravel_index(flat, shape))
 
 
+def _enough(t: float, passes: Callable[[float], NDArray[np.bool_]]) -> float:
+    """``t``, nudged up by an ulp or two until every element passes with it: the
+    division that found it may round one step too low."""
+    for _ in range(4):
+        if not math.isfinite(t) or bool(passes(t).all()):
+            return t
+        t = float(np.nextafter(t, math.inf))
+    return t
+
+
 def compare(
     actual: F64, reference: F64, rtol: float, atol: float, *, equal_nan: bool = False
 ) -> Mismatch:
@@ -287,9 +297,11 @@ def compare(
             flat = int(np.argmax(rel))
             max_rel, max_rel_at = float(rel.flat[flat]), _index(flat, shape)
             excess = np.where(finite, diff - rtol * np.abs(r), -np.inf)
-            passing_atol = max(0.0, float(excess.max()))
+            passing_atol = _enough(
+                max(0.0, float(excess.max())), lambda t: diff <= t + allowed - atol
+            )
             need = np.where(finite & (diff > atol), (diff - atol) / np.abs(r), 0.0)
-            passing_rtol = float(need.max())
+            passing_rtol = _enough(float(need.max()), lambda t: diff <= atol + t * np.abs(r))
             if bad_finite.any():
                 ratio = np.where(bad_finite, diff / np.where(allowed > 0, allowed, 1.0), 0.0)
                 ratio = np.where(bad_finite & (allowed == 0), np.inf, ratio)
@@ -333,6 +345,17 @@ def measured_tolerance(reference: F64, naive: F64, export_dtype: str, fudge: flo
     if rtol > 1e30:
         rtol = rtol0
     return Tolerance(rtol, atol, f"measured ×{fudge:g} (naive {export_dtype})")
+
+
+def ceil_sig(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits, rounded up: a tolerance that passes."""
+    if not math.isfinite(x) or x <= 0:
+        return f"{x:g}"
+    step = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    k = math.ceil(x / step)
+    while float(f"{k * step:.{digits}g}") < x:  # decimal rounding fell below x
+        k += 1
+    return f"{k * step:.{digits}g}"
 
 
 def percent(fraction: float) -> str:
@@ -500,19 +523,19 @@ def _weights_range(w: F64, tol: Tolerance, label: str) -> Check:
     )
 
 
-def _weights_rows(
-    spec: AttentionSpec, w: F64, visible: NDArray[np.bool_], tol: Tolerance, label: str
-) -> Check:
-    """Rows sum to 1 over visible keys, hidden keys get nothing; a row with no visible
-    key sums to 0 (to 1, spread over every key, under a finite mask value)."""
-    finite_mask = math.isfinite(spec.options.mask_value)
-    any_visible = np.asarray(visible.any(axis=-1))
-    everyone = ~any_visible & finite_mask  # fully masked rows a finite mask value spreads
-    counted = visible | everyone[..., None]
+def _weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str) -> Check:
+    """Rows sum to 1 over the keys they may attend to, the others get nothing; a row
+    with nothing to attend to sums to 0.
+
+    ``support`` is where the computation can put weight: the visible keys, and the
+    hidden ones a finite mask value still weighs (a row with no visible key is
+    spread over every key under -1e9).
+    """
+    any_support = np.asarray(support.any(axis=-1))
     with np.errstate(invalid="ignore"):
-        sums = np.where(counted, w, 0.0).sum(axis=-1)
-        target = np.where(any_visible | everyone, 1.0, 0.0)
-        leaked = np.where(counted, 0.0, np.abs(w)).max(axis=-1, initial=0.0)
+        sums = np.where(support, w, 0.0).sum(axis=-1)
+        target = np.where(any_support, 1.0, 0.0)
+        leaked = np.where(support, 0.0, np.abs(w)).max(axis=-1, initial=0.0)
         off = np.abs(sums - target)
         bad_sum = np.isfinite(sums) & (off > tol.atol + tol.rtol)
         bad_leak = leaked > tol.atol
@@ -520,13 +543,15 @@ def _weights_rows(
     n_rows = int(np.prod(sums.shape))
     n = int(bad.sum())
     if not n:
-        return Check(
-            "weights.rows",
-            "pass",
-            f"all {n_rows:,} rows sum to {'1' if any_visible.all() else '1 (0 with no visible key)'}"
-            f" (largest |Σ − 1| {float(off[np.isfinite(off)].max(initial=0.0)):.3g})",
-            file=label,
-        )
+        empty = n_rows - int(any_support.sum())
+        largest = float(off[np.isfinite(off)].max(initial=0.0))
+        summary = f"all {n_rows:,} rows sum to 1 (largest |Σ − 1| {largest:.3g})"
+        if empty:
+            summary = (
+                f"{n_rows - empty:,} rows sum to 1 (largest |Σ − 1| {largest:.3g}); "
+                f"{empty:,} with no key to attend to sum to 0"
+            )
+        return Check("weights.rows", "pass", summary, file=label)
     row = _index(int(np.argmax(bad)), sums.shape)
     if bad_sum[row]:
         what = f"sums to {sums[row]:.6g}, not {target[row]:g}"
@@ -549,8 +574,8 @@ def _weights_rows(
 def _v_range(
     spec: AttentionSpec, lead: tuple[int, ...], visible: NDArray[np.bool_]
 ) -> tuple[F64, F64]:
-    """Per row and column, the smallest and largest V over the row's visible keys
-    (every key for a fully masked row under a finite mask value; 0 otherwise).
+    """Per row and column, the smallest and largest V over the keys the row may
+    attend to (``visible``: its support); 0 for a row with none.
 
     Rows that see a prefix of the keys (causal, padding) or a suffix read running
     minima and maxima, O(S·Ev) in all; only other rows (windows, arbitrary masks)
@@ -563,9 +588,6 @@ def _v_range(
     if S == 0:
         return lo, hi
     vis = np.asarray(visible, dtype=np.bool_)
-    none = np.asarray(~vis.any(axis=-1))
-    if math.isfinite(spec.options.mask_value):
-        vis = vis | none[:, None]  # a finite mask value spreads such rows over every key
     count = vis.sum(axis=-1)
     first = np.argmax(vis, axis=-1)
     last = S - 1 - np.argmax(vis[:, ::-1], axis=-1)
@@ -641,22 +663,36 @@ def _output_range(
 def _lse_weights(
     masked: F64,
     lse: F64,
+    lse_dtype: np.dtype[Any],
     w: F64,
     visible: NDArray[np.bool_],
     tol: Tolerance,
     label: str,
     equal_nan: bool,
 ) -> Check:
-    """The exported weights equal exp(logit − exported LSE) on rows with a visible key."""
-    rows = np.asarray(visible.any(axis=-1))
+    """The exported weights equal exp(logit − exported LSE) on rows with a key to attend to.
+
+    A row whose LSE is so large that one step of its own format exceeds rtol (−1e9 +
+    log S in float32, under a finite mask value) cannot pin its weights to the
+    tolerance: such rows are counted, not judged.
+    """
+    rows = np.asarray(visible.any(axis=-1)) & np.isfinite(lse)
+    fmt = lse_dtype if lse_dtype.kind == "f" else np.dtype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
+        step = np.spacing(np.abs(np.where(rows, lse, 0.0)).astype(fmt)).astype(np.float64)
+        coarse = rows & (step > tol.rtol)
+        rows &= ~coarse
         implied = np.exp(masked - np.where(rows, lse, 0.0)[..., None])
-    implied = np.where(rows[..., None], implied, w)  # rows with no key: nothing to check
+    implied = np.where(rows[..., None], implied, w)  # rows not judged: compared to themselves
     m = compare(w, implied, tol.rtol, tol.atol, equal_nan=equal_nan)
+    skipped = int(coarse.sum())
+    note = (
+        f" ({plural(skipped, 'row')} with an LSE too coarse in {fmt} not judged)" if skipped else ""
+    )
     summary = (
-        "the exported weights equal exp(logit − LSE)"
+        f"the exported weights equal exp(logit − LSE){note}"
         if not m.mismatched
-        else f"weights ≠ exp(logit − LSE): {mismatch_summary(m, tol)}"
+        else f"weights ≠ exp(logit − LSE): {mismatch_summary(m, tol)}{note}"
     )
     return Check(
         "lse.weights",
@@ -666,6 +702,7 @@ def _lse_weights(
         file=label,
         tolerance=tol,
         mismatch=m,
+        details={"rows_not_judged": skipped},
     )
 
 
@@ -874,8 +911,11 @@ def run_checks(
     assert reference.masked is not None
     assert reference.weights is not None
     assert reference.output is not None
-    # Keys hidden by a float mask's −inf count as hidden, as a boolean mask's do.
+    # Where the computation can put weight: visible keys (a float mask's −inf hides
+    # too), and hidden keys a finite mask value still weighs (−1 leaves them weight;
+    # −1e9 spreads a row with no visible key over every key).
     visible = reference.visible & (reference.masked != -math.inf)
+    visible |= reference.weights > 0
     weights_tol: Tolerance | None = None
 
     if "output" in fitted:
@@ -899,7 +939,7 @@ def run_checks(
         weights_tol = tol
         checks.append(_finite_check("weights", values, exp.label))
         checks.append(_weights_range(values, tol, exp.label))
-        checks.append(_weights_rows(spec, values, visible, tol, exp.label))
+        checks.append(_weights_rows(values, visible, tol, exp.label))
         checks.append(
             _close_check("weights", values, reference.weights, tol, exp.label, settings.equal_nan)
         )
@@ -916,7 +956,14 @@ def run_checks(
             assert weights_tol is not None
             checks.append(
                 _lse_weights(
-                    reference.masked, values, w, visible, weights_tol, exp.label, settings.equal_nan
+                    reference.masked,
+                    values,
+                    exp.values.dtype,
+                    w,
+                    visible,
+                    weights_tol,
+                    exp.label,
+                    settings.equal_nan,
                 )
             )
 

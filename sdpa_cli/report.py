@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
-from sdpa_cli.check import Check, CheckReport, Mismatch, Tolerance, percent
+from sdpa_cli.check import Check, CheckReport, Mismatch, Tolerance, ceil_sig, percent
 from sdpa_cli.compute import STAGES, Trace, applicable_stages
 from sdpa_cli.diagnose import Diagnosis
 from sdpa_cli.errors import ExitCode
@@ -246,9 +246,10 @@ def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
             if m.passing_atol is None:
                 lines.append("would pass with: no tolerance (non-finite mismatches)")
             else:
+                rtol_text = "none" if m.passing_rtol is None else ceil_sig(m.passing_rtol)
                 lines.append(
-                    f"would pass with: atol ≥ {m.passing_atol:.3g} (rtol {tol.rtol:g}) "
-                    f"or rtol ≥ {m.passing_rtol:.3g} (atol {tol.atol:g})"
+                    f"would pass with: atol ≥ {ceil_sig(m.passing_atol)} (rtol {tol.rtol:g}) "
+                    f"or rtol ≥ {rtol_text} (atol {tol.atol:g})"
                 )
     return lines
 
