@@ -869,7 +869,7 @@ def run_checks(
     stages = ("masked", "weights", "output")
 
     same = _same_run(spec, ref_format)
-    measured = settings.tolerance == "measured" and bool(expected)
+    measured = settings.tolerance == "measured"
     # The computation as compute runs it: the findings come from here. Its stages are
     # kept only when it doubles as the reference or the naive run.
     keep = stages if expected and (same or (measured and spec.options.dtype == export)) else ()
@@ -879,15 +879,41 @@ def run_checks(
     finding_checks = _finding_checks(
         diagnosis, gate, own_only, working_formats(spec), settings.fail_on_severity
     )
-    if not expected:
-        return CheckReport(
-            checks=tuple(finding_checks),
-            diagnosis=diagnosis,
-            export_dtype=export,
-            reference=ref_format,
-            gate=gate,
-            fail_on_severity=settings.fail_on_severity,
-        )
+    checks = (
+        _export_checks(spec, settings, fitted, export, ref_format, run, same=same)
+        if expected
+        else []
+    )
+    checks.extend(finding_checks)
+    return CheckReport(
+        checks=tuple(checks),
+        diagnosis=diagnosis,
+        export_dtype=export,
+        reference=ref_format,
+        gate=gate,
+        fail_on_severity=settings.fail_on_severity,
+    )
+
+
+def _same_run(spec: AttentionSpec, ref_format: str) -> bool:
+    """Whether the run as given already is the reference (float64, not emulated)."""
+    return ref_format == "float64" and not spec.options.emulated
+
+
+def _export_checks(
+    spec: AttentionSpec,
+    settings: CheckSettings,
+    fitted: Mapping[str, tuple[Expected, F64, tuple[int, ...]]],
+    export: str,
+    ref_format: str,
+    run: Trace,
+    *,
+    same: bool,
+) -> list[Check]:
+    """The checks of the exported tensors, in order: output, weights, LSE; then the
+    hints of the failed comparisons."""
+    stages = ("masked", "weights", "output")
+    measured = settings.tolerance == "measured"
     reference = (
         run if same else trace(_with_dtype(spec, ref_format), stages=stages, gather_stats=False)
     )
@@ -1003,17 +1029,4 @@ def run_checks(
             if hint is not None:
                 checks[i] = dataclasses.replace(c, hint=hint)
 
-    checks.extend(finding_checks)
-    return CheckReport(
-        checks=tuple(checks),
-        diagnosis=diagnosis,
-        export_dtype=export,
-        reference=ref_format,
-        gate=gate,
-        fail_on_severity=settings.fail_on_severity,
-    )
-
-
-def _same_run(spec: AttentionSpec, ref_format: str) -> bool:
-    """Whether the run as given already is the reference (float64, not emulated)."""
-    return ref_format == "float64" and not spec.options.emulated
+    return checks

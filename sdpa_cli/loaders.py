@@ -9,10 +9,11 @@ safe loader, aliases refused). The format is sniffed from the file's first bytes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,19 +60,26 @@ class Source:
         )
 
 
-def _sniff(path: Path, label: str) -> str:
-    """The format of ``path``: ``npy``, ``npz``, ``json`` or ``yaml``."""
+@contextlib.contextmanager
+def _reading(label: str) -> Iterator[None]:
+    """Errors of the file system, as one line naming the file."""
     try:
-        if path.is_dir():
-            raise InputError(label, "is a directory, not a tensor file")
-        with path.open("rb") as fh:
-            head = fh.read(8)
+        yield
     except FileNotFoundError:
         raise InputError(label, "no such file") from None
     except PermissionError:
         raise InputError(label, "permission denied") from None
     except OSError as exc:
         raise InputError(label, f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _sniff(path: Path, label: str) -> str:
+    """The format of ``path``: ``npy``, ``npz``, ``json`` or ``yaml``."""
+    with _reading(label):
+        if path.is_dir():
+            raise InputError(label, "is a directory, not a tensor file")
+        with path.open("rb") as fh:
+            head = fh.read(8)
     if not head:
         raise InputError(label, "is empty")
     suffix = path.suffix.lower()
@@ -199,21 +207,16 @@ def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
 
 
 def _read_text(path: Path, label: str) -> str:
-    try:
+    with _reading(label):
         if path.is_dir():
             raise InputError(label, "is a directory, not a file")
         size = path.stat().st_size
         if size > MAX_TEXT_BYTES:
             raise InputError(label, f"is {size} bytes of text; tensors this large belong in .npy")
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError(label, "is not UTF-8 text") from None
-    except FileNotFoundError:
-        raise InputError(label, "no such file") from None
-    except PermissionError:
-        raise InputError(label, "permission denied") from None
-    except OSError as exc:
-        raise InputError(label, f"cannot be read: {exc.strerror or exc}") from None
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(label, "is not UTF-8 text") from None
 
 
 def parse_text(path: Path, fmt: str, label: str) -> Any:
