@@ -24,7 +24,7 @@ from sdpa_cli import precision
 from sdpa_cli.compute import Trace, trace
 from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import AttentionSpec, Options
+from sdpa_cli.spec import AttentionSpec
 from sdpa_cli.stats import Index, input_dtypes, working_formats
 
 F64 = NDArray[np.float64]
@@ -47,9 +47,6 @@ DTYPE_TOLERANCES: Mapping[str, tuple[float, float]] = {
 """Default tolerances by the export's format."""
 
 REFERENCE_FORMATS = ("float32", "float64")
-
-STATUSES = ("pass", "warn", "fail")
-"""A check passes, warns (reported, never failing the run) or fails."""
 
 DEFAULT_GATE = ("nonfinite", "overflow")
 """Finding kinds that fail a check with no expectation: non-finite values, and
@@ -402,10 +399,18 @@ def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape[i:]
 
 
-def fit_expected(spec: AttentionSpec, exp: Expected) -> tuple[F64, tuple[int, ...]]:
-    """The export as float64 in one of :func:`expected_shapes` (leading 1s may differ).
+@dataclass(frozen=True)
+class _Fitted:
+    """An export as float64 in the computation's layout."""
 
-    Returns the values reshaped to the accepted layout, and that layout.
+    exp: Expected
+    values: F64
+    merged: bool
+    """An output in the merged ``(..., L, heads·Ev)`` layout (under ``--heads``)."""
+
+
+def fit_expected(spec: AttentionSpec, exp: Expected) -> _Fitted:
+    """The export as float64 in one of :func:`expected_shapes` (leading 1s may differ).
 
     Raises:
         SpecError: naming the file, when no layout fits.
@@ -414,7 +419,8 @@ def fit_expected(spec: AttentionSpec, exp: Expected) -> tuple[F64, tuple[int, ..
     for shape in expected_shapes(spec, exp.name):
         if got == shape or _strip_ones(got) == _strip_ones(shape):
             values = np.asarray(exp.values, dtype=np.float64).reshape(shape)
-            return values, shape
+            merged = exp.name == "output" and shape != spec.output_shape
+            return _Fitted(exp, values, merged)
     want = " or ".join(str(s) for s in expected_shapes(spec, exp.name))
     raise SpecError(exp.label, f"has shape {got}; the computation's {exp.name} is {want}")
 
@@ -428,23 +434,23 @@ def export_dtype(spec: AttentionSpec, expected: list[Expected]) -> str:
     return next((d for d in reversed(precision.FORMATS) if d in names), "float64")
 
 
-def _with_dtype(spec: AttentionSpec, dtype: str, base: Options | None = None) -> AttentionSpec:
-    """``spec`` run in ``dtype``: a reference keeps everything in that format; a
-    naive run in the export's format keeps the user's ``--accumulate`` and friends."""
+def _reference_spec(spec: AttentionSpec, fmt: str) -> AttentionSpec:
+    """``spec`` with every step in the reference format ``fmt``."""
+    options = dataclasses.replace(
+        spec.options, dtype=fmt, accumulate=fmt, softmax_dtype=fmt, logits_dtype=fmt
+    )
+    return dataclasses.replace(spec, options=options)
+
+
+def _naive_spec(spec: AttentionSpec, dtype: str) -> AttentionSpec:
+    """``spec`` run naively in the export's format: the user's ``--accumulate`` and
+    friends when ``--dtype`` is that format, a kernel's defaults otherwise."""
     o = spec.options
-    if base is None:  # a reference: every step in the reference format
-        options = dataclasses.replace(
-            o, dtype=dtype, accumulate=dtype, softmax_dtype=dtype, logits_dtype=dtype
-        )
-    else:
-        keep = o.dtype == dtype
-        options = dataclasses.replace(
-            o,
-            dtype=dtype,
-            accumulate=o.accumulate if keep else "float32",
-            softmax_dtype=o.softmax_dtype if keep else "float32",
-            logits_dtype=o.logits_dtype if keep else dtype,
-        )
+    if o.dtype == dtype:
+        return spec
+    options = dataclasses.replace(
+        o, dtype=dtype, accumulate="float32", softmax_dtype="float32", logits_dtype=dtype
+    )
     return dataclasses.replace(spec, options=options)
 
 
@@ -456,11 +462,6 @@ def logsumexp(masked: F64) -> F64:
         safe = np.where(np.isfinite(m), m, 0.0)
         total = np.exp(masked - safe[..., None]).sum(axis=-1)
         return np.where(m == -math.inf, -math.inf, safe + np.log(total))
-
-
-def _to_merged(spec: AttentionSpec, out: F64) -> F64:
-    moved = np.moveaxis(out, -3, -2)
-    return moved.reshape(spec.merged_output_shape)
 
 
 def _merged_index(spec: AttentionSpec, at: Index) -> Index:
@@ -741,27 +742,15 @@ def _alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
         yield "no --bias", dataclasses.replace(spec, bias=None)
 
 
-def _stage_values(run: Trace, name: str, merged: bool) -> F64:
+def tensor_values(run: Trace, name: str, merged: bool = False) -> F64:
+    """What a run computed for the export ``name``: the output (merged under
+    ``--heads`` when the file is), the weights, or the LSE of the masked logits."""
     if name == "lse":
         assert run.masked is not None
         return logsumexp(run.masked)
-    values = run.stage(name)
+    values = run.merged_output if name == "output" and merged else run.stage(name)
     assert values is not None
-    return _to_merged(run.spec, values) if merged and name == "output" else values
-
-
-def _suspect(
-    spec: AttentionSpec, name: str, values: F64, tol: Tolerance, ref_format: str, merged: bool
-) -> str | None:
-    """The one changed option under which the export passes, if any."""
-    for label, alt in _alternatives(spec):
-        run = trace(
-            _with_dtype(alt, ref_format), stages=("masked", "weights", "output"), gather_stats=False
-        )
-        ref = _stage_values(run, name, merged)
-        if not compare(values, ref, tol.rtol, tol.atol).mismatched:
-            return f"the export matches the computation with {label}: the kernel and these options disagree on it"
-    return None
+    return values
 
 
 def _gate(settings: CheckSettings, has_expectations: bool) -> tuple[tuple[str, ...], bool]:
@@ -860,19 +849,17 @@ def run_checks(
     for name in names:
         if name not in TENSORS:
             raise SpecError(name, f"unknown export; expected one of {', '.join(TENSORS)}")
-    fitted = {e.name: (e, *fit_expected(spec, e)) for e in expected}
+    fitted = {e.name: fit_expected(spec, e) for e in expected}
 
     export = export_dtype(spec, expected)
     ref_format = settings.reference or (
         "float64" if export in ("float64", "float32") else "float32"
     )
-    stages = ("masked", "weights", "output")
-
     same = _same_run(spec, ref_format)
     measured = settings.tolerance == "measured"
     # The computation as compute runs it: the findings come from here. Its stages are
     # kept only when it doubles as the reference or the naive run.
-    keep = stages if expected and (same or (measured and spec.options.dtype == export)) else ()
+    keep = RUN_STAGES if expected and (same or (measured and spec.options.dtype == export)) else ()
     run = trace(spec, stages=keep)
     diagnosis = diagnose(run, thresholds)
     gate, own_only = _gate(settings, bool(expected))
@@ -900,10 +887,14 @@ def _same_run(spec: AttentionSpec, ref_format: str) -> bool:
     return ref_format == "float64" and not spec.options.emulated
 
 
+RUN_STAGES = ("masked", "weights", "output")
+"""The stages a check compares against: the LSE comes from the masked logits."""
+
+
 def _export_checks(
     spec: AttentionSpec,
     settings: CheckSettings,
-    fitted: Mapping[str, tuple[Expected, F64, tuple[int, ...]]],
+    fitted: Mapping[str, _Fitted],
     export: str,
     ref_format: str,
     run: Trace,
@@ -912,121 +903,125 @@ def _export_checks(
 ) -> list[Check]:
     """The checks of the exported tensors, in order: output, weights, LSE; then the
     hints of the failed comparisons."""
-    stages = ("masked", "weights", "output")
-    measured = settings.tolerance == "measured"
     reference = (
-        run if same else trace(_with_dtype(spec, ref_format), stages=stages, gather_stats=False)
+        run if same else trace(_reference_spec(spec, ref_format), RUN_STAGES, gather_stats=False)
     )
     naive: Trace | None = None
-    if measured:
-        naive = (
-            run
-            if spec.options.dtype == export
-            else trace(_with_dtype(spec, export, spec.options), stages=stages, gather_stats=False)
-        )
+    if settings.tolerance == "measured":
+        naive_spec = _naive_spec(spec, export)
+        naive = run if naive_spec is spec else trace(naive_spec, RUN_STAGES, gather_stats=False)
+    ref = {name: tensor_values(reference, name, f.merged) for name, f in fitted.items()}
+    if "lse" in ref:  # a row with no visible key: −inf, or +inf as FlashAttention 2 writes it
+        lse = fitted["lse"].values
+        ref["lse"] = np.where((ref["lse"] == -math.inf) & np.isinf(lse), lse, ref["lse"])
 
-    def tolerance_for(ref_values: F64, naive_values: F64 | None) -> Tolerance:
+    def tolerance_for(name: str) -> Tolerance:
         if settings.rtol is not None and settings.atol is not None:
             return Tolerance(settings.rtol, settings.atol, "given")
-        if naive_values is not None:
-            return measured_tolerance(ref_values, naive_values, export, settings.fudge)
+        if naive is not None:
+            naive_values = tensor_values(naive, name, fitted[name].merged)
+            return measured_tolerance(ref[name], naive_values, export, settings.fudge)
         rtol, atol = DTYPE_TOLERANCES[export]
         return Tolerance(rtol, atol, f"{export} defaults")
 
-    checks: list[Check] = []
     assert reference.masked is not None
     assert reference.weights is not None
-    assert reference.output is not None
     # Where the computation can put weight: visible keys (a float mask's −inf hides
     # too), and hidden keys a finite mask value still weighs (−1 leaves them weight;
     # −1e9 spreads a row with no visible key over every key).
-    visible = reference.visible & (reference.masked != -math.inf)
-    visible |= reference.weights > 0
-    weights_tol: Tolerance | None = None
-
+    support = reference.visible & (reference.masked != -math.inf)
+    support |= reference.weights > 0
+    tols = {name: tolerance_for(name) for name in fitted}
+    nan = settings.equal_nan
+    checks: list[Check] = []
     if "output" in fitted:
-        exp, values, shape = fitted["output"]
-        merged = spec.options.heads is not None and shape == spec.merged_output_shape
-        ref_out = _to_merged(spec, reference.output) if merged else reference.output
-        naive_out = None
-        if naive is not None and naive.output is not None:
-            naive_out = _to_merged(spec, naive.output) if merged else naive.output
-        tol = tolerance_for(ref_out, naive_out)
-        checks.append(_finite_check("output", values, exp.label))
-        split = values
-        if merged:
+        f, tol = fitted["output"], tols["output"]
+        split = f.values
+        if f.merged:
             heads = spec.merged_output_shape[-1] // spec.Ev
-            split = np.moveaxis(values.reshape(*values.shape[:-1], heads, spec.Ev), -2, -3)
-        checks.append(_output_range(spec, split, visible, tol, exp.label, merged))
-        checks.append(_close_check("output", values, ref_out, tol, exp.label, settings.equal_nan))
+            split = np.moveaxis(f.values.reshape(*f.values.shape[:-1], heads, spec.Ev), -2, -3)
+        checks.append(_finite_check("output", f.values, f.exp.label))
+        checks.append(_output_range(spec, split, support, tol, f.exp.label, f.merged))
+        checks.append(_close_check("output", f.values, ref["output"], tol, f.exp.label, nan))
     if "weights" in fitted:
-        exp, values, _ = fitted["weights"]
-        tol = tolerance_for(reference.weights, None if naive is None else naive.weights)
-        weights_tol = tol
-        checks.append(_finite_check("weights", values, exp.label))
-        checks.append(_weights_range(values, tol, exp.label))
-        checks.append(_weights_rows(values, visible, tol, exp.label))
-        checks.append(
-            _close_check("weights", values, reference.weights, tol, exp.label, settings.equal_nan)
-        )
+        f, tol = fitted["weights"], tols["weights"]
+        checks.append(_finite_check("weights", f.values, f.exp.label))
+        checks.append(_weights_range(f.values, tol, f.exp.label))
+        checks.append(_weights_rows(f.values, support, tol, f.exp.label))
+        checks.append(_close_check("weights", f.values, ref["weights"], tol, f.exp.label, nan))
     if "lse" in fitted:
-        exp, values, _ = fitted["lse"]
-        naive_lse = None if naive is None or naive.masked is None else logsumexp(naive.masked)
-        ref_lse = logsumexp(reference.masked)
-        tol = tolerance_for(ref_lse, naive_lse)
-        # A row with no visible key: −inf, or +inf as FlashAttention 2 writes it.
-        ref_lse = np.where((ref_lse == -math.inf) & np.isinf(values), values, ref_lse)
-        checks.append(_close_check("lse", values, ref_lse, tol, exp.label, settings.equal_nan))
+        f = fitted["lse"]
+        checks.append(_close_check("lse", f.values, ref["lse"], tols["lse"], f.exp.label, nan))
         if "weights" in fitted:
-            w = fitted["weights"][1]
-            assert weights_tol is not None
             checks.append(
                 _lse_weights(
                     reference.masked,
-                    values,
-                    exp.values.dtype,
-                    w,
-                    visible,
-                    weights_tol,
-                    exp.label,
-                    settings.equal_nan,
+                    f.values,
+                    f.exp.values.dtype,
+                    fitted["weights"].values,
+                    support,
+                    tols["weights"],
+                    f.exp.label,
+                    nan,
                 )
             )
-
-    # A failed comparison: is it one option away, or within the naive low-precision
-    # error (PyTorch's measured tolerance)? Re-run only when the case is small enough.
     if math.prod(spec.weights_shape) <= SUSPECT_LIMIT:
-        for i, c in enumerate(checks):
-            if c.status != "fail" or not c.name.endswith(".close"):
-                continue
-            name = c.name.removesuffix(".close")
-            exp, values, shape = fitted[name]
-            merged = (
-                name == "output"
-                and spec.options.heads is not None
-                and shape == spec.merged_output_shape
-            )
-            assert c.tolerance is not None
-            hint = _suspect(spec, name, values, c.tolerance, ref_format, merged)
-            if (
-                hint is None
-                and c.tolerance.source.endswith("defaults")
-                and export not in ("float64", "float32")
-            ):
-                naive_run = naive or trace(
-                    _with_dtype(spec, export, spec.options), stages=stages, gather_stats=False
-                )
-                ref = _stage_values(reference, name, merged)
-                tol = measured_tolerance(
-                    ref, _stage_values(naive_run, name, merged), export, settings.fudge
-                )
-                if not compare(values, ref, tol.rtol, tol.atol).mismatched:
-                    hint = (
-                        f"it passes --tolerance measured (rtol {tol.rtol:.3g}, atol {tol.atol:.3g}): "
-                        f"no worse than the naive {export} computation ×{settings.fudge:g}, "
-                        "as PyTorch's kernel tests judge"
-                    )
-            if hint is not None:
-                checks[i] = dataclasses.replace(c, hint=hint)
-
+        checks = _with_hints(checks, spec, settings, fitted, ref, export, ref_format, naive)
     return checks
+
+
+def _with_hints(
+    checks: list[Check],
+    spec: AttentionSpec,
+    settings: CheckSettings,
+    fitted: Mapping[str, _Fitted],
+    ref: Mapping[str, F64],
+    export: str,
+    ref_format: str,
+    naive: Trace | None,
+) -> list[Check]:
+    """A hint on each failed comparison that one changed option would pass, or that
+    the measured tolerance (the naive low-precision error) would. Each alternative is
+    computed once, for every failed comparison."""
+    failing = {
+        c.name.removesuffix(".close"): c
+        for c in checks
+        if c.status == "fail" and c.name.endswith(".close")
+    }
+    hints: dict[str, str] = {}
+    for label, alt in _alternatives(spec):
+        pending = [n for n in failing if n not in hints]
+        if not pending:
+            break
+        run = trace(_reference_spec(alt, ref_format), RUN_STAGES, gather_stats=False)
+        for name in pending:
+            tol = failing[name].tolerance
+            assert tol is not None
+            got = tensor_values(run, name, fitted[name].merged)
+            if not compare(fitted[name].values, got, tol.rtol, tol.atol).mismatched:
+                hints[name] = (
+                    f"the export matches the computation with {label}: "
+                    "the kernel and these options disagree on it"
+                )
+    narrow = export not in ("float64", "float32")
+    for name, c in failing.items():
+        if name in hints or not narrow or c.tolerance is None:
+            continue
+        if not c.tolerance.source.endswith("defaults"):
+            continue
+        if naive is None:
+            naive = trace(_naive_spec(spec, export), RUN_STAGES, gather_stats=False)
+        naive_values = tensor_values(naive, name, fitted[name].merged)
+        tol = measured_tolerance(ref[name], naive_values, export, settings.fudge)
+        if not compare(fitted[name].values, ref[name], tol.rtol, tol.atol).mismatched:
+            hints[name] = (
+                f"it passes --tolerance measured (rtol {tol.rtol:.3g}, atol {tol.atol:.3g}): "
+                f"no worse than the naive {export} computation ×{settings.fudge:g}, "
+                "as PyTorch's kernel tests judge"
+            )
+    out = []
+    for c in checks:
+        name = c.name.removesuffix(".close")
+        hint = hints.get(name) if c is failing.get(name) else None
+        out.append(c if hint is None else dataclasses.replace(c, hint=hint))
+    return out
