@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli import precision
 from sdpa_cli.compute import Trace, trace
+from sdpa_cli.config import CHECK_NAMES, check_values
 from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
 from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import AttentionSpec
@@ -45,8 +46,6 @@ DTYPE_TOLERANCES: Mapping[str, tuple[float, float]] = {
     "float8_e5m2": (2.5e-1, 3.125e-2),
 }
 """Default tolerances by the export's format."""
-
-REFERENCE_FORMATS = ("float32", "float64")
 
 DEFAULT_GATE = ("nonfinite", "overflow")
 """Finding kinds that fail a check with no expectation: non-finite values, and
@@ -94,28 +93,10 @@ class CheckSettings:
             raise SpecError(
                 "--rtol/--atol", "give both rtol and atol, or neither (defaults by the dtype)"
             )
-        for name in ("rtol", "atol"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise SpecError(f"--{name}", f"must be a finite number ≥ 0, got {value!r}")
-        if self.tolerance not in ("dtype", "measured"):
-            raise SpecError("--tolerance", f"must be dtype or measured, got {self.tolerance!r}")
+        # Each value as the config file and the flags are checked (one set of rules).
+        check_values({name: getattr(self, name) for name in CHECK_NAMES})
         if self.tolerance == "measured" and self.rtol is not None:
             raise SpecError("--tolerance", "measured computes rtol and atol; drop --rtol/--atol")
-        if not (math.isfinite(self.fudge) and self.fudge >= 1):
-            raise SpecError("--fudge", f"must be a finite number ≥ 1, got {self.fudge!r}")
-        if self.reference is not None and self.reference not in REFERENCE_FORMATS:
-            raise SpecError("--reference", f"must be float32 or float64, got {self.reference!r}")
-        for kind in self.fail_on or ():
-            if kind not in KINDS:
-                raise SpecError(
-                    "--fail-on", f"unknown finding kind {kind!r}; choose from {', '.join(KINDS)}"
-                )
-        if self.fail_on_severity is not None and self.fail_on_severity not in SEVERITIES:
-            raise SpecError(
-                "--fail-on-severity",
-                f"must be {', '.join(SEVERITIES)}, got {self.fail_on_severity!r}",
-            )
 
 
 # --- the records ------------------------------------------------------------------------

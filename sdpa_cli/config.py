@@ -112,6 +112,9 @@ def thresholds(flags: Mapping[str, Any], directory: str = ".") -> Thresholds:
 
 # --- sdpa check -----------------------------------------------------------------------
 
+REFERENCE_FORMATS = ("float32", "float64")
+"""Formats a check's reference may be computed in."""
+
 CHECK_NAMES = (
     "rtol",
     "atol",
@@ -174,7 +177,7 @@ def _one_of(choices: tuple[str, ...]) -> Any:
 _CHECK_PARSERS: dict[str, Any] = {
     "rtol": _tolerance,
     "atol": _tolerance,
-    "reference": _one_of(("float32", "float64")),
+    "reference": _one_of(REFERENCE_FORMATS),
     "tolerance": _one_of(("dtype", "measured")),
     "fudge": _fudge,
     "fail_on": _kinds,
