@@ -49,8 +49,12 @@ _PARSERS = {
 }
 
 
-def read_config(directory: str = ".") -> tuple[str | None, dict[str, Any]]:
-    """The thresholds section of the first config file found, and the file's name."""
+ConfigFile = tuple[str | None, dict[str, Any]]
+"""What :func:`read_config` found: the file's name (None for none) and its settings."""
+
+
+def read_config(directory: str = ".") -> ConfigFile:
+    """The settings of the first config file found, and the file's name."""
 
     def named(name: str) -> str:
         return name if directory == "." else os.path.join(directory, name)
@@ -89,9 +93,11 @@ def read_config(directory: str = ".") -> tuple[str | None, dict[str, Any]]:
     return None, {}
 
 
-def thresholds(flags: Mapping[str, Any], directory: str = ".") -> Thresholds:
+def thresholds(
+    flags: Mapping[str, Any], directory: str = ".", config: ConfigFile | None = None
+) -> Thresholds:
     """Flags over the config file over the defaults; errors name the flag or file."""
-    source, raw = read_config(directory)
+    source, raw = read_config(directory) if config is None else config
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")
@@ -207,9 +213,9 @@ def check_values(raw: Mapping[str, Any], where: str | None = None) -> dict[str, 
     return values
 
 
-def check_config(directory: str = ".") -> dict[str, Any]:
+def check_config(directory: str = ".", config: ConfigFile | None = None) -> dict[str, Any]:
     """The ``check`` section of the config file (parsed), or nothing."""
-    source, raw = read_config(directory)
+    source, raw = read_config(directory) if config is None else config
     section = raw.get("check")
     if section is None:
         return {}

@@ -131,7 +131,13 @@ def check(
       sdpa check --manifest checks.yaml --junit report.xml
     """
     from sdpa_cli.check import CheckSettings, run_checks
-    from sdpa_cli.config import check_config, check_values, merge_check_settings, thresholds
+    from sdpa_cli.config import (
+        check_config,
+        check_values,
+        merge_check_settings,
+        read_config,
+        thresholds,
+    )
     from sdpa_cli.manifest import (
         CaseResult,
         Overrides,
@@ -149,15 +155,17 @@ def check(
         write_reports,
     )
 
+    config_file = read_config()  # read once: thresholds and check settings
     limits = thresholds(
         {
             "saturation": saturation,
             "uniform": uniform,
             "head_fraction": head_fraction,
             "max_findings": max_findings,
-        }
+        },
+        config=config_file,
     )
-    config = check_config()
+    config = check_config(config=config_file)
     given = check_values(
         {
             "rtol": rtol,
