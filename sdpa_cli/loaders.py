@@ -13,10 +13,10 @@ import contextlib
 import json
 import os
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import yaml
@@ -330,7 +330,7 @@ def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
     return nested_to_array(data, src.label, name)
 
 
-def write_atomic(path: str | os.PathLike[str], write: Any) -> None:
+def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(fh)`` on a temporary file beside ``path``, then rename it into place.
 
     Nothing is created or clobbered at ``path`` unless ``write`` succeeds. The file gets
@@ -340,35 +340,15 @@ def write_atomic(path: str | os.PathLike[str], write: Any) -> None:
         InputError: naming ``path`` when it cannot be written (no such directory, a
             directory in the way, no permission, disk full).
     """
-    import tempfile
-
-    target = Path(path)
-    label = os.fspath(path)
-    if target.is_dir():
-        raise InputError(label, "is a directory; expected a file name")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except FileNotFoundError:
-        raise InputError(
-            label, f"cannot be written: directory {str(target.parent)!r} does not exist"
-        ) from None
-    except OSError as exc:
-        raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.chmod(tmp, _new_file_mode(target))  # mkstemp makes 0o600; a saved file is not a secret
-        os.replace(tmp, target)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
-        raise
+    write_all_atomic([(path, write)])
 
 
-def write_all_atomic(files: list[tuple[str, bytes]]) -> None:
-    """Write several files all or none: every temporary file is written first, then
-    each is renamed into place. A failure before the renames leaves nothing behind.
+def write_all_atomic(
+    files: Sequence[tuple[str | os.PathLike[str], Callable[[BinaryIO], object]]],
+) -> None:
+    """Write several files all or none, as :func:`write_atomic` writes one: every
+    temporary file is written first, then each is renamed into place. A failure
+    (or Ctrl-C) before the renames leaves nothing behind.
 
     Raises:
         InputError: naming the path that cannot be written.
@@ -377,32 +357,33 @@ def write_all_atomic(files: list[tuple[str, bytes]]) -> None:
 
     temps: list[tuple[str, Path]] = []
     try:
-        for path, data in files:
-            target = Path(path)
+        for path, write in files:
+            target, label = Path(path), os.fspath(path)
             if target.is_dir():
-                raise InputError(path, "is a directory; expected a file name")
+                raise InputError(label, "is a directory; expected a file name")
             try:
                 fd, tmp = tempfile.mkstemp(
                     prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
                 )
             except FileNotFoundError:
                 raise InputError(
-                    path, f"cannot be written: directory {str(target.parent)!r} does not exist"
+                    label, f"cannot be written: directory {str(target.parent)!r} does not exist"
                 ) from None
             except OSError as exc:
-                raise InputError(path, f"cannot be written: {exc.strerror or exc}") from None
-            temps.append((path, Path(tmp)))
+                raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+            temps.append((label, Path(tmp)))
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
+                    write(fh)
+                # mkstemp makes 0o600; a saved file is not a secret
                 os.chmod(tmp, _new_file_mode(target))
             except OSError as exc:
-                raise InputError(path, f"cannot be written: {exc.strerror or exc}") from None
-        for path, written in temps:
+                raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+        for label, written in temps:
             try:
-                os.replace(written, path)
+                os.replace(written, label)
             except OSError as exc:
-                raise InputError(path, f"cannot be written: {exc.strerror or exc}") from None
+                raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
     finally:
         for _, leftover in temps:
             leftover.unlink(missing_ok=True)

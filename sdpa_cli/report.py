@@ -21,7 +21,7 @@ from sdpa_cli.check import Check, CheckReport, Mismatch, Tolerance, ceil_sig, pe
 from sdpa_cli.compute import STAGES, Trace, applicable_stages
 from sdpa_cli.diagnose import Diagnosis
 from sdpa_cli.errors import ExitCode
-from sdpa_cli.loaders import write_all_atomic, write_atomic
+from sdpa_cli.loaders import write_atomic
 
 if TYPE_CHECKING:
     from sdpa_cli.manifest import CaseResult
@@ -298,11 +298,6 @@ def junit_xml(results: list[CaseResult], *, suite: str = "sdpa check") -> bytes:
     ET.indent(root)
     text: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
     return text + b"\n"
-
-
-def write_reports(files: list[tuple[str, bytes]]) -> None:
-    """Write the report files all or none, each atomically."""
-    write_all_atomic(files)
 
 
 def _escape(text: str, *, prop: bool = False) -> str:

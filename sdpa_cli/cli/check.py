@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 import click
 
@@ -138,6 +139,7 @@ def check(
         read_config,
         thresholds,
     )
+    from sdpa_cli.loaders import write_all_atomic
     from sdpa_cli.manifest import (
         CaseResult,
         Overrides,
@@ -152,7 +154,6 @@ def check(
         github_annotations,
         junit_xml,
         to_json,
-        write_reports,
     )
 
     config_file = read_config()  # read once: thresholds and check settings
@@ -217,9 +218,9 @@ def check(
     document = check_document(results, manifest=manifest)
     json_text = to_json(document) + "\n"
     # Report files first (atomically), then what a person or a script reads.
-    files = [] if junit is None else [(junit, junit_xml(results))]
-    files += [] if report is None else [(report, json_text.encode())]
-    write_reports(files)
+    reports = [] if junit is None else [(junit, junit_xml(results))]
+    reports += [] if report is None else [(report, json_text.encode())]
+    write_all_atomic([(path, _writes(data)) for path, data in reports])
 
     console = make_console(color)
     if os.environ.get("GITHUB_ACTIONS") == "true":
@@ -241,3 +242,8 @@ def check(
         assert results[0].report is not None
         console.print(render_report(results[0].report, title))
     return int(code)
+
+
+def _writes(data: bytes) -> Callable[[BinaryIO], object]:
+    """A writer of ``data``, for :func:`~sdpa_cli.loaders.write_all_atomic`."""
+    return lambda fh: fh.write(data)
