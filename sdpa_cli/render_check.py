@@ -15,7 +15,7 @@ from rich.text import Text
 from sdpa_cli.check import Check, CheckReport
 from sdpa_cli.diagnose import plural
 from sdpa_cli.manifest import CaseResult
-from sdpa_cli.report import mismatch_lines
+from sdpa_cli.report import failure_lines
 
 STATUS_STYLE = {
     "pass": Style(color="green", bold=True),
@@ -41,30 +41,24 @@ def checks_table(checks: tuple[Check, ...]) -> Table:
 
 
 def failure_panel(check: Check) -> Panel:
-    """A failed check in full: the mismatch report, the findings, or its figure."""
+    """A failed check in full (:func:`~sdpa_cli.report.failure_lines`); a listed
+    finding and its hint hang from their bullet when they wrap."""
     body: list[RenderableType] = []
-    findings = check.details.get("findings")
-    if check.mismatch is not None:
-        body.append(Text("\n".join(mismatch_lines(check.mismatch, check.tolerance))))
-    elif findings:
-        count = check.details.get("count", len(findings))
-        body.append(
-            Text(f"{plural(count, 'finding')}" + (", the first:" if count > len(findings) else ":"))
-        )
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(no_wrap=True)
-        grid.add_column()
-        for f in findings:
-            grid.add_row("•", f["message"])
-            if f.get("hint"):
-                grid.add_row("", Text(f"hint: {f['hint']}", style="dim"))
-        body.append(grid)
-    else:
-        body.append(Text(check.summary))
-        if check.index is not None:
-            body.append(Text(f"index: {list(check.index)}"))
-    if check.hint:
-        body.append(Text(f"hint: {check.hint}"))
+    bullets: Table | None = None
+    for line in failure_lines(check):
+        if line.startswith(("• ", "  ")):
+            if bullets is None:
+                bullets = Table.grid(padding=(0, 1))
+                bullets.add_column(no_wrap=True)
+                bullets.add_column()
+                body.append(bullets)
+            if line.startswith("• "):
+                bullets.add_row("•", line[2:])
+            else:
+                bullets.add_row("", Text(line.strip(), style="dim"))
+        else:
+            bullets = None
+            body.append(Text(line))
     title = Text(check.name, style=STATUS_STYLE["fail"])
     if check.file:
         title.append(f" · {check.file}", style="default")

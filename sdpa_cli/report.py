@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from sdpa_cli import __version__
 from sdpa_cli.check import Check, CheckReport, Mismatch, Tolerance, ceil_sig, percent
 from sdpa_cli.compute import STAGES, Trace, applicable_stages
-from sdpa_cli.diagnose import Diagnosis
+from sdpa_cli.diagnose import Diagnosis, plural
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.loaders import write_atomic
 
@@ -212,16 +212,33 @@ def check_exit_code(results: list[CaseResult]) -> ExitCode:
     return ExitCode.OK
 
 
-def _failure_text(check: Check) -> str:
-    """The detail under a failed check: the mismatch report, one fact per line."""
-    lines = [check.summary]
-    m = check.mismatch
-    if m is not None:
-        lines += mismatch_lines(m, check.tolerance)
-    elif check.index is not None:
-        lines.append(f"index: {list(check.index)}")
+def failure_lines(check: Check) -> list[str]:
+    """A failed check in full, one fact per line (shared by the table, JUnit and
+    assertions): the mismatch report, the findings (``• message``, ``  hint: ...``),
+    or the figure and index; then the hint."""
+    lines: list[str] = []
+    findings = check.details.get("findings")
+    if check.mismatch is not None:
+        lines += mismatch_lines(check.mismatch, check.tolerance)
+    elif findings:
+        count = check.details.get("count", len(findings))
+        lines.append(f"{plural(count, 'finding')}{', the first' if count > len(findings) else ''}:")
+        for f in findings:
+            lines.append(f"• {f['message']}")
+            if f.get("hint"):
+                lines.append(f"  hint: {f['hint']}")
+    else:
+        lines.append(check.summary)
+        if check.index is not None:
+            lines.append(f"index: {list(check.index)}")
     if check.hint:
         lines.append(f"hint: {check.hint}")
+    return lines
+
+
+def _failure_text(check: Check) -> str:
+    """The text of a JUnit ``<failure>``: the figure, the full report, the file."""
+    lines = [check.summary, *failure_lines(check)]
     if check.file:
         lines.append(f"file: {check.file}")
     return "\n".join(lines)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.check import Check, CheckReport, CheckSettings, Expected, run_checks
+from sdpa_cli.check import CheckReport, CheckSettings, Expected, run_checks
 from sdpa_cli.diagnose import Thresholds
-from sdpa_cli.report import mismatch_lines
+from sdpa_cli.report import failure_lines
 from sdpa_cli.spec import build_spec, parse_options
 
 
@@ -46,17 +46,8 @@ def report_text(report: CheckReport) -> str:
     for c in report.checks:
         lines.append(f"  {c.status.upper():4} {c.name}: {c.summary}")
         if c.status == "fail":
-            lines.extend("         " + line for line in _detail(c))
+            lines.extend("         " + line for line in failure_lines(c))
     return "\n".join(lines)
-
-
-def _detail(c: Check) -> list[str]:
-    lines = []
-    if c.mismatch is not None:
-        lines = mismatch_lines(c.mismatch, c.tolerance)
-    elif c.index is not None:
-        lines = [f"index: {list(c.index)}"]
-    return lines + ([f"hint: {c.hint}"] if c.hint else [])
 
 
 def assert_attention_close(
