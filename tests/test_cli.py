@@ -14,14 +14,14 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
-from click.testing import CliRunner, Result
+from clirunner import ANSI, CLEAN_ENV, assert_one_error_line, invoke, strict_json
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
@@ -29,44 +29,6 @@ from sdpa_cli.cli import cli
 from sdpa_cli.errors import ExitCode
 
 F64 = NDArray[np.float64]
-
-# Rich and click read these; pin them so that a developer's shell changes nothing.
-CLEAN_ENV: dict[str, str | None] = {
-    "NO_COLOR": None,
-    "FORCE_COLOR": None,
-    "CLICOLOR_FORCE": None,
-    "TTY_COMPATIBLE": None,
-    "TTY_INTERACTIVE": None,
-    "COLUMNS": "100",
-    "LINES": "50",
-}
-ANSI = "\x1b["
-
-
-def invoke(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
-    """``sdpa ARGS`` through CliRunner, with a clean environment."""
-    runner = CliRunner(env={**CLEAN_ENV, **(env or {})})
-    return runner.invoke(cli, list(args), catch_exceptions=False)
-
-
-def assert_one_error_line(result: Result, code: int = ExitCode.BAD_INPUT) -> str:
-    """The run failed with ``code``, one ``sdpa: error:`` line on stderr and nothing on stdout."""
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    assert result.stdout == ""
-    assert "Traceback" not in result.output
-    assert result.stderr.startswith("sdpa: error: ")
-    assert result.stderr.endswith("\n")
-    assert result.stderr.count("\n") == 1, result.stderr
-    return result.stderr.rstrip("\n")
-
-
-def strict_json(text: str) -> Any:
-    """``json.loads`` that refuses the non-standard NaN/Infinity literals."""
-
-    def refuse(literal: str) -> Any:
-        raise AssertionError(f"non-standard JSON literal {literal}")
-
-    return json.loads(text, parse_constant=refuse)
 
 
 def decode_non_finite(node: Any) -> Any:
