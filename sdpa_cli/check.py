@@ -4,16 +4,14 @@ Pure data in, data out: a validated spec, the exported arrays and the settings g
 a :class:`CheckReport` (a list of :class:`Check` records, the findings) comes out.
 Rendering, JSON, JUnit and exit codes are the command line's business.
 
-Every comparison is ``|actual − reference| ≤ atol + rtol · |reference|`` (the rule of
-``torch.testing.assert_close`` and ``numpy.isclose`` with the reference second), so
-a mismatch report reads the same as theirs.
+Element-wise comparison and tolerances live in :mod:`sdpa_cli.compare`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +19,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import precision
+from sdpa_cli.compare import (
+    DTYPE_TOLERANCES,
+    Mismatch,
+    Tolerance,
+    argmax_index,
+    compare,
+    measured_tolerance,
+    mismatch_summary,
+)
 from sdpa_cli.compute import Trace, trace
 from sdpa_cli.config import CHECK_NAMES, check_values
 from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
@@ -33,38 +40,12 @@ F64 = NDArray[np.float64]
 TENSORS = ("output", "weights", "lse")
 """What an export may hold: the output, the attention weights, the logsumexp per row."""
 
-DTYPE_TOLERANCES: Mapping[str, tuple[float, float]] = {
-    # (rtol, atol). float16 and bfloat16: the floors of PyTorch's own SDPA kernel tests
-    # (test_transformers.py default_rtol/default_atol), not assert_close's defaults.
-    "float16": (1e-3, 1e-3),
-    "bfloat16": (1.6e-2, 1e-3),
-    # float32: the same tests' floor; float64: assert_close's default.
-    "float32": (1.3e-6, 1e-5),
-    "float64": (1e-7, 1e-7),
-    # float8 (no PyTorch floor): rtol one machine epsilon, atol an eighth of it.
-    "float8_e4m3fn": (1.25e-1, 1.5625e-2),
-    "float8_e5m2": (2.5e-1, 3.125e-2),
-}
-"""Default tolerances by the export's format."""
-
 DEFAULT_GATE = ("nonfinite", "overflow")
 """Finding kinds that fail a check with no expectation: non-finite values, and
 overflow in the run's own formats (the inputs' dtype or ``--dtype``)."""
 
 
 # --- settings ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """An ``rtol``/``atol`` pair and where it came from (for the report)."""
-
-    rtol: float
-    atol: float
-    source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rtol": self.rtol, "atol": self.atol, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -100,52 +81,6 @@ class CheckSettings:
 
 
 # --- the records ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """How an exported tensor differs from its reference (the best validators' report).
-
-    Attributes:
-        total: elements compared.
-        mismatched: elements outside the tolerance (non-finite ones included).
-        nan_mismatches: of those, elements NaN on one side only (or on both, unless
-            ``equal_nan``).
-        inf_mismatches: of those, elements infinite on a side without a matching infinity.
-        max_abs, max_abs_at: the greatest absolute difference over finite pairs, and where.
-        max_rel, max_rel_at: the greatest relative difference ``|Δ|/|reference|``.
-        worst_at: the element furthest outside the tolerance (a non-finite mismatch first),
-            with ``worst_actual`` and ``worst_reference``.
-        passing_atol: the smallest atol that would pass at the same rtol; ``None`` when
-            non-finite mismatches make every tolerance fail.
-        passing_rtol: the smallest rtol that would pass at the same atol (``inf`` when a
-            zero reference is missed by more than atol).
-    """
-
-    total: int
-    mismatched: int
-    nan_mismatches: int
-    inf_mismatches: int
-    max_abs: float
-    max_abs_at: Index | None
-    max_rel: float
-    max_rel_at: Index | None
-    worst_at: Index | None
-    worst_actual: float | None
-    worst_reference: float | None
-    passing_atol: float | None
-    passing_rtol: float | None
-
-    @property
-    def fraction(self) -> float:
-        return self.mismatched / self.total if self.total else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for key in ("max_abs_at", "max_rel_at", "worst_at"):
-            d[key] = None if d[key] is None else list(d[key])
-        d["fraction"] = self.fraction
-        return d
 
 
 @dataclass(frozen=True)
@@ -219,143 +154,6 @@ class CheckReport:
     @property
     def failed(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.passed)
-
-
-# --- comparison -------------------------------------------------------------------------
-
-
-def _index(flat: int, shape: tuple[int, ...]) -> Index:
-    return tuple(int(i) for i in np.unravel_index(flat, shape))
-
-
-def _enough(t: float, passes: Callable[[float], NDArray[np.bool_]]) -> float:
-    """``t``, nudged up by an ulp or two until every element passes with it: the
-    division that found it may round one step too low."""
-    for _ in range(4):
-        if not math.isfinite(t) or bool(passes(t).all()):
-            return t
-        t = float(np.nextafter(t, math.inf))
-    return t
-
-
-def compare(
-    actual: F64, reference: F64, rtol: float, atol: float, *, equal_nan: bool = False
-) -> Mismatch:
-    """Compare ``actual`` to ``reference`` (same shape) element by element.
-
-    An element passes when ``|a − r| ≤ atol + rtol·|r|``; when either side is not
-    finite, it passes only if both are the same infinity (or both NaN with
-    ``equal_nan``).
-    """
-    a = np.asarray(actual, dtype=np.float64)
-    r = np.asarray(reference, dtype=np.float64)
-    shape = a.shape
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        finite = np.isfinite(a) & np.isfinite(r)
-        diff = np.where(finite, np.abs(a - r), 0.0)
-        allowed = atol + rtol * np.abs(r)
-        bad_finite = finite & (diff > allowed)
-        a_nan, r_nan = np.isnan(a), np.isnan(r)
-        nan_bad = (a_nan | r_nan) & ~(a_nan & r_nan & equal_nan)
-        inf_bad = ~finite & ~(a_nan | r_nan) & (a != r)
-        nonfinite_bad = nan_bad | inf_bad
-        mismatched = int(bad_finite.sum()) + int(nonfinite_bad.sum())
-
-        max_abs, max_abs_at = 0.0, None
-        max_rel, max_rel_at = 0.0, None
-        worst_at = None
-        passing_atol: float | None = 0.0
-        passing_rtol: float | None = 0.0
-        if finite.any():
-            flat = int(np.argmax(diff))
-            max_abs, max_abs_at = float(diff.flat[flat]), _index(flat, shape)
-            rel = np.where(
-                finite & (diff > 0), diff / np.where(r == 0, 0.0, np.abs(r)), 0.0
-            )  # x/0 → inf: a zero reference missed by anything
-            flat = int(np.argmax(rel))
-            max_rel, max_rel_at = float(rel.flat[flat]), _index(flat, shape)
-            excess = np.where(finite, diff - rtol * np.abs(r), -np.inf)
-            passing_atol = _enough(
-                max(0.0, float(excess.max())), lambda t: diff <= t + allowed - atol
-            )
-            need = np.where(finite & (diff > atol), (diff - atol) / np.abs(r), 0.0)
-            passing_rtol = _enough(float(need.max()), lambda t: diff <= atol + t * np.abs(r))
-            if bad_finite.any():
-                ratio = np.where(bad_finite, diff / np.where(allowed > 0, allowed, 1.0), 0.0)
-                ratio = np.where(bad_finite & (allowed == 0), np.inf, ratio)
-                worst_at = _index(int(np.argmax(ratio)), shape)
-        if nonfinite_bad.any():
-            worst_at = _index(int(np.argmax(nonfinite_bad)), shape)
-            passing_atol = passing_rtol = None
-    return Mismatch(
-        total=int(a.size),
-        mismatched=mismatched,
-        nan_mismatches=int(nan_bad.sum()),
-        inf_mismatches=int(inf_bad.sum()),
-        max_abs=max_abs,
-        max_abs_at=max_abs_at,
-        max_rel=max_rel,
-        max_rel_at=max_rel_at,
-        worst_at=worst_at,
-        worst_actual=None if worst_at is None else float(a[worst_at]),
-        worst_reference=None if worst_at is None else float(r[worst_at]),
-        passing_atol=passing_atol,
-        passing_rtol=passing_rtol,
-    )
-
-
-def measured_tolerance(reference: F64, naive: F64, export_dtype: str, fudge: float) -> Tolerance:
-    """PyTorch's ``get_tolerances``: how far the naive computation in the export's
-    format strays from the reference, floored at the dtype defaults, times ``fudge``.
-
-    Only pairs finite on both sides count; a relative deviation beyond 1e30 (a zero
-    reference) falls back to the default rtol, as PyTorch does.
-    """
-    rtol0, atol0 = DTYPE_TOLERANCES[export_dtype]
-    ref = np.asarray(reference, dtype=np.float64)
-    got = np.asarray(naive, dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        finite = np.isfinite(ref) & np.isfinite(got)
-        dev = np.where(finite, np.abs(ref - got), 0.0)
-        rel = np.where(finite & (dev > 0), dev / np.abs(ref), 0.0)
-    atol = fudge * max(float(dev.max(initial=0.0)), atol0)
-    rtol = fudge * max(float(rel.max(initial=0.0)), rtol0)
-    if rtol > 1e30:
-        rtol = rtol0
-    return Tolerance(rtol, atol, f"measured ×{fudge:g} (naive {export_dtype})")
-
-
-def ceil_sig(x: float, digits: int = 3) -> str:
-    """``x`` to ``digits`` significant digits, rounded up: a tolerance that passes."""
-    if not math.isfinite(x) or x <= 0:
-        return f"{x:g}"
-    step = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
-    k = math.ceil(x / step)
-    while float(f"{k * step:.{digits}g}") < x:  # decimal rounding fell below x
-        k += 1
-    return f"{k * step:.{digits}g}"
-
-
-def percent(fraction: float) -> str:
-    """``0.90%``, ``84.84%``; two significant digits below 0.01 %: ``0.0061%``."""
-    x = 100 * fraction
-    return f"{x:.2f}%" if x == 0 or x >= 0.01 else f"{x:.2g}%"
-
-
-def mismatch_summary(m: Mismatch, tol: Tolerance) -> str:
-    """``37 of 4,096 (0.90%) beyond rtol 0.001, atol 0.001; greatest |Δ| 0.0125``."""
-    head = f"{m.mismatched:,} of {m.total:,} ({percent(m.fraction)})"
-    if not m.mismatched:
-        return f"all {m.total:,} within rtol {tol.rtol:g}, atol {tol.atol:g} (greatest |Δ| {m.max_abs:.3g})"
-    extra = []
-    if m.nan_mismatches:
-        extra.append(f"{m.nan_mismatches:,} NaN")
-    if m.inf_mismatches:
-        extra.append(f"{m.inf_mismatches:,} inf")
-    kinds = f" ({', '.join(extra)})" if extra else ""
-    return (
-        f"{head}{kinds} beyond rtol {tol.rtol:g}, atol {tol.atol:g}; greatest |Δ| {m.max_abs:.3g}"
-    )
 
 
 # --- exported tensors: shapes and layouts -----------------------------------------------
@@ -460,7 +258,7 @@ def _finite_check(name: str, values: F64, label: str) -> Check:
     n = int(bad.sum())
     if not n:
         return Check(f"{name}.finite", "pass", f"all {values.size:,} finite", file=label)
-    at = _index(int(np.argmax(bad)), values.shape)
+    at = argmax_index(bad)
     nan = int(np.isnan(values).sum())
     return Check(
         f"{name}.finite",
@@ -494,7 +292,7 @@ def _weights_range(w: F64, tol: Tolerance, label: str) -> Check:
     n = int(bad.sum())
     if not n:
         return Check("weights.range", "pass", "all in [0, 1]", file=label)
-    at = _index(int(np.argmax(bad)), w.shape)
+    at = argmax_index(bad)
     return Check(
         "weights.range",
         "fail",
@@ -534,7 +332,7 @@ def _weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str
                 f"{empty:,} with no key to attend to sum to 0"
             )
         return Check("weights.rows", "pass", summary, file=label)
-    row = _index(int(np.argmax(bad)), sums.shape)
+    row = argmax_index(bad)
     if bad_sum[row]:
         what = f"sums to {sums[row]:.6g}, not {target[row]:g}"
     else:
@@ -620,7 +418,7 @@ def _output_range(
             bad = np.isfinite(o) & ((o < lo - slack) | (o > hi + slack))
         k = int(bad.sum())
         if k and first is None:
-            i, c = _index(int(np.argmax(bad)), bad.shape)
+            i, c = argmax_index(bad)
             first = (*lead, i, c)
             first_value = float(o[i, c])
             bounds = (float(lo[i, c]), float(hi[i, c]))

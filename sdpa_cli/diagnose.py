@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import precision
+from sdpa_cli.compare import argmax_index
 from sdpa_cli.compute import STAGES, Trace
 from sdpa_cli.spec import AttentionSpec
 from sdpa_cli.stats import F64, OVERFLOW_STAGES, Index, Stats, working_formats
@@ -288,10 +289,6 @@ def severity_for(dtype: str, working: tuple[str, ...]) -> str:
 # --- non-finite values -----------------------------------------------------------------
 
 
-def _flat_first(a: NDArray[Any], bad: NDArray[np.bool_]) -> Index:
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), a.shape))
-
-
 def _as_loaded(spec: AttentionSpec, name: str) -> NDArray[Any]:
     """Operand ``name`` in the shape it was loaded in (indices then match the file)."""
     arr = np.asarray(getattr(spec, name))
@@ -325,7 +322,7 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
             for part in (f"{nans} NaN" if nans else "", f"{n - nans} inf" if n - nans else "")
             if part
         )
-        first = _flat_first(a, bad)
+        first = argmax_index(bad)
         yield Finding(
             "nonfinite",
             "error",

@@ -17,7 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
-from sdpa_cli.check import Check, CheckReport, Mismatch, Tolerance, ceil_sig, percent
+from sdpa_cli.check import Check, CheckReport
+from sdpa_cli.compare import Mismatch, Tolerance, ceil_sig, percent
 from sdpa_cli.compute import STAGES, Trace, applicable_stages
 from sdpa_cli.diagnose import Diagnosis, plural
 from sdpa_cli.errors import ExitCode

@@ -30,16 +30,14 @@ from reference import Stages, attention
 
 from sdpa_cli import assert_attention_close
 from sdpa_cli.check import (
-    DTYPE_TOLERANCES,
     Check,
     CheckReport,
     CheckSettings,
     Expected,
-    compare,
     logsumexp,
-    measured_tolerance,
     run_checks,
 )
+from sdpa_cli.compare import DTYPE_TOLERANCES, compare, measured_tolerance
 from sdpa_cli.diagnose import KINDS, Thresholds
 from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import build_spec, parse_options
