@@ -32,7 +32,7 @@ from sdpa_cli.compute import Trace, trace
 from sdpa_cli.config import CHECK_NAMES, check_values
 from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import AttentionSpec
+from sdpa_cli.spec import AttentionSpec, scale_factor
 from sdpa_cli.stats import Index, input_dtypes, working_formats
 
 F64 = NDArray[np.float64]
@@ -490,10 +490,6 @@ SUSPECT_LIMIT = 1 << 22
 """Scores in a case above which a failed comparison is not re-tried under other options."""
 
 
-def _scale_of(rule: str, E: int) -> float:
-    return {"sqrt-dk": 1 / math.sqrt(E), "dk": 1 / E, "none": 1.0}[rule] if E else 1.0
-
-
 def _alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
     """The computation under the options a kernel most often gets wrong, one at a time."""
     o = spec.options
@@ -502,12 +498,8 @@ def _alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
         return dataclasses.replace(spec, options=dataclasses.replace(o, **changes))
 
     for rule, what in (("dk", "1/E"), ("sqrt-dk", "1/√E"), ("none", "1")):
-        if o.scale != rule and not math.isclose(spec.scale, _scale_of(rule, spec.E)):
-            changed = alt(scale=rule)
-            yield (
-                f"--scale {rule} (scale {what})",
-                dataclasses.replace(changed, scale=_scale_of(rule, spec.E)),
-            )
+        if o.scale != rule and not math.isclose(spec.scale, scale_factor(rule, spec.E)):
+            yield f"--scale {rule} (scale {what})", spec.with_scale(rule)
     yield ("--no-causal" if o.causal else "--causal"), alt(causal=not o.causal)
     if (o.causal or o.window is not None) and spec.L != spec.S:
         other = "lower-right" if o.causal_align == "upper-left" else "upper-left"

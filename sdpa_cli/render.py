@@ -225,48 +225,53 @@ def stage_title(stage: str) -> Text:
 
 
 def stage_table(
-    trace: Trace,
+    spec: AttentionSpec,
     stage: str,
-    idx: tuple[int, ...],
+    data: NDArray[np.float64],
+    visible: NDArray[np.bool_],
     view: View,
     rows: range,
     cut_rows: bool,
     flags: dict[int, tuple[str, str]] | None = None,
+    extra: Sequence[tuple[str, Sequence[str]]] = (),
 ) -> RenderableType:
-    """One stage of one slice as a heatmap table, as many columns as the width allows.
+    """One stage of the query rows ``rows`` of a slice as a heatmap table, as many
+    columns as the width allows.
 
-    Flagged rows (``flags``: row → (label, severity)) have their label colored by
-    severity; the weights table names the flag in a last column. Below the table,
-    in words: what was cut, and hidden keys that still receive weight.
+    ``data`` holds just those rows (``(len(rows), S)``, or ``(len(rows), Ev)`` for
+    the output) and ``visible`` their keys. Flagged rows (``flags``: row → (label,
+    severity)) have their label colored by severity; the weights table names the flag
+    in a last column. ``extra`` adds (header, one text per row) columns after the
+    row sums. Below the table, in words: what was cut, and hidden keys that still
+    receive weight.
     """
     flags = flags or {}
-    spec = trace.spec
-    arr = trace.stage(stage)
-    assert arr is not None
-    data: NDArray[np.float64] = arr[idx]
-    visible = trace.visible[idx]
     is_output = stage == "output"
     is_weights = stage in ("weights", "dropped")
     shows_masked = stage in ("masked", "weights", "dropped")
     n_cols = spec.Ev if is_output else spec.S
     prefix = "d" if is_output else "k"
 
-    def leaks(i: int, j: int) -> bool:
+    def leaks(r: int, j: int) -> bool:
         """A hidden key that still gets weight: a finite mask value on a fully masked row."""
-        return is_weights and float(data[i, j]) != 0.0
+        return is_weights and float(data[r, j]) != 0.0
 
-    def text_of(i: int, j: int) -> str:
-        if not is_output and shows_masked and not visible[i, j] and not leaks(i, j):
+    def text_of(r: int, j: int) -> str:
+        if not is_output and shows_masked and not visible[r, j] and not leaks(r, j):
             return "masked"
-        return fmt(float(data[i, j]), view.precision)
+        return fmt(float(data[r, j]), view.precision)
 
     # Fit columns to the width from the exact cell texts: 2 spaces of padding each.
+    positions = range(len(rows))
     candidates = range(min(n_cols, view.max_rows))
-    widths = [max([len(f"{prefix}{j}")] + [len(text_of(i, j)) for i in rows]) for j in candidates]
-    sums = [fmt(float(data[i].sum()), view.precision) for i in rows] if is_weights else []
+    widths = [
+        max([len(f"{prefix}{j}")] + [len(text_of(r, j)) for r in positions]) for j in candidates
+    ]
+    sums = [fmt(float(data[r].sum()), view.precision) for r in positions] if is_weights else []
     shown_flags = [flags[i][0] for i in rows if i in flags] if is_weights else []
     used = max(len(f"q{spec.L - 1}"), 1) + 1
     used += (max(len(s) for s in sums) + 2) if sums else 0
+    used += sum(max(len(h), *(len(t) for t in texts)) + 2 for h, texts in extra)
     used += (max(len(f) for f in shown_flags) + 2) if shown_flags else 0
     fitted = 0
     for j, w in enumerate(widths):
@@ -286,10 +291,12 @@ def stage_table(
         table.add_column("…", justify="center", no_wrap=True)
     if is_weights:
         table.add_column("Σ", justify="right", style=THEME["muted"], no_wrap=True)
+    for header_text, _ in extra:
+        table.add_column(header_text, justify="right", no_wrap=True)
     if shown_flags:
         table.add_column("flag", no_wrap=True)
 
-    block = np.ix_(list(rows), list(cols))
+    block = np.ix_(list(positions), list(cols))
     shown = data[block] if len(rows) and len(cols) else np.zeros((0, 0))
     heat_mask = np.isfinite(shown)
     if not is_output and shown.size:
@@ -298,16 +305,18 @@ def stage_table(
     for r, i in enumerate(rows):
         cells: list[Text] = []
         for j in cols:
-            x = float(data[i, j])
-            if not is_output and not visible[i, j]:
-                style = "leak" if leaks(i, j) else "masked" if shows_masked else "hidden_value"
-                cells.append(Text(text_of(i, j), THEME[style]))
+            x = float(data[r, j])
+            if not is_output and not visible[r, j]:
+                style = "leak" if leaks(r, j) else "masked" if shows_masked else "hidden_value"
+                cells.append(Text(text_of(r, j), THEME[style]))
             else:
-                cells.append(Text(text_of(i, j), cell_style(x, stage, heat)))
+                cells.append(Text(text_of(r, j), cell_style(x, stage, heat)))
         if cut_cols:
             cells.append(Text("…", THEME["muted"]))
         if is_weights:
             cells.append(Text(sums[r]))
+        for _, texts in extra:
+            cells.append(Text(texts[r]))
         flag = flags.get(i)
         if shown_flags:
             cells.append(Text(flag[0], SEVERITY_STYLE[flag[1]]) if flag else Text(""))
@@ -324,7 +333,9 @@ def stage_table(
                 THEME["muted"],
             )
         )
-    leaking = [i for i in rows if is_weights and not visible[i].any() and data[i].any()]
+    leaking = [
+        i for r, i in enumerate(rows) if is_weights and not visible[r].any() and data[r].any()
+    ]
     if leaking:
         captions.append(
             Text(
@@ -380,8 +391,22 @@ def render_compute(trace: Trace, view: View, diagnosis: Diagnosis | None = None)
             )
         flags = row_flags(trace.stats, diagnosis.thresholds, idx, working) if diagnosis else {}
         for stage in stages:
+            arr = trace.stage(stage)
+            assert arr is not None
+            shown = slice(rows.start, rows.stop)
             parts.append(stage_title(stage))
-            parts.append(stage_table(trace, stage, idx, view, rows, cut_rows, flags))
+            parts.append(
+                stage_table(
+                    spec,
+                    stage,
+                    arr[idx][shown],
+                    trace.visible[idx][shown],
+                    view,
+                    rows,
+                    cut_rows,
+                    flags,
+                )
+            )
             parts.append(Text(""))
     if len(positions) > view.max_slices:
         parts.append(

@@ -12,6 +12,7 @@ by views: the engine casts one block at a time to float64.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -337,6 +338,11 @@ class AttentionSpec:
             return "none (1)"
         return f"{self.scale:.6g} (given)"
 
+    def with_scale(self, rule: str | float) -> AttentionSpec:
+        """The same computation under another ``--scale`` (``sqrt-dk``, ``dk``, ``none``, X)."""
+        options = dataclasses.replace(self.options, scale=rule)
+        return dataclasses.replace(self, options=options, scale=scale_factor(rule, self.E))
+
     def operand_index(self, name: str, lead_index: tuple[int, ...]) -> tuple[int, ...]:
         """The index into operand ``name`` for one position of the broadcast lead.
 
@@ -517,15 +523,6 @@ def build_spec(
         if too_long:
             raise SpecError("--key-lengths", f"{too_long[0]} exceeds the number of keys, S = {S}")
 
-    if opts.scale == "sqrt-dk":
-        scale = 1.0 / math.sqrt(E) if E else 1.0
-    elif opts.scale == "dk":
-        scale = 1.0 / E if E else 1.0
-    elif opts.scale == "none":
-        scale = 1.0
-    else:
-        scale = float(opts.scale)
-
     return AttentionSpec(
         q=_pad(q, len(lead)),
         k=_pad(k, len(lead)),
@@ -538,8 +535,19 @@ def build_spec(
         S=int(S),
         E=int(E),
         Ev=int(Ev),
-        scale=scale,
+        scale=scale_factor(opts.scale, int(E)),
         group=group,
         names={n: labels[n] for n in labels},
         shapes=shapes,
     )
+
+
+def scale_factor(rule: str | float, E: int) -> float:
+    """The factor on Q Kᵀ a ``--scale`` rule gives at key dim E (1 for E = 0)."""
+    if rule == "sqrt-dk":
+        return 1.0 / math.sqrt(E) if E else 1.0
+    if rule == "dk":
+        return 1.0 / E if E else 1.0
+    if rule == "none":
+        return 1.0
+    return float(rule)
