@@ -128,9 +128,8 @@ def _shape(s: Sequence[int]) -> str:
     return str(tuple(int(n) for n in s))
 
 
-def header(trace: Trace) -> RenderableType:
+def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     """Shapes, the scale and every option that changed the computation."""
-    spec = trace.spec
     o = spec.options
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style=THEME["label"], no_wrap=True)
@@ -179,7 +178,7 @@ def header(trace: Trace) -> RenderableType:
         grid.add_row("dtype", Text(how))
     if o.prescale:
         grid.add_row("prescale", Text("Q and K each × √scale before the matmul: raw = scaled"))
-    return Panel(grid, title="sdpa compute", title_align="left", box=box.ROUNDED, expand=False)
+    return Panel(grid, title=title, title_align="left", box=box.ROUNDED, expand=False)
 
 
 def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
@@ -261,7 +260,8 @@ def stage_table(
             return "masked"
         return fmt(float(data[r, j]), view.precision)
 
-    # Fit columns to the width from the exact cell texts: 2 spaces of padding each.
+    # Fit columns to the width from the exact cell texts. Each column after the row
+    # label costs its text, a space of padding either side and the box's divider.
     positions = range(len(rows))
     candidates = range(min(n_cols, view.max_rows))
     widths = [
@@ -269,16 +269,16 @@ def stage_table(
     ]
     sums = [fmt(float(data[r].sum()), view.precision) for r in positions] if is_weights else []
     shown_flags = [flags[i][0] for i in rows if i in flags] if is_weights else []
-    used = max(len(f"q{spec.L - 1}"), 1) + 1
-    used += (max(len(s) for s in sums) + 2) if sums else 0
-    used += sum(max(len(h), *(len(t) for t in texts)) + 2 for h, texts in extra)
-    used += (max(len(f) for f in shown_flags) + 2) if shown_flags else 0
+    used = max(len(f"q{spec.L - 1}"), 1)
+    used += (max(len(s) for s in sums) + 3) if sums else 0
+    used += sum(max([len(h)] + [len(t) for t in texts]) + 3 for h, texts in extra)
+    used += (max(len(f) for f in shown_flags) + 3) if shown_flags else 0
     fitted = 0
     for j, w in enumerate(widths):
         more_follow = j + 1 < n_cols
-        if used + w + 2 + (3 if more_follow else 0) > view.width and fitted:
+        if used + w + 3 + (4 if more_follow else 0) > view.width and fitted:
             break
-        used += w + 2
+        used += w + 3
         fitted += 1
     cols = range(fitted)
     cut_cols = fitted < n_cols
@@ -375,7 +375,7 @@ def render_compute(trace: Trace, view: View, diagnosis: Diagnosis | None = None)
     per-head summaries, the precision report and the findings (when diagnosed)."""
     spec = trace.spec
     working = working_formats(spec)
-    parts: list[RenderableType] = [header(trace)]
+    parts: list[RenderableType] = [header(spec)]
     positions = slice_positions(spec, view)
     rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
     stages = [s for s in view.stages if trace.stage(s) is not None]

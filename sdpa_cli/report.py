@@ -25,7 +25,9 @@ from sdpa_cli.errors import ExitCode
 from sdpa_cli.loaders import write_atomic
 
 if TYPE_CHECKING:
+    from sdpa_cli.explain import Explanation
     from sdpa_cli.manifest import CaseResult
+    from sdpa_cli.spec import AttentionSpec
 
 
 def _json_number(x: float) -> float | str:
@@ -45,16 +47,13 @@ def _nested(a: NDArray[Any], for_json: bool) -> Any:
     return fix(lists)
 
 
-def payload(
-    trace: Trace, stages: tuple[str, ...], diagnosis: Diagnosis | None = None, *, for_json: bool
-) -> dict[str, Any]:
-    """The ``--format json|yaml`` object: shapes, scale, options, stages, findings."""
-    spec = trace.spec
+def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
+    """Version, shapes, scale and options: the head of every trace document."""
     o = spec.options
     shapes: dict[str, list[int]] = {n: list(s) for n, s in spec.shapes.items()}
     shapes["weights"] = list(spec.weights_shape)
     shapes["output"] = list(spec.merged_output_shape)
-    data: dict[str, Any] = {
+    return {
         "sdpa_version": __version__,
         "shapes": shapes,
         "scale": spec.scale,
@@ -79,8 +78,16 @@ def payload(
             "logits_dtype": o.logits_dtype,
             "prescale": o.prescale,
         },
-        "stages": [s for s in applicable_stages(spec) if s in stages],
     }
+
+
+def payload(
+    trace: Trace, stages: tuple[str, ...], diagnosis: Diagnosis | None = None, *, for_json: bool
+) -> dict[str, Any]:
+    """The ``--format json|yaml`` object: shapes, scale, options, stages, findings."""
+    spec = trace.spec
+    data = setup_payload(spec, for_json=for_json)
+    data["stages"] = [s for s in applicable_stages(spec) if s in stages]
     for name in data["stages"]:
         arr = trace.merged_output if name == "output" else trace.stage(name)
         if arr is not None:
@@ -88,6 +95,48 @@ def payload(
     if not trace.visible.all():
         data["visible"] = trace.visible.tolist()
     data.update(diagnosis_payload(diagnosis, for_json=for_json) if diagnosis else {"findings": []})
+    return data
+
+
+def explain_payload(ex: Explanation, *, for_json: bool) -> dict[str, Any]:
+    """``sdpa explain --format json|yaml``: the slice, its stages with values, notes and
+    findings, then the scorecard and the scale comparison when asked for."""
+    spec = ex.spec
+    data = setup_payload(spec, for_json=for_json)
+    lead = list(ex.lead)
+    data["slice"] = {
+        "index": lead,
+        "batch": lead[-2] if len(lead) >= 2 else None,
+        "head": lead[-1] if lead else None,
+        "rows": [ex.rows.start, ex.rows.stop],
+        "queries": spec.L,
+        "keys": spec.S,
+    }
+    stages = []
+    for st in ex.stages:
+        entry: dict[str, Any] = {
+            "name": st.name,
+            "values": _nested(st.values, for_json),
+            "note": st.note,
+            "summary": _clean(dict(st.summary), for_json),
+            "findings": _clean([f.to_dict() for f in st.findings], for_json),
+        }
+        if st.step == "masked":
+            entry["visible"] = ex.visible.tolist()
+        if st.step == "weights":
+            entry["rows"] = _clean(ex.row_stats.to_list(), for_json)
+        stages.append(entry)
+    data["stages"] = stages
+    data["variance"] = _clean(ex.variance.to_dict(), for_json) if ex.variance else None
+    data["input_findings"] = _clean([f.to_dict() for f in ex.input_findings], for_json)
+    if ex.scorecard is not None:
+        data["scorecard"] = _clean(ex.scorecard.to_dict(), for_json)
+    if ex.scales:
+        data["scales"] = {
+            "runs": _clean([r.to_dict() for r in ex.scales], for_json),
+            "verdict": ex.scales_verdict,
+        }
+    data.update(diagnosis_payload(ex.diagnosis, for_json=for_json))
     return data
 
 

@@ -17,6 +17,7 @@ import click
 from sdpa_cli import __version__
 from sdpa_cli.cli.check import check
 from sdpa_cli.cli.compute import compute
+from sdpa_cli.cli.explain import explain
 from sdpa_cli.cli.options import EXIT_CODES_HELP
 from sdpa_cli.errors import ExitCode, SdpaError
 
@@ -81,10 +82,12 @@ def cli(debug: bool) -> None:
     Example:
       sdpa compute samples/scorecard.yaml
       sdpa compute q.npy k.npy v.npy --causal --format json
+      sdpa explain samples/scorecard.yaml --query 0
     """
 
 
 cli.add_command(compute)
+cli.add_command(explain)
 cli.add_command(check)
 
 

@@ -1,0 +1,244 @@
+"""``sdpa explain``: one (batch, head) slice, stage by stage, to learn from and debug with."""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import click
+
+from sdpa_cli.cli.options import (
+    COLOR_OPTION,
+    EXIT_CODES_HELP,
+    attention_options,
+    check_index,
+    diagnostic_options,
+    make_console,
+    parse_rows,
+)
+from sdpa_cli.errors import SpecError
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
+@attention_options
+@diagnostic_options
+@click.option(
+    "--batch", type=int, default=0, show_default=True, metavar="B", help="Batch item to explain."
+)
+@click.option(
+    "--head", type=int, default=0, show_default=True, metavar="H", help="Head to explain."
+)
+@click.option(
+    "--rows",
+    metavar="I|START:STOP",
+    help="Query rows to show (default: the first --max-rows). Notes always cover every row.",
+)
+@click.option(
+    "--query",
+    type=int,
+    metavar="I",
+    help="The scorecard of query I: dot products term by term, weights, contributions.",
+)
+@click.option(
+    "--compare-scales",
+    is_flag=True,
+    help="Weights, entropy and max weight under no scaling, 1/√d_k and 1/d_k, side by side.",
+)
+@click.option(
+    "--max-rows",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Most rows and key columns per table; keys listed in a scorecard.",
+)
+@click.option(
+    "--precision",
+    metavar="N",
+    type=click.IntRange(0, 12),
+    default=4,
+    show_default=True,
+    help="Digits after the point.",
+)
+@COLOR_OPTION
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "yaml"]),
+    default="table",
+    show_default=True,
+    help="The trace for a person, or one JSON/YAML object on stdout.",
+)
+@click.option("--export-svg", metavar="FILE.svg", help="Also write the trace as an SVG picture.")
+@click.option("--export-html", metavar="FILE.html", help="Also write the trace as an HTML page.")
+@click.option(
+    "--plot",
+    metavar="FILE.png",
+    help="Also write heatmaps of every stage (needs matplotlib: pip install 'sdpa-cli[plot]').",
+)
+def explain(
+    inputs: tuple[str, ...],
+    bias_path: str | None,
+    mask_path: str | None,
+    batch: int,
+    head: int,
+    rows: str | None,
+    query: int | None,
+    compare_scales: bool,
+    max_rows: int,
+    precision: int,
+    color: bool | None,
+    fmt: str,
+    export_svg: str | None,
+    export_html: str | None,
+    plot: str | None,
+    saturation: str | None,
+    uniform: str | None,
+    head_fraction: str | None,
+    max_findings: str | None,
+    **flags: Any,
+) -> None:
+    """Walk one (batch, head) slice through every stage, saying what each did.
+
+    raw scores → scaled (and why 1/√d_k) → capped → biased → masked (what the mask
+    hid) → weights (row sums, entropy, max weight) → dropout → output, each with its
+    table, a note on what changed, and the findings that arose there. --query shows
+    one query's scorecard, --compare-scales the weights under each scale; both
+    replace the walk in the table view.
+
+    \b
+    Examples:
+      sdpa explain samples/causal.yaml
+      sdpa explain samples/scorecard.yaml --query 0
+      sdpa explain samples/scale_comparison.yaml --compare-scales
+      sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116 --format json
+    """
+    from sdpa_cli.compute import trace
+    from sdpa_cli.config import thresholds
+    from sdpa_cli.diagnose import diagnose
+    from sdpa_cli.explain import explain as build
+    from sdpa_cli.explain import slice_at
+    from sdpa_cli.inputs import load_spec
+    from sdpa_cli.loaders import write_all_atomic
+    from sdpa_cli.render import View
+    from sdpa_cli.render_explain import render_explain
+    from sdpa_cli.report import explain_payload, to_json, to_yaml
+
+    limits = thresholds(
+        {
+            "saturation": saturation,
+            "uniform": uniform,
+            "head_fraction": head_fraction,
+            "max_findings": max_findings,
+        }
+    )
+    spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    if spec.lead:
+        check_index("--head", head, spec.lead[-1], "head")
+    elif head:
+        check_index("--head", head, None, "head")
+    if len(spec.lead) >= 2:
+        check_index("--batch", batch, spec.lead[-2], "batch item")
+    elif batch:
+        check_index("--batch", batch, None, "batch item")
+    if query is not None:
+        if rows is not None:
+            raise SpecError("--query", "shows one row; drop --rows (or use --rows alone)")
+        if not spec.L:
+            raise SpecError("--query", "there are no query rows (L = 0)")
+        if not 0 <= query < spec.L:
+            raise SpecError(
+                "--query", f"{query} is outside the {spec.L} query rows (0..{spec.L - 1})"
+            )
+        shown = range(query, query + 1)
+    else:
+        picked = parse_rows(rows, spec.L)
+        shown = range(spec.L)[picked] if picked is not None else range(min(spec.L, max_rows))
+    plotter = _plotter(plot) if plot is not None else None
+
+    # The whole input's statistics and findings; the slice's values come from the engine.
+    result = trace(spec, stages=())
+    diagnosis = diagnose(result, limits)
+    ex = build(
+        spec,
+        result.stats,
+        diagnosis,
+        slice_at(spec, batch, head),
+        shown,
+        query=query,
+        scales=compare_scales,
+        key_limit=max_rows,
+    )
+
+    # Everything is rendered before any file is written, and printed last.
+    console = make_console(color)
+    text: str | None = None
+    renderables: list[RenderableType] = []
+    if fmt == "json":
+        text = to_json(explain_payload(ex, for_json=True)) + "\n"
+    elif fmt == "yaml":
+        text = to_yaml(explain_payload(ex, for_json=False))
+    files: list[tuple[str, Any]] = []
+    if fmt == "table" or export_svg or export_html:
+        from rich.text import Text
+
+        view = View(
+            stages=(), rows=None, max_rows=max_rows, precision=precision, width=console.width
+        )
+        if description:
+            renderables.append(Text(description.strip(), style="italic"))
+        focused = query is not None or compare_scales
+        renderables.append(render_explain(ex, view, walk=not focused))
+        if export_svg or export_html:
+            recorder = _record(renderables, console.width)
+            if export_svg:
+                svg = recorder.export_svg(title="sdpa explain", clear=False)
+                files.append((export_svg, _bytes(svg)))
+            if export_html:
+                html = recorder.export_html(clear=False)
+                files.append((export_html, _bytes(html)))
+    if plotter is not None and plot is not None:
+        files.append((plot, plotter(ex)))
+    if files:
+        write_all_atomic(files)
+    if text is not None:
+        click.echo(text, nl=False)
+    elif fmt == "table":
+        for renderable in renderables:
+            console.print(renderable)
+
+
+def _record(renderables: list[RenderableType], width: int) -> Console:
+    """A recording console in full color, whatever stdout is, for the exports."""
+    from rich.console import Console
+
+    recorder = Console(
+        file=io.StringIO(), record=True, width=width, force_terminal=True, color_system="truecolor"
+    )
+    for renderable in renderables:
+        recorder.print(renderable)
+    return recorder
+
+
+def _bytes(text: str) -> Any:
+    def write(fh: BinaryIO) -> None:
+        fh.write(text.encode("utf-8"))
+
+    return write
+
+
+def _plotter(path: str) -> Any:
+    """The PNG writer for ``--plot``, or a clear error when matplotlib is missing."""
+    try:
+        from sdpa_cli.plot import heatmaps
+    except ImportError:
+        raise SpecError(
+            "--plot", "needs matplotlib, which is not installed: pip install 'sdpa-cli[plot]'"
+        ) from None
+    if not path.lower().endswith(".png"):
+        raise SpecError("--plot", f"writes PNG; name the file *.png, not {path!r}")
+    return heatmaps

@@ -1,0 +1,860 @@
+"""One (batch, head) slice explained stage by stage: values, what changed, what went wrong.
+
+Pure numpy: :func:`explain` returns an :class:`Explanation` that the renderer draws
+and the report writes as JSON. Values come from the engine (:func:`compute.attend_block`)
+for the rows shown; the notes come from one pass over every row of the slice, block
+by block, so they describe the whole slice however few rows are shown; the findings
+come from the diagnosis of the whole input, each put at the stage where it arose.
+
+Stage names are the engine's, except ``dropped``, which is ``dropout`` here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli import precision
+from sdpa_cli.compute import Block, applicable_stages, attend_block, block_rows
+from sdpa_cli.diagnose import (
+    Diagnosis,
+    Finding,
+    Thresholds,
+    classify_rows,
+    format_index,
+    plural,
+    row_flags,
+)
+from sdpa_cli.spec import AttentionSpec
+from sdpa_cli.stats import Index, Stats, working_formats
+
+F64 = NDArray[np.float64]
+
+NAMES = {"dropped": "dropout"}
+"""Engine stage → its name in ``explain`` (the rest keep theirs)."""
+
+TERMS_UP_TO = 4
+"""Dot products are written out term by term up to this key dim."""
+
+CHANGED = 0.01
+"""A soft-capped logit counts as changed when it moved by more than this fraction."""
+
+
+def explain_name(stage: str) -> str:
+    return NAMES.get(stage, stage)
+
+
+@dataclass
+class _Moments:
+    """Count, range, mean and std of the finite values seen, and how many were not."""
+
+    count: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    lo: float = math.inf
+    hi: float = -math.inf
+    nonfinite: int = 0
+
+    def add(self, values: F64, where: NDArray[np.bool_] | None = None) -> None:
+        picked = values if where is None else values[where]
+        finite = picked[np.isfinite(picked)]
+        self.nonfinite += int(picked.size - finite.size)
+        if finite.size:
+            self.count += int(finite.size)
+            self.total += float(finite.sum())
+            self.squares += float(np.square(finite).sum())
+            self.lo = min(self.lo, float(finite.min()))
+            self.hi = max(self.hi, float(finite.max()))
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+    @property
+    def std(self) -> float:
+        if self.count < 2:
+            return math.nan
+        return math.sqrt(max(self.squares / self.count - self.mean**2, 0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "min": self.lo if self.count else None,
+            "max": self.hi if self.count else None,
+            "mean": self.mean if self.count else None,
+            "std": self.std if self.count > 1 else None,
+            "count": self.count,
+            "nonfinite": self.nonfinite,
+        }
+
+
+@dataclass
+class _SlicePass:
+    """What one pass over every row of a slice gathers for the notes."""
+
+    moments: dict[str, _Moments]
+    hidden: int = 0
+    cells: int = 0
+    visible_per_row: list[int] = field(default_factory=list)
+    hidden_mass: list[float] = field(default_factory=list)  # weight the mask took away
+    top_moved: int = 0  # rows whose largest logit moved to another key with the bias
+    capped_changed: int = 0
+    dropped_zeroed: int = 0
+    dropped_kept: int = 0
+    dropped_sums: _Moments = field(default_factory=_Moments)
+    row_sum_error: float = 0.0
+
+
+def _pre(block: Block, before: str) -> F64:
+    """The logits just before stage ``before``: the last stage computed ahead of it."""
+    order = ("scaled", "capped", "biased")
+    stop = order.index(before) if before in order else len(order)
+    for name in reversed(order[:stop]):
+        values = getattr(block, name)
+        if values is not None:
+            return values  # type: ignore[no-any-return]
+    return block.raw
+
+
+def _softmax_rows(x: F64) -> F64:
+    """A plain float64 softmax per row (all −inf or NaN rows give zeros)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.max(x, axis=-1, keepdims=True, initial=-math.inf)
+        e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+        e = np.where(np.isfinite(e), e, 0.0)
+        total = e.sum(axis=-1, keepdims=True)
+        return e / np.where(total > 0, total, 1.0)
+
+
+def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _SlicePass:
+    """Every row of the slice at ``lead``, block by block; no score-sized array kept."""
+    gathered = _SlicePass(moments={s: _Moments() for s in stages})
+    step = block_rows(spec)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i0 in range(0, spec.L, step):
+            block = attend_block(spec, lead, slice(i0, min(i0 + step, spec.L)))
+            visible = block.visible
+            for s in stages:
+                values = getattr(block, s)
+                # The masked logits are described over the keys they let through.
+                gathered.moments[s].add(values, visible if s == "masked" else None)
+            gathered.cells += visible.size
+            gathered.hidden += int(visible.size - np.count_nonzero(visible))
+            gathered.visible_per_row += visible.sum(axis=1).tolist()
+            pre_mask = _pre(block, "masked")
+            mass = np.where(visible, 0.0, _softmax_rows(pre_mask)).sum(axis=1)
+            gathered.hidden_mass += mass.tolist()
+            if block.capped is not None:
+                moved = np.abs(block.capped - block.scaled) > CHANGED * np.abs(block.scaled)
+                gathered.capped_changed += int(np.count_nonzero(moved))
+            if block.biased is not None and spec.S:
+                before = _pre(block, "biased")
+                gathered.top_moved += int(
+                    np.count_nonzero(
+                        np.argmax(np.where(visible, before, -np.inf), axis=1)
+                        != np.argmax(np.where(visible, block.biased, -np.inf), axis=1)
+                    )
+                )
+            sums = block.weights.sum(axis=1)
+            has_keys = visible.any(axis=1) & np.isfinite(sums)
+            if has_keys.any():
+                err = float(np.abs(sums[has_keys] - 1.0).max())
+                gathered.row_sum_error = max(gathered.row_sum_error, err)
+            if block.dropped is not None:
+                live = block.weights > 0
+                gathered.dropped_zeroed += int(np.count_nonzero(live & (block.dropped == 0)))
+                gathered.dropped_kept += int(np.count_nonzero(live & (block.dropped != 0)))
+                gathered.dropped_sums.add(block.dropped.sum(axis=1), has_keys)
+    return gathered
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageExplained:
+    """One stage of the slice: the shown rows' values, a note, the findings there."""
+
+    name: str
+    step: str
+    values: F64
+    note: str
+    summary: Mapping[str, Any]
+    findings: tuple[Finding, ...]
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Per shown row, over its visible keys: the weights' sum, entropy and largest one."""
+
+    rows: range
+    visible: NDArray[np.int64]
+    sums: F64
+    entropy: F64
+    normalized_entropy: F64
+    max_weight: F64
+    argmax: NDArray[np.int64]
+    flags: Mapping[int, tuple[str, str]]
+
+    def to_list(self) -> list[dict[str, Any]]:
+        out = []
+        for r, i in enumerate(self.rows):
+            flag = self.flags.get(i)
+            out.append(
+                {
+                    "row": i,
+                    "visible": int(self.visible[r]),
+                    "sum": float(self.sums[r]),
+                    "entropy": float(self.entropy[r]),
+                    "normalized_entropy": float(self.normalized_entropy[r]),
+                    "max_weight": float(self.max_weight[r]),
+                    "argmax": int(self.argmax[r]),
+                    "flag": flag[0] if flag else None,
+                }
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class Variance:
+    """The variance argument with the slice's own numbers.
+
+    With independent, zero-mean components, qᵀk has std √d_k·σ_q·σ_k; 1/√d_k
+    brings it back to σ_q·σ_k. ``raw_std`` and ``scaled_std`` are what the slice has.
+    """
+
+    E: int
+    sigma_q: float
+    sigma_k: float
+    predicted_raw_std: float
+    raw_std: float
+    factor: float
+    scaled_std: float
+    sqrt_dk_std: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "d_k": self.E,
+            "sigma_q": self.sigma_q,
+            "sigma_k": self.sigma_k,
+            "predicted_raw_std": self.predicted_raw_std,
+            "raw_std": self.raw_std,
+            "effective_scale": self.factor,
+            "scaled_std": self.scaled_std,
+            "std_with_sqrt_dk": self.sqrt_dk_std,
+        }
+
+
+@dataclass(frozen=True)
+class KeyScore:
+    """One key's line of a scorecard."""
+
+    key: int
+    terms: tuple[tuple[float, float], ...] | None
+    raw: float
+    scaled: float
+    logit: float
+    visible: bool
+    exp: float
+    weight: float
+    contribution: F64
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key}
+        if self.terms is not None:
+            out["terms"] = [list(t) for t in self.terms]
+        out.update(
+            raw=self.raw,
+            scaled=self.scaled,
+            logit=self.logit,
+            visible=self.visible,
+            exp=self.exp,
+            weight=self.weight,
+            contribution=self.contribution.tolist(),
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class Scorecard:
+    """One query against every key, as seed 003 works it: dot products, scaled
+    scores, weights e^(x − m) / Z, contributions weight · v_j and their sum.
+
+    ``shown`` are the keys to list (all, or the heaviest ``limit`` in key order);
+    ``rest_weight`` and ``rest_contribution`` sum the others.
+    """
+
+    lead: Index
+    query: int
+    q: F64
+    keys: tuple[KeyScore, ...]
+    logit_max: float
+    z: float
+    output: F64
+    shown: tuple[int, ...]
+    rest_weight: float
+    rest_contribution: F64
+    dropout: bool
+
+    @property
+    def sum_exp(self) -> float:
+        """Σ e^x over the visible keys, without the max subtracted (inf when it overflows)."""
+        with np.errstate(over="ignore"):
+            return float(self.z * np.exp(self.logit_max)) if math.isfinite(self.logit_max) else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": [*self.lead, self.query],
+            "query": self.query,
+            "q": self.q.tolist(),
+            "keys": [k.to_dict() for k in self.keys],
+            "logit_max": self.logit_max,
+            "z": self.z,
+            "sum_exp": self.sum_exp,
+            "output": self.output.tolist(),
+            "shown_keys": list(self.shown),
+        }
+
+
+SCALE_RULES = (("none", "none (×1)"), ("sqrt-dk", "1/√d_k"), ("dk", "1/d_k"))
+
+
+@dataclass(frozen=True)
+class ScaleRun:
+    """The slice under one scale: the shown rows' weights and every row's shape."""
+
+    rule: str | float
+    label: str
+    factor: float
+    weights: F64
+    max_weight: F64
+    normalized_entropy: F64
+    logit_std: float
+    rows: int
+    saturated: int
+    uniform: int
+    verdict: str
+    current: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scale": self.rule,
+            "label": self.label,
+            "factor": self.factor,
+            "current": self.current,
+            "weights": self.weights.tolist(),
+            "max_weight": self.max_weight.tolist(),
+            "normalized_entropy": self.normalized_entropy.tolist(),
+            "logit_std": self.logit_std,
+            "rows": self.rows,
+            "saturated": self.saturated,
+            "near_uniform": self.uniform,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Everything ``sdpa explain`` shows for one slice."""
+
+    spec: AttentionSpec
+    lead: Index
+    rows: range
+    visible: NDArray[np.bool_]
+    stages: tuple[StageExplained, ...]
+    row_stats: RowStats
+    variance: Variance | None
+    input_findings: tuple[Finding, ...]
+    elsewhere: tuple[Finding, ...]
+    diagnosis: Diagnosis
+    scorecard: Scorecard | None = None
+    scales: tuple[ScaleRun, ...] = ()
+    scales_verdict: str | None = None
+
+    def stage(self, name: str) -> StageExplained | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+
+# --- the notes -----------------------------------------------------------------------------
+
+
+def _g(x: float) -> str:
+    """A number in 4 significant digits, with a true minus sign."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "∞" if x > 0 else "−∞"
+    return f"{x:.4g}".replace("-", "−")
+
+
+def _span(m: _Moments) -> str:
+    return f"{_g(m.lo)} … {_g(m.hi)}" if m.count else "no finite value"
+
+
+def _change(before: _Moments, after: _Moments) -> str:
+    return f"range {_span(before)} → {_span(after)}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.3g}%" if whole else "0%"
+
+
+def _variance(spec: AttentionSpec, lead: Index, gathered: _SlicePass) -> Variance | None:
+    raw, scaled = gathered.moments["raw"], gathered.moments["scaled"]
+    if spec.E < 1 or raw.count < 2:
+        return None
+    q = np.asarray(spec.q[spec.operand_index("q", lead)], dtype=np.float64)
+    k = np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64)
+
+    def std(a: F64) -> float:
+        finite = a[np.isfinite(a)]
+        return float(finite.std()) if finite.size > 1 else math.nan
+
+    sq, sk = std(q), std(k)
+    factor = spec.scale / spec.options.temperature
+    raw_std = raw.std if not spec.options.prescale else raw.std / factor
+    return Variance(
+        E=spec.E,
+        sigma_q=sq,
+        sigma_k=sk,
+        predicted_raw_std=math.sqrt(spec.E) * sq * sk,
+        raw_std=raw_std,
+        factor=factor,
+        scaled_std=scaled.std,
+        sqrt_dk_std=raw_std / math.sqrt(spec.E),
+    )
+
+
+def _notes(
+    spec: AttentionSpec,
+    gathered: _SlicePass,
+    stats: Stats,
+    th: Thresholds,
+    lead: Index,
+    variance: Variance | None,
+) -> dict[str, str]:
+    o = spec.options
+    m = gathered.moments
+    notes: dict[str, str] = {}
+    per_slice = f"{spec.L}×{spec.S}"
+    if o.prescale:
+        notes["raw"] = (
+            f"Q and K were each multiplied by √scale first (--prescale), so these dot "
+            f"products are already the scaled logits: {_span(m['raw'])} over the slice's "
+            f"{per_slice} scores."
+        )
+    else:
+        notes["raw"] = (
+            f"Each query's dot product with each key, a sum of d_k = {spec.E} products: "
+            f"{_span(m['raw'])}, mean {_g(m['raw'].mean)}, std {_g(m['raw'].std)} over the "
+            f"slice's {per_slice} scores."
+        )
+    temp = f" and ÷ temperature {o.temperature:g}" if o.temperature != 1 else ""
+    scaled = (
+        f"× scale {spec.scale_label}{temp}: {_change(m['raw'], m['scaled'])}; "
+        f"std {_g(m['raw'].std)} → {_g(m['scaled'].std)}."
+    )
+    if o.prescale:
+        scaled = "The same values as the raw scores: the scale went into Q and K (--prescale)."
+    if variance is not None and math.isfinite(variance.predicted_raw_std):
+        v = variance
+        scaled += (
+            f" Why 1/√d_k: with independent components qᵀk has std √d_k·σ_q·σ_k = "
+            f"√{v.E}·{_g(v.sigma_q)}·{_g(v.sigma_k)} = {_g(v.predicted_raw_std)} (here "
+            f"{_g(v.raw_std)}), growing with d_k; ÷ √d_k brings it to "
+            f"{_g(v.sqrt_dk_std)}, where the softmax neither saturates nor flattens "
+            f"as d_k grows."
+        )
+    notes["scaled"] = scaled
+    if "capped" in m:
+        cap = o.softcap
+        assert cap is not None
+        notes["capped"] = (
+            f"Soft cap C·tanh(x / C) with C = {cap:g}: {_change(m['scaled'], m['capped'])}; "
+            f"{plural(gathered.capped_changed, 'logit')} of {gathered.cells} moved by more "
+            f"than {CHANGED:.0%} (those beyond about ±{0.17 * cap:.3g}); nothing can "
+            f"pass ±{cap:g}."
+        )
+    if "biased" in m:
+        what = []
+        if spec.bias is not None:
+            what.append(f"the bias {spec.names.get('bias', 'bias')}")
+        if o.alibi:
+            h = lead[-1] if lead else 0
+            what.append(f"ALiBi (slope {float(spec.alibi_slopes[h]):.4g} × distance)")
+        before = m["capped"] if "capped" in m else m["scaled"]
+        notes["biased"] = (
+            f"Added {' and '.join(what)}: {_change(before, m['biased'])}; the top key "
+            f"changed in {gathered.top_moved} of {spec.L} rows."
+        )
+    notes["masked"] = _mask_note(spec, gathered)
+    n_vis = stats.n_visible[lead]
+    classes = classify_rows(stats, th, lead)
+    rows_ok = classes.eligible
+    weights = (
+        "Softmax over each row: e^(x − row max) / Σ e^(x − row max), so every weight "
+        f"is in [0, 1] and each row with a visible key sums to 1 (largest deviation "
+        f"{gathered.row_sum_error:.2g})."
+    )
+    if rows_ok.any():
+        mw = stats.max_weight[lead][rows_ok]
+        ent = classes.normalized[rows_ok]
+        weights += (
+            f" Over the {plural(int(rows_ok.sum()), 'row')} with ≥ 2 visible keys: max "
+            f"weight {_g(float(mw.min()))} … {_g(float(mw.max()))} (mean "
+            f"{_g(float(mw.mean()))}); entropy {_g(float(ent.min()))} … "
+            f"{_g(float(ent.max()))} of its maximum log(keys). "
+            f"{int(classes.saturated.sum())} one-hot (max ≥ {th.saturation:g}), "
+            f"{int(classes.uniform.sum())} near uniform (entropy ≥ {th.uniform:g})."
+        )
+    empty = int((n_vis == 0).sum()) if spec.S else spec.L
+    if empty:
+        weights += f" {plural(empty, 'row')} with no visible key get zero weights."
+    notes["weights"] = weights
+    if "dropped" in m:
+        kept = gathered.dropped_kept + gathered.dropped_zeroed
+        notes["dropped"] = (
+            f"Dropout p = {o.dropout:g} (seed {o.seed}): zeroed "
+            f"{gathered.dropped_zeroed} of {kept} nonzero weights "
+            f"({_pct(gathered.dropped_zeroed, kept)}); the kept ones × 1/(1 − p) = "
+            f"{1 / (1 - o.dropout):.4g}, so row sums now run {_span(gathered.dropped_sums)} "
+            "(1 only on average)."
+        )
+    values = np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64)
+    finite_v = values[np.isfinite(values)]
+    v_span = f"{_g(float(finite_v.min()))} … {_g(float(finite_v.max()))}" if finite_v.size else "—"
+    if "dropped" in m:
+        notes["output"] = (
+            "Each output row is its weights after dropout · V: a sum of V's rows whose "
+            f"weights sum to 1 only on average, so it can leave V's range: "
+            f"{_span(m['output'])} over {spec.Ev} columns; V holds {v_span}."
+        )
+    else:
+        notes["output"] = (
+            "Each output row is a weighted average of V's rows (weights · V), so each "
+            f"column stays inside V's: {_span(m['output'])} over {spec.Ev} columns; V "
+            f"holds {v_span}."
+        )
+    return notes
+
+
+def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
+    o = spec.options
+    rules = []
+    if o.causal:
+        rules.append(f"causal ({o.causal_align})")
+    if o.window is not None:
+        rules.append(f"a window of {o.window[0]} left, {o.window[1]} right")
+    if o.key_lengths is not None:
+        rules.append("key lengths " + ", ".join(map(str, o.key_lengths)))
+    if spec.mask is not None:
+        rules.append(
+            f"the {'boolean' if spec.mask_is_bool else 'float'} mask "
+            f"{spec.names.get('mask', 'mask')}"
+        )
+    added = (
+        " (the float mask added to the logits)"
+        if spec.mask is not None and not spec.mask_is_bool
+        else ""
+    )
+    if not gathered.hidden:
+        if not rules:
+            return "No mask: every key is visible to every query."
+        return f"{' + '.join(rules).capitalize()} hide nothing here: every key is visible{added}."
+    counts = gathered.visible_per_row
+    mass = np.asarray(gathered.hidden_mass)
+    worst = int(np.argmax(mass)) if mass.size else 0
+    empty = sum(1 for c in counts if c == 0)
+    note = (
+        f"{' + '.join(rules).capitalize() or 'The mask'} hid {gathered.hidden} of "
+        f"{gathered.cells} scores ({_pct(gathered.hidden, gathered.cells)}), set to "
+        f"{o.mask_value_label}{added}; rows see {min(counts)} … {max(counts)} keys"
+    )
+    note += f", {plural(empty, 'row')} none." if empty else "."
+    note += (
+        f" Unmasked, the hidden keys would have taken {_pct(float(mass.mean()), 1)} of a "
+        f"row's weight on average (at most {_pct(float(mass[worst]), 1)}, row q{worst})."
+    )
+    return note
+
+
+# --- findings in their place -------------------------------------------------------------------
+
+
+def _in_slice(f: Finding, lead: Index) -> bool:
+    return f.index is None or tuple(f.index[: len(lead)]) == lead
+
+
+def _placed(
+    diagnosis: Diagnosis, lead: Index, stages: Sequence[str]
+) -> tuple[dict[str, list[Finding]], list[Finding], list[Finding]]:
+    """Findings of this slice by stage, its other findings (inputs), and the rest."""
+    by_stage: dict[str, list[Finding]] = {s: [] for s in stages}
+    inputs: list[Finding] = []
+    elsewhere: list[Finding] = []
+    for f in diagnosis.findings:
+        if not _in_slice(f, lead):
+            elsewhere.append(f)
+        elif f.stage in by_stage:
+            by_stage[f.stage].append(f)
+        else:
+            inputs.append(f)
+    return by_stage, inputs, elsewhere
+
+
+# --- the scorecard and the scale comparison ---------------------------------------------------
+
+
+def scorecard(spec: AttentionSpec, lead: Index, query: int, limit: int = 16) -> Scorecard:
+    """Query ``query`` of the slice at ``lead`` against every key, step by step."""
+    block = attend_block(spec, lead, slice(query, query + 1))
+    o = spec.options
+    fmt = o.dtype if o.emulated else "float64"
+    q = precision.round_to(
+        np.asarray(spec.q[spec.operand_index("q", lead)][query], dtype=np.float64), fmt
+    )
+    k = precision.round_to(np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64), fmt)
+    v = precision.round_to(np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64), fmt)
+    visible = block.visible[0]
+    logits = block.masked[0]
+    finite = visible & np.isfinite(logits)
+    m = float(logits[finite].max()) if finite.any() else -math.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.where(finite, np.exp(logits - (m if math.isfinite(m) else 0.0)), 0.0)
+    mixing = block.weights[0] if block.dropped is None else block.dropped[0]
+    contributions = mixing[:, None] * v
+    keys = tuple(
+        KeyScore(
+            key=j,
+            terms=tuple(zip(q.tolist(), k[j].tolist(), strict=True))
+            if spec.E <= TERMS_UP_TO
+            else None,
+            raw=float(block.raw[0, j]),
+            scaled=float(block.scaled[0, j]),
+            logit=float(logits[j]),
+            visible=bool(visible[j]),
+            exp=float(e[j]),
+            weight=float(mixing[j]),
+            contribution=contributions[j],
+        )
+        for j in range(spec.S)
+    )
+    if limit >= spec.S:
+        shown = tuple(range(spec.S))
+    else:
+        heaviest = np.argsort(-mixing, kind="stable")[:limit]
+        shown = tuple(sorted(int(j) for j in heaviest))
+    rest = np.ones(spec.S, dtype=np.bool_)
+    rest[list(shown)] = False
+    return Scorecard(
+        lead=lead,
+        query=query,
+        q=q,
+        keys=keys,
+        logit_max=m,
+        z=float(e.sum()),
+        output=block.output[0],
+        shown=shown,
+        rest_weight=float(mixing[rest].sum()),
+        rest_contribution=contributions[rest].sum(axis=0),
+        dropout=block.dropped is not None,
+    )
+
+
+def _scale_run(
+    spec: AttentionSpec,
+    lead: Index,
+    rows: range,
+    th: Thresholds,
+    rule: str | float,
+    label: str,
+    current: bool,
+) -> ScaleRun:
+    """The slice under one scale: every row's max weight and entropy (visible keys)."""
+    run = spec if current else spec.with_scale(rule)
+    L = spec.L
+    max_weight = np.zeros(L)
+    entropy = np.zeros(L)
+    n_visible = np.zeros(L, dtype=np.int64)
+    logits = _Moments()
+    step = block_rows(spec)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for i0 in range(0, L, step):
+            r = slice(i0, min(i0 + step, L))
+            block = attend_block(run, lead, r)
+            w = np.where(block.visible, block.weights, 0.0)
+            n_visible[r] = block.visible.sum(axis=1)
+            logits.add(_pre(block, "masked"), block.visible)
+            if spec.S:
+                max_weight[r] = w.max(axis=1)
+                entropy[r] = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
+        shown = attend_block(run, lead, slice(rows.start, rows.stop)).weights
+        normalized = entropy / np.log(np.maximum(n_visible, 2))
+    eligible = (n_visible >= 2) & np.isfinite(max_weight)
+    saturated = eligible & (max_weight >= th.saturation)
+    uniform = eligible & (normalized >= th.uniform) & ~saturated
+    n, s, u = int(eligible.sum()), int(saturated.sum()), int(uniform.sum())
+    if not n:
+        verdict = "no row with two visible keys"
+    elif s >= th.head_fraction * n:
+        verdict = "saturated: one-hot rows"
+    elif u >= th.head_fraction * n:
+        verdict = "too flat: near-uniform rows"
+    elif s or u:
+        verdict = f"mixed: {s} one-hot, {u} near-uniform of {n} rows"
+    else:
+        verdict = "balanced: neither one-hot nor uniform"
+    picked = slice(rows.start, rows.stop)
+    return ScaleRun(
+        rule=rule,
+        label=label,
+        factor=run.scale / run.options.temperature,
+        weights=shown,
+        max_weight=max_weight[picked],
+        normalized_entropy=normalized[picked],
+        logit_std=logits.std,
+        rows=n,
+        saturated=s,
+        uniform=u,
+        verdict=verdict,
+        current=current,
+    )
+
+
+def compare_scales(
+    spec: AttentionSpec, lead: Index, rows: range, th: Thresholds
+) -> tuple[tuple[ScaleRun, ...], str]:
+    """No scaling, 1/√d_k and 1/d_k (and the run's own scale when it is another one),
+    with a verdict on each and a conclusion."""
+    runs: list[ScaleRun] = []
+    o = spec.options
+    matched = False
+    for rule, name in SCALE_RULES:
+        current = o.scale == rule
+        matched |= current
+        label = name if rule == "none" else f"{name} = {spec.with_scale(rule).scale:.4g}"
+        runs.append(_scale_run(spec, lead, rows, th, rule, label, current))
+    if not matched:
+        runs.append(_scale_run(spec, lead, rows, th, o.scale, f"this run: {spec.scale:.4g}", True))
+    balanced = [r.label.split(" =")[0] for r in runs if r.verdict.startswith("balanced")]
+    default = runs[1]
+    if not default.rows:
+        return tuple(runs), "No row has two visible keys: there is nothing to compare."
+    if balanced:
+        conclusion = "Balanced under " + ", ".join(balanced)
+    else:
+        conclusion = "No scale gives balanced rows here"
+    if not default.verdict.startswith("balanced"):
+        conclusion += (
+            f"; the standard 1/√d_k is {default.verdict.split(':')[0]} here (logit std "
+            f"{_g(default.logit_std)})"
+        )
+    return tuple(runs), conclusion + "."
+
+
+# --- the whole explanation -----------------------------------------------------------------------
+
+
+def explain(
+    spec: AttentionSpec,
+    stats: Stats,
+    diagnosis: Diagnosis,
+    lead: Index,
+    rows: range,
+    *,
+    query: int | None = None,
+    scales: bool = False,
+    key_limit: int = 16,
+) -> Explanation:
+    """Explain the slice at ``lead`` (a position of ``spec.lead``), showing ``rows``.
+
+    Args:
+        spec: the validated computation.
+        stats, diagnosis: the whole input's statistics and findings (``trace`` and
+            ``diagnose``); the slice's rows are read from them.
+        lead: the (…, batch, head) position explained.
+        rows: the query rows whose values are kept (a contiguous range).
+        query: also build the scorecard of this query row.
+        scales: also compare no scaling, 1/√d_k and 1/d_k.
+        key_limit: keys listed in a scorecard of more keys (the heaviest).
+    """
+    th = diagnosis.thresholds
+    engine = applicable_stages(spec)
+    gathered = _slice_pass(spec, lead, engine)
+    variance = _variance(spec, lead, gathered)
+    notes = _notes(spec, gathered, stats, th, lead, variance)
+    by_stage, inputs, elsewhere = _placed(diagnosis, lead, engine)
+    block = attend_block(spec, lead, slice(rows.start, rows.stop))
+    stages = tuple(
+        StageExplained(
+            name=explain_name(s),
+            step=s,
+            values=getattr(block, s),
+            note=notes[s],
+            summary=gathered.moments[s].to_dict(),
+            findings=tuple(by_stage[s]),
+        )
+        for s in engine
+    )
+    picked: tuple[int | slice, ...] = (*lead, slice(rows.start, rows.stop))
+    classes = classify_rows(stats, th, lead)
+    row_stats = RowStats(
+        rows=rows,
+        visible=stats.n_visible[picked].astype(np.int64),
+        sums=block.weights.sum(axis=1),
+        entropy=stats.entropy[picked].copy(),
+        normalized_entropy=np.asarray(classes.normalized)[rows.start : rows.stop].copy(),
+        max_weight=stats.max_weight[picked].copy(),
+        argmax=stats.argmax[picked].astype(np.int64),
+        flags={
+            i: f for i, f in row_flags(stats, th, lead, working_formats(spec)).items() if i in rows
+        },
+    )
+    card = scorecard(spec, lead, query, key_limit) if query is not None else None
+    runs: tuple[ScaleRun, ...] = ()
+    verdict = None
+    if scales:
+        runs, verdict = compare_scales(spec, lead, rows, th)
+    return Explanation(
+        spec=spec,
+        lead=lead,
+        rows=rows,
+        visible=block.visible,
+        stages=stages,
+        row_stats=row_stats,
+        variance=variance,
+        input_findings=tuple(inputs),
+        elsewhere=tuple(elsewhere),
+        diagnosis=diagnosis,
+        scorecard=card,
+        scales=runs,
+        scales_verdict=verdict,
+    )
+
+
+def slice_at(spec: AttentionSpec, batch: int = 0, head: int = 0) -> Index:
+    """The lead position of (batch, head); any axis before the batch at 0."""
+    lead = [0] * len(spec.lead)
+    if lead:
+        lead[-1] = head
+    if len(lead) >= 2:
+        lead[-2] = batch
+    return tuple(lead)
+
+
+def elsewhere_summary(found: Sequence[Finding], lead: Index) -> str | None:
+    """``3 findings in other slices: saturated at [0, 2, 5], …`` or None."""
+    if not found:
+        return None
+    places = []
+    for f in found:
+        at = f.index[: len(lead)] if f.index is not None else None
+        label = f"{f.kind.replace('_', ' ')} in {format_index(at)}"
+        if label not in places:
+            places.append(label)
+    more = " …" if len(places) > 4 else ""
+    return f"{plural(len(found), 'finding')} in other slices: {', '.join(places[:4])}{more}"

@@ -1,0 +1,63 @@
+"""``explain --plot``: every stage of the explained rows as a heatmap, via matplotlib.
+
+matplotlib is an optional extra (``pip install 'sdpa-cli[plot]'``); importing this
+module raises ImportError without it. The figure API is used directly (no pyplot),
+so nothing global changes and no display is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import BinaryIO
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from sdpa_cli.explain import Explanation
+from sdpa_cli.render import STAGE_TITLES, slice_label
+
+COLUMNS = 3
+
+
+def heatmaps(ex: Explanation) -> Callable[[BinaryIO], None]:
+    """Draw the figure now; return the writer of its PNG (for an atomic write)."""
+    stages = ex.stages
+    n = len(stages)
+    cols = min(COLUMNS, n)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    where = slice_label(ex.spec, ex.lead)
+    span = f"rows {ex.rows.start}–{ex.rows.stop - 1} of {ex.spec.L}"
+    fig.suptitle(" · ".join(x for x in ("sdpa explain", where, span) if x))
+    for n_ax, stage in enumerate(stages):
+        ax = fig.add_subplot(rows, cols, n_ax + 1)
+        values = np.array(stage.values, dtype=np.float64)
+        is_output = stage.step == "output"
+        if not is_output:
+            values[~ex.visible] = np.nan  # hidden keys: drawn grey
+        values[~np.isfinite(values)] = np.nan
+        if stage.step in ("weights", "dropped"):
+            cmap, vmin, vmax = "magma", 0.0, max(1.0, float(np.nanmax(values, initial=0.0)))
+        else:
+            top = float(np.nanmax(np.abs(values), initial=0.0)) or 1.0
+            cmap, vmin, vmax = "RdBu_r", -top, top
+        image = ax.imshow(
+            values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest"
+        )
+        image.cmap.set_bad("#9e9e9e")
+        title, formula = STAGE_TITLES[stage.step]
+        ax.set_title(f"{title}\n{formula}", fontsize=9)
+        ax.set_ylabel("query")
+        ax.set_xlabel("value column" if is_output else "key")
+        ax.set_yticks(range(len(ex.rows)), [str(i) for i in ex.rows]) if len(
+            ex.rows
+        ) <= 16 else None
+        fig.colorbar(image, ax=ax, shrink=0.8)
+
+    def write(fh: BinaryIO) -> None:
+        fig.savefig(fh, format="png", dpi=110)
+
+    return write
