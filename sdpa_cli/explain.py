@@ -475,7 +475,7 @@ def _notes(
         assert cap is not None
         notes["capped"] = (
             f"Soft cap C·tanh(x / C) with C = {cap:g}: {_change(m['scaled'], m['capped'])}; "
-            f"{plural(gathered.capped_changed, 'logit')} of {gathered.cells} moved by more "
+            f"{gathered.capped_changed:,} of {gathered.cells:,} logits moved by more "
             f"than {CHANGED:.0%} (those beyond about ±{0.17 * cap:.3g}); nothing can "
             f"pass ±{cap:g}."
         )
@@ -489,7 +489,7 @@ def _notes(
         before = m["capped"] if "capped" in m else m["scaled"]
         notes["biased"] = (
             f"Added {' and '.join(what)}: {_change(before, m['biased'])}; the top key "
-            f"changed in {gathered.top_moved} of {spec.L} rows."
+            f"changed in {gathered.top_moved:,} of {spec.L:,} rows."
         )
     notes["masked"] = _mask_note(spec, gathered)
     n_vis = stats.n_visible[lead]
@@ -519,7 +519,7 @@ def _notes(
         kept = gathered.dropped_kept + gathered.dropped_zeroed
         notes["dropped"] = (
             f"Dropout p = {o.dropout:g} (seed {o.seed}): zeroed "
-            f"{gathered.dropped_zeroed} of {kept} nonzero weights "
+            f"{gathered.dropped_zeroed:,} of {kept:,} nonzero weights "
             f"({_pct(gathered.dropped_zeroed, kept)}); the kept ones × 1/(1 − p) = "
             f"{1 / (1 - o.dropout):.4g}, so row sums now run {_span(gathered.dropped_sums)} "
             "(1 only on average)."
@@ -570,8 +570,8 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
     worst = int(np.argmax(mass)) if mass.size else 0
     empty = sum(1 for c in counts if c == 0)
     note = (
-        f"{' + '.join(rules).capitalize() or 'The mask'} hid {gathered.hidden} of "
-        f"{gathered.cells} scores ({_pct(gathered.hidden, gathered.cells)}), set to "
+        f"{' + '.join(rules).capitalize() or 'The mask'} hid {gathered.hidden:,} of "
+        f"{gathered.cells:,} scores ({_pct(gathered.hidden, gathered.cells)}), set to "
         f"{o.mask_value_label}{added}; rows see {min(counts)} … {max(counts)} keys"
     )
     note += f", {plural(empty, 'row')} none." if empty else "."

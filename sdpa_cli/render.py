@@ -59,6 +59,7 @@ class View:
     batch: int | None = None
     head: int | None = None
     rows: slice | None = None
+    keys: slice | None = None
     max_rows: int = 16
     max_slices: int = 1
     precision: int = 4
@@ -263,10 +264,13 @@ def stage_table(
     # Fit columns to the width from the exact cell texts. Each column after the row
     # label costs its text, a space of padding either side and the box's divider.
     positions = range(len(rows))
-    candidates = range(min(n_cols, view.max_rows))
-    widths = [
-        max([len(f"{prefix}{j}")] + [len(text_of(r, j)) for r in positions]) for j in candidates
+    every = range(n_cols)
+    candidates = (every[view.keys] if view.keys is not None and not is_output else every)[
+        : view.max_rows
     ]
+    widths = {
+        j: max([len(f"{prefix}{j}")] + [len(text_of(r, j)) for r in positions]) for j in candidates
+    }
     sums = [fmt(float(data[r].sum()), view.precision) for r in positions] if is_weights else []
     shown_flags = [flags[i][0] for i in rows if i in flags] if is_weights else []
     used = max(len(f"q{spec.L - 1}"), 1)
@@ -274,13 +278,13 @@ def stage_table(
     used += sum(max([len(h)] + [len(t) for t in texts]) + 3 for h, texts in extra)
     used += (max(len(f) for f in shown_flags) + 3) if shown_flags else 0
     fitted = 0
-    for j, w in enumerate(widths):
-        more_follow = j + 1 < n_cols
-        if used + w + 3 + (4 if more_follow else 0) > view.width and fitted:
+    for n, j in enumerate(candidates):
+        more_follow = n + 1 < n_cols
+        if used + widths[j] + 3 + (4 if more_follow else 0) > view.width and fitted:
             break
-        used += w + 3
+        used += widths[j] + 3
         fitted += 1
-    cols = range(fitted)
+    cols = candidates[:fitted]
     cut_cols = fitted < n_cols
 
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
@@ -327,9 +331,10 @@ def stage_table(
     captions = []
     if cut_rows or cut_cols:
         what = "columns" if is_output else "keys"
+        span = f"{cols[0]}–{cols[-1]}" if len(cols) else "none"
         captions.append(
             Text(
-                f"rows {rows.start}–{rows.stop - 1} of {spec.L}, {what} 0–{fitted - 1} of {n_cols} shown",
+                f"rows {rows.start}–{rows.stop - 1} of {spec.L}, {what} {span} of {n_cols} shown",
                 THEME["muted"],
             )
         )

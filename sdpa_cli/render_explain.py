@@ -81,22 +81,42 @@ def stage_findings(findings: Sequence[Finding], width: int) -> list[RenderableTy
     return lines
 
 
-def _mask_picture(ex: Explanation, width: int) -> RenderableType | None:
-    """The mask over the shown rows: ■ a visible key, · a hidden one."""
+def _mask_picture(ex: Explanation, view: View) -> RenderableType | None:
+    """The mask over the shown rows: ■ a visible key, · a hidden one. When the keys
+    do not fit, each character stands for a run of keys (□: some of them visible),
+    unless --keys picks a window."""
     visible = ex.visible
     if visible.all() or not visible.size:
         return None
+    S = ex.spec.S
     label = max(len(f"q{ex.spec.L - 1}"), 2)
-    n = min(ex.spec.S, max(width - label - 3, 8))
-    lines = [
+    room = max(view.width - label - 1, 8)
+    window = range(S)[view.keys] if view.keys is not None else range(S)
+    per = 1 if len(window) <= room or view.keys is not None else math.ceil(S / room)
+    if per == 1:
+        window = window[:room]
+        cells = visible[:, window.start : window.stop]
+        legend = "■ visible  · hidden"
+        span = f"keys {window.start}–{window.stop - 1} of {S}" if len(window) < S else ""
+    else:
+        n = math.ceil(S / per)
+        padded = np.zeros((visible.shape[0], n * per), dtype=np.int64)
+        padded[:, :S] = visible
+        counts = padded.reshape(visible.shape[0], n, per).sum(axis=2)
+        sizes = np.minimum(per, S - np.arange(n) * per)
+        cells = np.where(counts == sizes, 2, np.where(counts > 0, 1, 0))
+        legend = "■ visible  □ partly  · hidden"
+        span = f"{per} keys per character"
+    lines: list[RenderableType] = [
         Text.assemble(
             ("mask", Style(bold=True)),
-            ("  ■ visible  · hidden", MUTED),
-            (f"  (keys 0–{n - 1} of {ex.spec.S})" if n < ex.spec.S else "", MUTED),
+            (f"  {legend}", MUTED),
+            (f"  ({span})" if span else "", MUTED),
         )
     ]
+    glyph = "·□■" if per > 1 else "·■"
     for r, i in enumerate(ex.rows):
-        row = "".join("■" if v else "·" for v in visible[r, :n])
+        row = "".join(glyph[int(v)] for v in cells[r])
         lines.append(Text.assemble((f"q{i}".ljust(label), THEME["label"]), " ", row))
     return Group(*lines)
 
@@ -144,7 +164,7 @@ def render_walk(ex: Explanation, view: View) -> list[RenderableType]:
             )
         )
         if stage.step == "masked":
-            picture = _mask_picture(ex, view.width)
+            picture = _mask_picture(ex, view)
             if picture is not None:
                 parts.append(picture)
         if stage.findings:
@@ -424,7 +444,12 @@ def _closing(ex: Explanation, walk: bool, width: int) -> list[RenderableType]:
     here = sum(len(s.findings) for s in ex.stages) + len(ex.input_findings)
     line = note_text(
         f"findings  {severity_counts(ex.diagnosis)} in the whole input; "
-        f"{plural(here, 'finding')} in this slice" + (", shown at their stage" if walk else ""),
+        + (
+            "none in this slice"
+            if not here
+            else f"{plural(here, 'finding')} in this slice"
+            + (", shown at their stage" if walk else "")
+        ),
         width,
         2,
         first=0,

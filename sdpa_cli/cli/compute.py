@@ -33,6 +33,7 @@ def compute(
     batch: int | None,
     head: int | None,
     rows: str | None,
+    keys: str | None,
     max_rows: int,
     max_slices: int,
     precision: int,
@@ -77,6 +78,7 @@ def compute(
     check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
     check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
     row_slice = parse_rows(rows, spec.L)
+    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
 
     # Keep only the stages shown, unless --save asks for every one.
     result = trace(spec, stages=None if save is not None else chosen)
@@ -98,6 +100,7 @@ def compute(
             batch=batch,
             head=head,
             rows=row_slice,
+            keys=key_slice,
             max_rows=max_rows,
             max_slices=max_slices,
             precision=precision,

@@ -10,6 +10,7 @@ import click
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
+    KEYS_OPTION,
     attention_options,
     check_index,
     diagnostic_options,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     metavar="I|START:STOP",
     help="Query rows to show (default: the first --max-rows). Notes always cover every row.",
 )
+@KEYS_OPTION
 @click.option(
     "--query",
     type=int,
@@ -87,6 +89,7 @@ def explain(
     batch: int,
     head: int,
     rows: str | None,
+    keys: str | None,
     query: int | None,
     compare_scales: bool,
     max_rows: int,
@@ -158,6 +161,7 @@ def explain(
     else:
         picked = parse_rows(rows, spec.L)
         shown = range(spec.L)[picked] if picked is not None else range(min(spec.L, max_rows))
+    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
     plotter = _plotter(plot) if plot is not None else None
 
     # The whole input's statistics and findings; the slice's values come from the engine.
@@ -187,7 +191,7 @@ def explain(
         from rich.text import Text
 
         view = View(
-            stages=(), rows=None, max_rows=max_rows, precision=precision, width=console.width
+            stages=(), keys=key_slice, max_rows=max_rows, precision=precision, width=console.width
         )
         if description:
             renderables.append(Text(description.strip(), style="italic"))

@@ -132,6 +132,7 @@ def display_options(f: F) -> F:
             click.option("--batch", type=int, metavar="B", help="Show only batch item B."),
             click.option("--head", type=int, metavar="H", help="Show only head H."),
             click.option("--rows", metavar="I|START:STOP", help="Query rows to show."),
+            KEYS_OPTION,
             click.option(
                 "--max-rows",
                 metavar="N",
@@ -224,23 +225,30 @@ def make_console(color: bool | None, *, stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
 
 
-def parse_rows(text: str | None, L: int) -> slice | None:
-    """``I`` or ``START:STOP`` (either may be empty) → a slice within 0..L."""
+def parse_rows(
+    text: str | None, n: int, option: str = "--rows", what: str = "query rows"
+) -> slice | None:
+    """``I`` or ``START:STOP`` (either may be empty) → a slice within 0..n."""
     if text is None:
         return None
     try:
         if ":" in text:
             a, _, b = text.partition(":")
             start = int(a) if a.strip() else 0
-            stop = int(b) if b.strip() else L
+            stop = int(b) if b.strip() else n
         else:
             start = int(text)
             stop = start + 1
     except ValueError:
-        raise SpecError("--rows", f"expected I or START:STOP, got {text!r}") from None
-    if not (0 <= start < stop <= L):
-        raise SpecError("--rows", f"{text!r} is outside the {L} query rows (0..{L - 1})")
+        raise SpecError(option, f"expected I or START:STOP, got {text!r}") from None
+    if not (0 <= start < stop <= n):
+        raise SpecError(option, f"{text!r} is outside the {n} {what} (0..{n - 1})")
     return slice(start, stop)
+
+
+KEYS_OPTION = click.option(
+    "--keys", metavar="I|START:STOP", help="Key columns to show (default from key 0)."
+)
 
 
 def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...]:
