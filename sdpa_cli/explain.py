@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import precision
-from sdpa_cli.compute import Block, applicable_stages, attend_block, block_rows
+from sdpa_cli.compute import STAGES, Block, applicable_stages, attend_block, block_rows
 from sdpa_cli.diagnose import (
     Diagnosis,
     Finding,
@@ -47,6 +47,14 @@ CHANGED = 0.01
 
 def explain_name(stage: str) -> str:
     return NAMES.get(stage, stage)
+
+
+def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
+    """The engine's stages that apply, without ``masked`` when nothing masks."""
+    o = spec.options
+    masks = o.causal or o.window is not None or o.key_lengths is not None
+    masks = masks or spec.mask is not None
+    return tuple(s for s in applicable_stages(spec) if s != "masked" or masks)
 
 
 @dataclass
@@ -592,15 +600,20 @@ def _in_slice(f: Finding, lead: Index) -> bool:
 def _placed(
     diagnosis: Diagnosis, lead: Index, stages: Sequence[str]
 ) -> tuple[dict[str, list[Finding]], list[Finding], list[Finding]]:
-    """Findings of this slice by stage, its other findings (inputs), and the rest."""
+    """Findings of this slice by stage, its other findings (inputs), and the rest.
+
+    A finding at a stage not shown (``masked`` with nothing masked) goes to the
+    last shown stage before it.
+    """
     by_stage: dict[str, list[Finding]] = {s: [] for s in stages}
     inputs: list[Finding] = []
     elsewhere: list[Finding] = []
     for f in diagnosis.findings:
         if not _in_slice(f, lead):
             elsewhere.append(f)
-        elif f.stage in by_stage:
-            by_stage[f.stage].append(f)
+        elif f.stage in STAGES:
+            earlier = [s for s in STAGES[: STAGES.index(f.stage) + 1] if s in by_stage]
+            (by_stage[earlier[-1]] if earlier else inputs).append(f)
         else:
             inputs.append(f)
     return by_stage, inputs, elsewhere
@@ -783,7 +796,7 @@ def explain(
         key_limit: keys listed in a scorecard of more keys (the heaviest).
     """
     th = diagnosis.thresholds
-    engine = applicable_stages(spec)
+    engine = explained_stages(spec)
     gathered = _slice_pass(spec, lead, engine)
     variance = _variance(spec, lead, gathered)
     notes = _notes(spec, gathered, stats, th, lead, variance)

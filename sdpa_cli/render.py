@@ -142,7 +142,9 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
         source = names.get(n, "")
         origin = f"  {source}" if source and ": " not in source and source != n.upper() else ""
         grid.add_row(n.upper(), Text(f"{_shape(spec.shapes[n])}{origin}"))
-    dims = f"L = {spec.L} queries, S = {spec.S} keys, E = {spec.E}, Ev = {spec.Ev}"
+    queries = "query" if spec.L == 1 else "queries"
+    keys = "key" if spec.S == 1 else "keys"
+    dims = f"L = {spec.L} {queries}, S = {spec.S} {keys}, E = {spec.E}, Ev = {spec.Ev}"
     if o.heads is not None:
         dims += f", split into {o.heads} heads"
     if spec.group > 1:

@@ -283,11 +283,13 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
         plain = card.sum_exp
         raw_sum = f" (Σ e^x = {plain:.6g})" if math.isfinite(plain) and plain > 0 else ""
         parts.append(
-            Text(
+            note_text(
                 f"m = max logit = {m}; Z = Σ e^(x − m) = {fmt(card.z, p)}{raw_sum}; "
                 "weight = e^(x − m) / Z"
                 + (f", then dropout (p = {spec.options.dropout:g}) on it" if card.dropout else ""),
-                MUTED,
+                view.width,
+                0,
+                style=MUTED,
             )
         )
     else:
