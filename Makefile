@@ -24,6 +24,7 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/sdpa compute samples/scorecard.yaml --no-color
 	$(BIN)/sdpa compute samples/causal.yaml --stages masked,weights,output --no-color
+	$(BIN)/sdpa explain samples/scorecard.yaml --query 0 --no-color
 
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q
@@ -39,7 +40,7 @@ fmt: $(VENV)/.dev-installed
 
 # Re-render the golden text files under tests/golden; review them in the diff.
 golden: $(VENV)/.dev-installed
-	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py
+	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_render_explain.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -21,8 +21,11 @@ from sdpa_cli.render import STAGE_TITLES, slice_label
 COLUMNS = 3
 
 
-def heatmaps(ex: Explanation) -> Callable[[BinaryIO], None]:
-    """Draw the figure now; return the writer of its PNG (for an atomic write)."""
+def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO], None]:
+    """Draw the figure now; return the writer of its PNG (for an atomic write).
+
+    Score stages show the keys ``keys`` (default all); hidden keys are grey from
+    the masked stage on (before it they hold real scores)."""
     stages = ex.stages
     n = len(stages)
     cols = min(COLUMNS, n)
@@ -36,25 +39,42 @@ def heatmaps(ex: Explanation) -> Callable[[BinaryIO], None]:
         ax = fig.add_subplot(rows, cols, n_ax + 1)
         values = np.array(stage.values, dtype=np.float64)
         is_output = stage.step == "output"
-        if not is_output:
+        first = 0
+        if stage.step in ("masked", "weights", "dropped"):
             values[~ex.visible] = np.nan  # hidden keys: drawn grey
+        if not is_output and keys is not None:
+            values = values[:, keys]
+            first = keys.start
         values[~np.isfinite(values)] = np.nan
         if stage.step in ("weights", "dropped"):
-            cmap, vmin, vmax = "magma", 0.0, max(1.0, float(np.nanmax(values, initial=0.0)))
+            top = float(np.nanmax(values, initial=0.0))
+            cmap, vmin, vmax = "magma", 0.0, top if top > 0 else 1.0
         else:
             top = float(np.nanmax(np.abs(values), initial=0.0)) or 1.0
             cmap, vmin, vmax = "RdBu_r", -top, top
+        # Axes in the tensor's own indices: rows from --rows, keys from --keys.
+        extent = (
+            first - 0.5,
+            first + values.shape[1] - 0.5,
+            ex.rows.stop - 0.5,
+            ex.rows.start - 0.5,
+        )
         image = ax.imshow(
-            values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest"
+            values,
+            cmap=cmap,
+            vmin=vmin,
+            vmax=vmax,
+            aspect="auto",
+            interpolation="nearest",
+            extent=extent,
         )
         image.cmap.set_bad("#9e9e9e")
         title, formula = STAGE_TITLES[stage.step]
         ax.set_title(f"{title}\n{formula}", fontsize=9)
         ax.set_ylabel("query")
         ax.set_xlabel("value column" if is_output else "key")
-        ax.set_yticks(range(len(ex.rows)), [str(i) for i in ex.rows]) if len(
-            ex.rows
-        ) <= 16 else None
+        if len(ex.rows) <= 16:
+            ax.set_yticks(list(ex.rows))
         fig.colorbar(image, ax=ax, shrink=0.8)
 
     def write(fh: BinaryIO) -> None:

@@ -206,7 +206,7 @@ def explain(
                 html = recorder.export_html(clear=False)
                 files.append((export_html, _bytes(html)))
     if plotter is not None and plot is not None:
-        files.append((plot, plotter(ex)))
+        files.append((plot, plotter(ex, key_slice)))
     if files:
         write_all_atomic(files)
     if text is not None:
