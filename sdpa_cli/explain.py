@@ -471,11 +471,12 @@ def _notes(
     if variance is not None and math.isfinite(variance.predicted_raw_std):
         v = variance
         scaled += (
-            f" Why 1/√d_k: with independent components qᵀk has std √d_k·σ_q·σ_k = "
+            f" Why 1/√d_k: for independent components qᵀk has std √d_k·σ_q·σ_k = "
             f"√{v.E}·{_g(v.sigma_q)}·{_g(v.sigma_k)} = {_g(v.predicted_raw_std)} (here "
-            f"{_g(v.raw_std)}), growing with d_k; ÷ √d_k brings it to "
-            f"{_g(v.sqrt_dk_std)}, where the softmax neither saturates nor flattens "
-            f"as d_k grows."
+            f"{_g(v.raw_std)}), which grows with d_k; dividing by √d_k = "
+            f"{_g(math.sqrt(v.E))} leaves σ_q·σ_k whatever d_k is (here "
+            f"{_g(v.sqrt_dk_std)}), so the softmax neither saturates nor flattens as "
+            "heads get wider."
         )
     notes["scaled"] = scaled
     if "capped" in m:
