@@ -13,6 +13,7 @@ from sdpa_cli.cli.options import (
     attention_options,
     diagnostic_options,
     make_console,
+    print_all,
 )
 from sdpa_cli.errors import SpecError
 
@@ -235,12 +236,12 @@ def check(
     elif manifest is not None:
         from sdpa_cli.render_check import render_cases
 
-        console.print(render_cases(results, manifest))
+        print_all(console, [render_cases(results, manifest)])
     else:
         from sdpa_cli.render_check import render_report
 
         assert results[0].report is not None
-        console.print(render_report(results[0].report, title))
+        print_all(console, [render_report(results[0].report, title)])
     return int(code)
 
 

@@ -16,6 +16,7 @@ from sdpa_cli.cli.options import (
     output_options,
     parse_rows,
     parse_stages,
+    print_all,
 )
 
 
@@ -114,5 +115,4 @@ def compute(
         save_npz(result, save)
     if text is not None:
         click.echo(text, nl=False)
-    for renderable in renderables:
-        console.print(renderable)
+    print_all(console, renderables)

@@ -16,6 +16,7 @@ from sdpa_cli.cli.options import (
     diagnostic_options,
     make_console,
     parse_rows,
+    print_all,
 )
 from sdpa_cli.errors import SpecError
 
@@ -212,8 +213,7 @@ def explain(
     if text is not None:
         click.echo(text, nl=False)
     elif fmt == "table":
-        for renderable in renderables:
-            console.print(renderable)
+        print_all(console, renderables)
 
 
 def _record(renderables: list[RenderableType], width: int) -> Console:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -11,7 +11,7 @@ import click
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Console, RenderableType
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -223,6 +223,21 @@ def make_console(color: bool | None, *, stderr: bool = False) -> Console:
         # No escape codes at all: not even bold or italic (rich's NO_COLOR keeps those).
         return Console(stderr=stderr, no_color=True, highlight=False, color_system=None)
     return Console(stderr=stderr, highlight=False)
+
+
+def print_all(console: Console, renderables: Sequence[RenderableType]) -> None:
+    """Print renderables; without color, as plain lines with no trailing spaces
+    (rich pads table cells and wrapped lines to their width)."""
+    if console.is_terminal and console.color_system is not None:
+        for renderable in renderables:
+            console.print(renderable)
+        return
+    with console.capture() as captured:
+        for renderable in renderables:
+            console.print(renderable)
+    lines = captured.get().splitlines()
+    console.file.write("".join(line.rstrip() + "\n" for line in lines))
+    console.file.flush()
 
 
 def parse_rows(
