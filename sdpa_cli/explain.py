@@ -59,11 +59,16 @@ def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
 
 @dataclass
 class _Moments:
-    """Count, range, mean and std of the finite values seen, and how many were not."""
+    """Count, range, mean and std of the finite values seen, and how many were not.
+
+    Blocks are merged with Chan et al.'s pairwise update (each block's mean and sum
+    of squared deviations), so a large common offset does not cancel the spread as
+    E[x²] − E[x]² would.
+    """
 
     count: int = 0
-    total: float = 0.0
-    squares: float = 0.0
+    mean_: float = 0.0
+    m2: float = 0.0
     lo: float = math.inf
     hi: float = -math.inf
     nonfinite: int = 0
@@ -72,22 +77,27 @@ class _Moments:
         picked = values if where is None else values[where]
         finite = picked[np.isfinite(picked)]
         self.nonfinite += int(picked.size - finite.size)
-        if finite.size:
-            self.count += int(finite.size)
-            self.total += float(finite.sum())
-            self.squares += float(np.square(finite).sum())
-            self.lo = min(self.lo, float(finite.min()))
-            self.hi = max(self.hi, float(finite.max()))
+        if not finite.size:
+            return
+        n_b = int(finite.size)
+        mean_b = float(finite.mean())
+        m2_b = float(np.square(finite - mean_b).sum())
+        total = self.count + n_b
+        delta = mean_b - self.mean_
+        self.mean_ += delta * n_b / total
+        self.m2 += m2_b + delta * delta * self.count * n_b / total
+        self.count = total
+        self.lo = min(self.lo, float(finite.min()))
+        self.hi = max(self.hi, float(finite.max()))
 
     @property
     def mean(self) -> float:
-        return self.total / self.count if self.count else math.nan
+        return self.mean_ if self.count else math.nan
 
     @property
     def std(self) -> float:
-        if self.count < 2:
-            return math.nan
-        return math.sqrt(max(self.squares / self.count - self.mean**2, 0.0))
+        """The population std (numpy's default), NaN below two values."""
+        return math.sqrt(self.m2 / self.count) if self.count >= 2 else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +138,14 @@ def _pre(block: Block, before: str) -> F64:
     return block.raw
 
 
+def shown_visible(block: Block) -> NDArray[np.bool_]:
+    """The keys each row really sees: the masks' visibility, less the keys a float
+    mask or bias hid with −inf (finite logits before them, −inf after)."""
+    before = block.capped if block.capped is not None else block.scaled
+    with np.errstate(invalid="ignore"):
+        return block.visible & ~(np.isneginf(block.masked) & np.isfinite(before))
+
+
 def _softmax_rows(x: F64) -> F64:
     """A plain float64 softmax per row (all −inf or NaN rows give zeros)."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -145,7 +163,7 @@ def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _Sli
     with np.errstate(invalid="ignore", over="ignore"):
         for i0 in range(0, spec.L, step):
             block = attend_block(spec, lead, slice(i0, min(i0 + step, spec.L)))
-            visible = block.visible
+            visible = shown_visible(block)
             for s in stages:
                 values = getattr(block, s)
                 # The masked logits are described over the keys they let through.
@@ -197,7 +215,9 @@ class StageExplained:
 
 @dataclass(frozen=True)
 class RowStats:
-    """Per shown row, over its visible keys: the weights' sum, entropy and largest one."""
+    """Per shown row: its visible keys, the sum of its weights over every key (a
+    finite mask value leaves weight on hidden ones), and the entropy and largest
+    weight over its visible keys."""
 
     rows: range
     visible: NDArray[np.int64]
@@ -447,7 +467,13 @@ def _notes(
 ) -> dict[str, str]:
     o = spec.options
     m = gathered.moments
-    notes: dict[str, str] = {}
+    if not spec.L or not spec.S:
+        none = f"No scores: the slice has L = {spec.L} queries and S = {spec.S} keys."
+        notes = {s: none for s in m}
+        if spec.L:
+            notes["output"] = none + " With no key to attend to, every output row is zero."
+        return notes
+    notes = {}
     per_slice = f"{spec.L}×{spec.S}"
     if o.prescale:
         notes["raw"] = (
@@ -521,7 +547,12 @@ def _notes(
             f"{int(classes.uniform.sum())} near uniform (entropy ≥ {th.uniform:g})."
         )
     empty = int((n_vis == 0).sum()) if spec.S else spec.L
-    if empty:
+    if empty and math.isfinite(o.effective_mask_value) and spec.S:
+        weights += (
+            f" {plural(empty, 'row')} with no visible key get uniform weights 1/{spec.S} over "
+            f"the hidden keys: the finite mask value {o.mask_value_label} leaves them equal."
+        )
+    elif empty:
         weights += f" {plural(empty, 'row')} with no visible key get zero weights."
     notes["weights"] = weights
     if "dropped" in m:
@@ -551,6 +582,10 @@ def _notes(
     return notes
 
 
+def _first_upper(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
     o = spec.options
     rules = []
@@ -565,6 +600,8 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
             f"the {'boolean' if spec.mask_is_bool else 'float'} mask "
             f"{spec.names.get('mask', 'mask')}"
         )
+    if spec.bias is not None and bool(np.isneginf(np.asarray(spec.bias)).any()):
+        rules.append(f"−inf in the bias {spec.names.get('bias', 'bias')}")
     added = (
         " (the float mask added to the logits)"
         if spec.mask is not None and not spec.mask_is_bool
@@ -573,13 +610,13 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
     if not gathered.hidden:
         if not rules:
             return "No mask: every key is visible to every query."
-        return f"{' + '.join(rules).capitalize()} hide nothing here: every key is visible{added}."
+        return f"{_first_upper(' + '.join(rules))} hide nothing here: every key is visible{added}."
     counts = gathered.visible_per_row
     mass = np.asarray(gathered.hidden_mass)
     worst = int(np.argmax(mass)) if mass.size else 0
     empty = sum(1 for c in counts if c == 0)
     note = (
-        f"{' + '.join(rules).capitalize() or 'The mask'} hid {gathered.hidden:,} of "
+        f"{_first_upper(' + '.join(rules)) or 'The mask'} hid {gathered.hidden:,} of "
         f"{gathered.cells:,} scores ({_pct(gathered.hidden, gathered.cells)}), set to "
         f"{o.mask_value_label}{added}; rows see {min(counts)} … {max(counts)} keys"
     )
@@ -594,12 +631,26 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
 # --- findings in their place -------------------------------------------------------------------
 
 
-def _in_slice(f: Finding, lead: Index) -> bool:
+def _in_slice(f: Finding, spec: AttentionSpec, lead: Index) -> bool:
+    """Whether finding ``f`` concerns the slice at ``lead``.
+
+    A non-finite input is indexed in its own file's layout: it concerns the slice
+    when the slice reads a non-finite value of that tensor (a GQA head reads its kv
+    head). Other findings are indexed in the scores' layout, or not at all.
+    """
+    tensor = f.details.get("tensor") if f.stage == "input" else None
+    if f.kind == "nonfinite" and isinstance(tensor, str):
+        arr = getattr(spec, tensor)
+        part = np.asarray(arr[spec.operand_index(tensor, lead)], dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            if tensor in ("bias", "mask"):
+                return bool((np.isnan(part) | (part == math.inf)).any())
+            return bool((~np.isfinite(part)).any())
     return f.index is None or tuple(f.index[: len(lead)]) == lead
 
 
 def _placed(
-    diagnosis: Diagnosis, lead: Index, stages: Sequence[str]
+    diagnosis: Diagnosis, spec: AttentionSpec, lead: Index, stages: Sequence[str]
 ) -> tuple[dict[str, list[Finding]], list[Finding], list[Finding]]:
     """Findings of this slice by stage, its other findings (inputs), and the rest.
 
@@ -610,7 +661,7 @@ def _placed(
     inputs: list[Finding] = []
     elsewhere: list[Finding] = []
     for f in diagnosis.findings:
-        if not _in_slice(f, lead):
+        if not _in_slice(f, spec, lead):
             elsewhere.append(f)
         elif f.stage in STAGES:
             earlier = [s for s in STAGES[: STAGES.index(f.stage) + 1] if s in by_stage]
@@ -633,9 +684,10 @@ def scorecard(spec: AttentionSpec, lead: Index, query: int, limit: int = 16) -> 
     )
     k = precision.round_to(np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64), fmt)
     v = precision.round_to(np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64), fmt)
-    visible = block.visible[0]
+    visible = shown_visible(block)[0]
     logits = block.masked[0]
-    finite = visible & np.isfinite(logits)
+    # As the softmax does: over every finite logit (a finite mask value included).
+    finite = np.isfinite(logits)
     m = float(logits[finite].max()) if finite.any() else -math.inf
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.where(finite, np.exp(logits - (m if math.isfinite(m) else 0.0)), 0.0)
@@ -801,7 +853,7 @@ def explain(
     gathered = _slice_pass(spec, lead, engine)
     variance = _variance(spec, lead, gathered)
     notes = _notes(spec, gathered, stats, th, lead, variance)
-    by_stage, inputs, elsewhere = _placed(diagnosis, lead, engine)
+    by_stage, inputs, elsewhere = _placed(diagnosis, spec, lead, engine)
     block = attend_block(spec, lead, slice(rows.start, rows.stop))
     stages = tuple(
         StageExplained(
@@ -818,7 +870,7 @@ def explain(
     classes = classify_rows(stats, th, lead)
     row_stats = RowStats(
         rows=rows,
-        visible=stats.n_visible[picked].astype(np.int64),
+        visible=shown_visible(block).sum(axis=1).astype(np.int64),
         sums=block.weights.sum(axis=1),
         entropy=stats.entropy[picked].copy(),
         normalized_entropy=np.asarray(classes.normalized)[rows.start : rows.stop].copy(),
@@ -837,7 +889,7 @@ def explain(
         spec=spec,
         lead=lead,
         rows=rows,
-        visible=block.visible,
+        visible=shown_visible(block),
         stages=stages,
         row_stats=row_stats,
         variance=variance,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -37,7 +38,13 @@ def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO],
     fig.suptitle(" · ".join(x for x in ("sdpa explain", where, span) if x))
     for n_ax, stage in enumerate(stages):
         ax = fig.add_subplot(rows, cols, n_ax + 1)
+        title, formula = STAGE_TITLES[stage.step]
+        ax.set_title(f"{title}\n{formula}", fontsize=9)
         values = np.array(stage.values, dtype=np.float64)
+        if not values.size:
+            ax.text(0.5, 0.5, "empty (L or S is 0)", ha="center", va="center")
+            ax.set_axis_off()
+            continue
         is_output = stage.step == "output"
         first = 0
         if stage.step in ("masked", "weights", "dropped"):
@@ -48,10 +55,11 @@ def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO],
         values[~np.isfinite(values)] = np.nan
         if stage.step in ("weights", "dropped"):
             top = float(np.nanmax(values, initial=0.0))
-            cmap, vmin, vmax = "magma", 0.0, top if top > 0 else 1.0
+            name, vmin, vmax = "magma", 0.0, top if top > 0 else 1.0
         else:
             top = float(np.nanmax(np.abs(values), initial=0.0)) or 1.0
-            cmap, vmin, vmax = "RdBu_r", -top, top
+            name, vmin, vmax = "RdBu_r", -top, top
+        cmap = colormaps[name].with_extremes(bad="#9e9e9e")  # hidden keys: grey
         # Axes in the tensor's own indices: rows from --rows, keys from --keys.
         extent = (
             first - 0.5,
@@ -68,9 +76,6 @@ def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO],
             interpolation="nearest",
             extent=extent,
         )
-        image.cmap.set_bad("#9e9e9e")
-        title, formula = STAGE_TITLES[stage.step]
-        ax.set_title(f"{title}\n{formula}", fontsize=9)
         ax.set_ylabel("query")
         ax.set_xlabel("value column" if is_output else "key")
         if len(ex.rows) <= 16:

