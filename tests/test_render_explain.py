@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import io
 import math
-import re
 import os
+import re
 from pathlib import Path
 
 import numpy as np
