@@ -51,3 +51,14 @@ def strict_json(text: str) -> Any:
         raise AssertionError(f"non-standard JSON literal {literal}")
 
     return json.loads(text, parse_constant=refuse)
+
+
+def decode_non_finite(node: Any) -> Any:
+    """JSON's "Infinity", "-Infinity" and "NaN" strings back to floats, recursively."""
+    if isinstance(node, list):
+        return [decode_non_finite(n) for n in node]
+    if isinstance(node, dict):
+        return {k: decode_non_finite(v) for k, v in node.items()}
+    if node in ("Infinity", "-Infinity", "NaN"):
+        return float(node.replace("Infinity", "inf").replace("NaN", "nan"))
+    return node

@@ -261,13 +261,6 @@ def write_exports(d: Path, *, causal: bool = False, suffix: str = "") -> dict[st
 
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty working directory, so that messages name files as typed."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-@pytest.fixture
 def exports(workdir: Path) -> dict[str, F64]:
     """q.npy k.npy v.npy, and output/weights/lse exports: good, ``_bad`` and ``_shape``."""
     return write_exports(workdir)

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from clirunner import ANSI, CLEAN_ENV, assert_one_error_line, invoke, strict_json
+from clirunner import (
+    ANSI,
+    CLEAN_ENV,
+    assert_one_error_line,
+    decode_non_finite,
+    invoke,
+    strict_json,
+)
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
@@ -29,17 +36,6 @@ from sdpa_cli.cli import cli
 from sdpa_cli.errors import ExitCode
 
 F64 = NDArray[np.float64]
-
-
-def decode_non_finite(node: Any) -> Any:
-    """JSON's "Infinity", "-Infinity" and "NaN" strings back to floats, recursively."""
-    if isinstance(node, list):
-        return [decode_non_finite(n) for n in node]
-    if isinstance(node, dict):
-        return {k: decode_non_finite(v) for k, v in node.items()}
-    if node in ("Infinity", "-Infinity", "NaN"):
-        return float(node.replace("Infinity", "inf").replace("NaN", "nan"))
-    return node
 
 
 def softmax(x: F64) -> F64:
@@ -68,13 +64,6 @@ def reference(
 
 RNG_SEED = 20240611
 H, L, S, E, EV = 2, 3, 5, 4, 3
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty working directory, so that messages name files as typed."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture

@@ -25,7 +25,14 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import Result
-from clirunner import ANSI, CLEAN_ENV, assert_one_error_line, invoke, strict_json
+from clirunner import (
+    ANSI,
+    CLEAN_ENV,
+    assert_one_error_line,
+    decode_non_finite,
+    invoke,
+    strict_json,
+)
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import ExitCode
@@ -66,19 +73,8 @@ def explain_json(*args: str) -> dict[str, Any]:
     return data
 
 
-def decode(node: Any) -> Any:
-    """JSON's "Infinity", "-Infinity" and "NaN" strings back to floats, recursively."""
-    if isinstance(node, list):
-        return [decode(n) for n in node]
-    if isinstance(node, dict):
-        return {k: decode(v) for k, v in node.items()}
-    if node in ("Infinity", "-Infinity", "NaN"):
-        return float(node.replace("Infinity", "inf").replace("NaN", "nan"))
-    return node
-
-
 def array(node: Any) -> F64:
-    return np.array(decode(node), dtype=np.float64)
+    return np.array(decode_non_finite(node), dtype=np.float64)
 
 
 def lines_of(text: str) -> list[str]:
@@ -94,13 +90,6 @@ def trailing(text: str) -> list[str]:
 
 
 # --- fixtures --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty working directory, so that messages name files as typed."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture
@@ -291,7 +280,7 @@ def test_values_hold_the_rows_shown_with_every_key(
 
 def test_yaml_holds_the_same_document_as_json(qkv: dict[str, F64]) -> None:
     args = (*QKV, "--causal", "--query", "2", "--compare-scales")
-    from_json = decode(explain_json(*args))
+    from_json = decode_non_finite(explain_json(*args))
     from_yaml = yaml.safe_load(ok(*args, "--format", "yaml").stdout)
     assert from_yaml.keys() == from_json.keys()
     for name in ("slice", "variance", "scorecard", "scales", "finding_counts"):

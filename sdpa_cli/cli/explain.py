@@ -10,7 +10,10 @@ import click
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
+    FORMAT_OPTION,
     KEYS_OPTION,
+    MAX_ROWS_OPTION,
+    PRECISION_OPTION,
     attention_options,
     check_index,
     diagnostic_options,
@@ -51,31 +54,10 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Weights, entropy and max weight under no scaling, 1/√d_k and 1/d_k, side by side.",
 )
-@click.option(
-    "--max-rows",
-    metavar="N",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Most rows and key columns per table; keys listed in a scorecard.",
-)
-@click.option(
-    "--precision",
-    metavar="N",
-    type=click.IntRange(0, 12),
-    default=4,
-    show_default=True,
-    help="Digits after the point.",
-)
+@MAX_ROWS_OPTION
+@PRECISION_OPTION
 @COLOR_OPTION
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "yaml"]),
-    default="table",
-    show_default=True,
-    help="The trace for a person, or one JSON/YAML object on stdout.",
-)
+@FORMAT_OPTION
 @click.option("--export-svg", metavar="FILE.svg", help="Also write the trace as an SVG picture.")
 @click.option("--export-html", metavar="FILE.html", help="Also write the trace as an HTML page.")
 @click.option(

@@ -120,6 +120,37 @@ COLOR_OPTION = click.option(
 )
 
 
+KEYS_OPTION = click.option(
+    "--keys", metavar="I|START:STOP", help="Key columns to show (default from key 0)."
+)
+
+
+MAX_ROWS_OPTION = click.option(
+    "--max-rows",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Most rows and columns per table (and keys listed in a scorecard).",
+)
+PRECISION_OPTION = click.option(
+    "--precision",
+    metavar="N",
+    type=click.IntRange(0, 12),
+    default=4,
+    show_default=True,
+    help="Digits after the point.",
+)
+FORMAT_OPTION = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "yaml"]),
+    default="table",
+    show_default=True,
+    help="Tables for a person, or one JSON/YAML object on stdout.",
+)
+
+
 def display_options(f: F) -> F:
     """Which part of the computation to show, and how."""
     for option in reversed(
@@ -133,14 +164,7 @@ def display_options(f: F) -> F:
             click.option("--head", type=int, metavar="H", help="Show only head H."),
             click.option("--rows", metavar="I|START:STOP", help="Query rows to show."),
             KEYS_OPTION,
-            click.option(
-                "--max-rows",
-                metavar="N",
-                type=click.IntRange(min=1),
-                default=16,
-                show_default=True,
-                help="Most rows and columns per table.",
-            ),
+            MAX_ROWS_OPTION,
             click.option(
                 "--max-slices",
                 metavar="N",
@@ -149,14 +173,7 @@ def display_options(f: F) -> F:
                 show_default=True,
                 help="Most (batch, head) slices shown.",
             ),
-            click.option(
-                "--precision",
-                metavar="N",
-                type=click.IntRange(0, 12),
-                default=4,
-                show_default=True,
-                help="Digits after the point.",
-            ),
+            PRECISION_OPTION,
             COLOR_OPTION,
         ]
     ):
@@ -199,15 +216,7 @@ def output_options(f: F) -> F:
     f = click.option(
         "--save", metavar="FILE.npz", help="Write every stage (full shape) to FILE.npz, atomically."
     )(f)
-    f = click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(["table", "json", "yaml"]),
-        default="table",
-        show_default=True,
-        help="Tables for a person, or one JSON/YAML object on stdout.",
-    )(f)
-    return f
+    return FORMAT_OPTION(f)
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -261,11 +270,6 @@ def parse_rows(
     if not (0 <= start < stop <= n):
         raise SpecError(option, f"{text!r} is outside the {n} {what} (0..{n - 1})")
     return slice(start, stop)
-
-
-KEYS_OPTION = click.option(
-    "--keys", metavar="I|START:STOP", help="Key columns to show (default from key 0)."
-)
 
 
 def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...]:
