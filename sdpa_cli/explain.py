@@ -119,6 +119,7 @@ class _SlicePass:
     cells: int = 0
     visible_per_row: list[int] = field(default_factory=list)
     hidden_mass: list[float] = field(default_factory=list)  # weight the mask took away
+    hidden_nonfinite: int = 0  # hidden keys whose own logits are NaN or inf
     top_moved: int = 0  # rows whose largest logit moved to another key with the bias
     capped_changed: int = 0
     dropped_zeroed: int = 0
@@ -172,6 +173,7 @@ def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _Sli
             gathered.hidden += int(visible.size - np.count_nonzero(visible))
             gathered.visible_per_row += visible.sum(axis=1).tolist()
             pre_mask = _pre(block, "masked")
+            gathered.hidden_nonfinite += int(np.count_nonzero(~visible & ~np.isfinite(pre_mask)))
             mass = np.where(visible, 0.0, _softmax_rows(pre_mask)).sum(axis=1)
             gathered.hidden_mass += mass.tolist()
             if block.capped is not None:
@@ -420,7 +422,9 @@ def _g(x: float) -> str:
 
 
 def _span(m: _Moments) -> str:
-    return f"{_g(m.lo)} … {_g(m.hi)}" if m.count else "no finite value"
+    """``−1 … 5``, with the values that are not finite counted."""
+    span = f"{_g(m.lo)} … {_g(m.hi)}" if m.count else "no finite value"
+    return span + (f" ({m.nonfinite:,} not finite)" if m.nonfinite and m.count else "")
 
 
 def _change(before: _Moments, after: _Moments) -> str:
@@ -576,8 +580,8 @@ def _notes(
     else:
         notes["output"] = (
             "Each output row is a weighted average of V's rows (weights · V), so each "
-            f"column stays inside V's: {_span(m['output'])} over {spec.Ev} columns; V "
-            f"holds {v_span}."
+            f"column stays inside V's range: here {_span(m['output'])} over {spec.Ev} "
+            f"columns, V {v_span}."
         )
     return notes
 
@@ -621,10 +625,16 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
         f"{o.mask_value_label}{added}; rows see {min(counts)} … {max(counts)} keys"
     )
     note += f", {plural(empty, 'row')} none." if empty else "."
-    note += (
-        f" Unmasked, the hidden keys would have taken {_pct(float(mass.mean()), 1)} of a "
-        f"row's weight on average (at most {_pct(float(mass[worst]), 1)}, row q{worst})."
-    )
+    if gathered.hidden_nonfinite:
+        note += (
+            f" {plural(gathered.hidden_nonfinite, 'hidden score')} are NaN or inf themselves, "
+            "so what the hidden keys would have taken unmasked is unknown."
+        )
+    else:
+        note += (
+            f" Unmasked, the hidden keys would have taken {_pct(float(mass.mean()), 1)} of a "
+            f"row's weight on average (at most {_pct(float(mass[worst]), 1)}, row q{worst})."
+        )
     return note
 
 
