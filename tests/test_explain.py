@@ -1296,3 +1296,16 @@ def test_row_sums_count_every_key_under_a_finite_mask_value() -> None:
     assert rs.visible.tolist() == [0, 0, 0]
     assert rs.max_weight.tolist() == [0.0, 0.0, 0.0]
     assert rs.sums.tolist() == pytest.approx([1.0, 1.0, 1.0], rel=1e-12)
+
+
+def test_notes_on_nan_inputs_count_them_and_do_not_guess() -> None:
+    """padded_nan: K and V rows of the padded key are NaN. The raw note counts the NaN
+    scores; the mask note does not claim a share of weight the NaN keys would have had."""
+    ex = run_explain(sample_spec("padded_nan.yaml")).ex
+    raw = run_explain(sample_spec("padded_nan.yaml")).whole("raw")
+    bad = int((~np.isfinite(raw)).sum())
+    assert bad == 2
+    assert f"({bad} not finite)" in stage(ex, "raw").note
+    masked = stage(ex, "masked").note
+    assert "2 hidden scores are NaN or inf themselves" in masked
+    assert "would have taken 0%" not in masked
