@@ -220,6 +220,11 @@ def _window(n: int, chosen: slice | None, cap: int) -> tuple[range, bool]:
     return (r[:cap], len(r) > cap)
 
 
+def rule(text: str, width: int) -> Text:
+    """``── text ─────``: a heading across the width."""
+    return Text(f"── {text} " + "─" * max(0, width - len(text) - 4), THEME["title"])
+
+
 def stage_title(stage: str) -> Text:
     """``weights  softmax over keys``: the stage's name and formula."""
     title, formula = STAGE_TITLES[stage]
@@ -393,9 +398,7 @@ def render_compute(trace: Trace, view: View, diagnosis: Diagnosis | None = None)
     for idx in positions[: view.max_slices]:
         label = slice_label(spec, idx)
         if label:
-            parts.append(
-                Text(f"── {label} " + "─" * max(0, view.width - len(label) - 4), THEME["title"])
-            )
+            parts.append(rule(label, view.width))
         flags = row_flags(trace.stats, diagnosis.thresholds, idx, working) if diagnosis else {}
         for stage in stages:
             arr = trace.stage(stage)

@@ -25,6 +25,7 @@ from sdpa_cli.render import (
     View,
     fmt,
     header,
+    rule,
     slice_label,
     stage_table,
     stage_title,
@@ -34,10 +35,6 @@ from sdpa_cli.render_findings import SEVERITY_STYLE, UNITS, severity_counts
 MUTED = Style(dim=True)
 FINDINGS_PER_KIND = 3
 """Findings of one kind listed under a stage; the others are counted."""
-
-
-def _rule(text: str, width: int) -> Text:
-    return Text(f"── {text} " + "─" * max(0, width - len(text) - 4), THEME["title"])
 
 
 def note_text(
@@ -240,7 +237,7 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     p = view.precision
     where = slice_label(spec, ex.lead)
     title = f"scorecard · q{card.query}" + (f" · {where}" if where else "")
-    parts: list[RenderableType] = [_rule(title, view.width)]
+    parts: list[RenderableType] = [rule(title, view.width)]
     parts.append(
         note_text(
             f"q{card.query} = {_vector(card.q.tolist(), p, 8)}; {plural(spec.S, 'key')}, d_k = "
@@ -404,7 +401,7 @@ def render_scales(ex: Explanation, view: View) -> list[RenderableType]:
     p = view.precision
     where = slice_label(spec, ex.lead)
     parts: list[RenderableType] = [
-        _rule("scales compared" + (f" · {where}" if where else ""), view.width)
+        rule("scales compared" + (f" · {where}" if where else ""), view.width)
     ]
     if ex.variance is not None and math.isfinite(ex.variance.predicted_raw_std):
         v = ex.variance
@@ -467,7 +464,7 @@ def render_explain(ex: Explanation, view: View, *, walk: bool = True) -> Rendera
         rows = ex.rows
         span = f"q{rows.start}" if len(rows) == 1 else f"q{rows.start}–q{rows.stop - 1}"
         shown = f"rows {span} of {spec.L}" if len(rows) < spec.L else plural(spec.L, "row")
-        parts.append(_rule(" · ".join(x for x in (where, shown) if x), view.width))
+        parts.append(rule(" · ".join(x for x in (where, shown) if x), view.width))
     if ex.input_findings:
         parts.append(stage_title_text("inputs", "found before any stage"))
         parts.extend(stage_findings(ex.input_findings, view.width))

@@ -1233,7 +1233,25 @@ def test_permuting_keys_and_values_keeps_the_verdict(
         **options,
     )
     assert plain.passed is permuted.passed is (not wrong)
-    assert statuses(plain) == statuses(permuted)
+    # Every check but the findings gate: the mask heuristic looks at the diagonal
+    # (a self-attention mask that hides it is suspect), which moves with the keys.
+    assert {n: s for n, s in statuses(plain).items() if n != "findings"} == {
+        n: s for n, s in statuses(permuted).items() if n != "findings"
+    }
+
+
+def test_the_mask_heuristic_depends_on_the_diagonal_so_permuting_keys_can_change_it() -> None:
+    """Found by hypothesis: a boolean mask hiding most keys is a warning when it also
+    hides the diagonal, else info; permuting the keys moves the diagonal."""
+    zeros = np.zeros((1, 3, 1))
+    mask = np.array([[[True, False, False], [True, False, False], [False, True, False]]])
+    plain = check(zeros, zeros, zeros, {}, mask=mask)
+    perm = np.array([0, 2, 1])
+    permuted = check(zeros, zeros[:, perm], zeros[:, perm], {}, mask=mask[..., perm])
+    kinds = {(f.kind, f.severity) for f in plain.diagnosis.findings}
+    moved = {(f.kind, f.severity) for f in permuted.diagnosis.findings}
+    assert ("mask_suspect", "warning") in kinds
+    assert ("mask_suspect", "info") in moved
 
 
 # --- regressions (bugs found while writing these tests) -----------------------------------------
