@@ -21,7 +21,7 @@ from sdpa_cli import precision
 from sdpa_cli.compare import argmax_index
 from sdpa_cli.compute import STAGES, Trace
 from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import F64, OVERFLOW_STAGES, Index, Stats, working_formats
+from sdpa_cli.stats import F64, OVERFLOW_STAGES, Index, Stats, finite_std, working_formats
 
 KINDS = (
     "nonfinite",
@@ -709,12 +709,6 @@ def _head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[F
 # --- the scale -------------------------------------------------------------------------------
 
 
-def _std(a: NDArray[Any]) -> float:
-    x = np.asarray(a, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    return float(x.std()) if x.size > 1 else math.nan
-
-
 def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     E = spec.E
     raw_std = stats.raw_std
@@ -722,7 +716,7 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         return
     factor = spec.scale / spec.options.temperature
     logit_std = raw_std * factor
-    sq, sk = _std(spec.q), _std(spec.k)
+    sq, sk = finite_std(spec.q), finite_std(spec.k)
     predicted = math.sqrt(E) * sq * sk
     numbers = (
         f"std of QKᵀ {raw_std:.4g} (√d_k·σ_q·σ_k = √{E}·{sq:.3g}·{sk:.3g} = {predicted:.4g}); "

@@ -31,7 +31,7 @@ from sdpa_cli.diagnose import (
     row_flags,
 )
 from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import Index, Stats, working_formats
+from sdpa_cli.stats import Index, Moments, Stats, finite_std, working_formats
 
 F64 = NDArray[np.float64]
 
@@ -58,63 +58,10 @@ def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
 
 
 @dataclass
-class _Moments:
-    """Count, range, mean and std of the finite values seen, and how many were not.
-
-    Blocks are merged with Chan et al.'s pairwise update (each block's mean and sum
-    of squared deviations), so a large common offset does not cancel the spread as
-    E[x²] − E[x]² would.
-    """
-
-    count: int = 0
-    mean_: float = 0.0
-    m2: float = 0.0
-    lo: float = math.inf
-    hi: float = -math.inf
-    nonfinite: int = 0
-
-    def add(self, values: F64, where: NDArray[np.bool_] | None = None) -> None:
-        picked = values if where is None else values[where]
-        finite = picked[np.isfinite(picked)]
-        self.nonfinite += int(picked.size - finite.size)
-        if not finite.size:
-            return
-        n_b = int(finite.size)
-        mean_b = float(finite.mean())
-        m2_b = float(np.square(finite - mean_b).sum())
-        total = self.count + n_b
-        delta = mean_b - self.mean_
-        self.mean_ += delta * n_b / total
-        self.m2 += m2_b + delta * delta * self.count * n_b / total
-        self.count = total
-        self.lo = min(self.lo, float(finite.min()))
-        self.hi = max(self.hi, float(finite.max()))
-
-    @property
-    def mean(self) -> float:
-        return self.mean_ if self.count else math.nan
-
-    @property
-    def std(self) -> float:
-        """The population std (numpy's default), NaN below two values."""
-        return math.sqrt(self.m2 / self.count) if self.count >= 2 else math.nan
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "min": self.lo if self.count else None,
-            "max": self.hi if self.count else None,
-            "mean": self.mean if self.count else None,
-            "std": self.std if self.count > 1 else None,
-            "count": self.count,
-            "nonfinite": self.nonfinite,
-        }
-
-
-@dataclass
 class _SlicePass:
     """What one pass over every row of a slice gathers for the notes."""
 
-    moments: dict[str, _Moments]
+    moments: dict[str, Moments]
     hidden: int = 0
     cells: int = 0
     visible_per_row: list[int] = field(default_factory=list)
@@ -124,7 +71,7 @@ class _SlicePass:
     capped_changed: int = 0
     dropped_zeroed: int = 0
     dropped_kept: int = 0
-    dropped_sums: _Moments = field(default_factory=_Moments)
+    dropped_sums: Moments = field(default_factory=Moments)
     row_sum_error: float = 0.0
 
 
@@ -159,7 +106,7 @@ def _softmax_rows(x: F64) -> F64:
 
 def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _SlicePass:
     """Every row of the slice at ``lead``, block by block; no score-sized array kept."""
-    gathered = _SlicePass(moments={s: _Moments() for s in stages})
+    gathered = _SlicePass(moments={s: Moments() for s in stages})
     step = block_rows(spec)
     with np.errstate(invalid="ignore", over="ignore"):
         for i0 in range(0, spec.L, step):
@@ -421,13 +368,13 @@ def _g(x: float) -> str:
     return f"{x:.4g}".replace("-", "−")
 
 
-def _span(m: _Moments) -> str:
+def _span(m: Moments) -> str:
     """``−1 … 5``, with the values that are not finite counted."""
     span = f"{_g(m.lo)} … {_g(m.hi)}" if m.count else "no finite value"
     return span + (f" ({m.nonfinite:,} not finite)" if m.nonfinite and m.count else "")
 
 
-def _change(before: _Moments, after: _Moments) -> str:
+def _change(before: Moments, after: Moments) -> str:
     return f"range {_span(before)} → {_span(after)}"
 
 
@@ -439,14 +386,8 @@ def _variance(spec: AttentionSpec, lead: Index, gathered: _SlicePass) -> Varianc
     raw, scaled = gathered.moments["raw"], gathered.moments["scaled"]
     if spec.E < 1 or raw.count < 2:
         return None
-    q = np.asarray(spec.q[spec.operand_index("q", lead)], dtype=np.float64)
-    k = np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64)
-
-    def std(a: F64) -> float:
-        finite = a[np.isfinite(a)]
-        return float(finite.std()) if finite.size > 1 else math.nan
-
-    sq, sk = std(q), std(k)
+    sq = finite_std(spec.q[spec.operand_index("q", lead)])
+    sk = finite_std(spec.k[spec.operand_index("k", lead)])
     factor = spec.scale / spec.options.temperature
     raw_std = raw.std if not spec.options.prescale else raw.std / factor
     return Variance(
@@ -756,7 +697,7 @@ def _scale_run(
     max_weight = np.zeros(L)
     entropy = np.zeros(L)
     n_visible = np.zeros(L, dtype=np.int64)
-    logits = _Moments()
+    logits = Moments()
     step = block_rows(spec)
     with np.errstate(invalid="ignore", divide="ignore"):
         for i0 in range(0, L, step):

@@ -77,6 +77,66 @@ def _at(base: Index, offset: tuple[Any, ...]) -> Index:
 
 
 @dataclass
+class Moments:
+    """Count, range, mean and std of the finite values seen, and how many were not.
+
+    Blocks are merged with Chan et al.'s pairwise update (each block's mean and sum
+    of squared deviations), so a large common offset does not cancel the spread as
+    E[x²] − E[x]² would.
+    """
+
+    count: int = 0
+    mean_: float = 0.0
+    m2: float = 0.0
+    lo: float = math.inf
+    hi: float = -math.inf
+    nonfinite: int = 0
+
+    def add(self, values: F64, where: NDArray[np.bool_] | None = None) -> None:
+        picked = values if where is None else values[where]
+        finite = picked[np.isfinite(picked)]
+        self.nonfinite += int(picked.size - finite.size)
+        if not finite.size:
+            return
+        n_b = int(finite.size)
+        mean_b = float(finite.mean())
+        m2_b = float(np.square(finite - mean_b).sum())
+        total = self.count + n_b
+        delta = mean_b - self.mean_
+        self.mean_ += delta * n_b / total
+        self.m2 += m2_b + delta * delta * self.count * n_b / total
+        self.count = total
+        self.lo = min(self.lo, float(finite.min()))
+        self.hi = max(self.hi, float(finite.max()))
+
+    @property
+    def mean(self) -> float:
+        return self.mean_ if self.count else math.nan
+
+    @property
+    def std(self) -> float:
+        """The population std (numpy's default), NaN below two values."""
+        return math.sqrt(self.m2 / self.count) if self.count >= 2 else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "min": self.lo if self.count else None,
+            "max": self.hi if self.count else None,
+            "mean": self.mean if self.count else None,
+            "std": self.std if self.count > 1 else None,
+            "count": self.count,
+            "nonfinite": self.nonfinite,
+        }
+
+
+def finite_std(a: NDArray[Any]) -> float:
+    """The std of the finite values of ``a`` in float64 (NaN below two values)."""
+    x = np.asarray(a, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(x.std()) if x.size > 1 else math.nan
+
+
+@dataclass
 class StageError:
     """An emulated stage against float64: the largest errors and new non-finite values."""
 
@@ -108,7 +168,7 @@ class Stats:
     exp_overflow: dict[str, Where]
     mask_add_overflow: dict[str, Where]
     hidden_bad: dict[str, Where]
-    moments: list[float]
+    moments: Moments
     errors: dict[str, StageError]
     _bad_keys: dict[tuple[str, Index], NDArray[np.bool_]] = field(default_factory=dict)
 
@@ -140,7 +200,7 @@ class Stats:
             exp_overflow={d: Where() for d in narrow},
             mask_add_overflow={d: Where() for d in narrow},
             hidden_bad={"k": Where(), "v": Where()},
-            moments=[0.0, 0.0, 0.0],
+            moments=Moments(),
             errors={s: StageError() for s in stages} if spec.options.emulated else {},
         )
 
@@ -216,11 +276,7 @@ class Stats:
                     added = np.where(hidden, pre + o.mask_value_in(d), 0.0)
                     hits = hidden & precision.fmt(d).overflows(added)
                     self.mask_add_overflow[d].add(hits, base, added)
-            scaled = reference.scaled
-            ok = scaled[np.isfinite(scaled)]
-            self.moments[0] += ok.size
-            self.moments[1] += float(ok.sum())
-            self.moments[2] += float(np.square(ok).sum())
+            self.moments.add(reference.scaled)
 
             # --- non-finite values as shown, stage by stage -------------------------
             for stage, record in self.nonfinite.items():
@@ -282,13 +338,8 @@ class Stats:
     @property
     def raw_std(self) -> float:
         """The observed standard deviation of Q Kᵀ (from the scaled logits / scale)."""
-        n, total, squares = self.moments
-        if n < 2:
-            return math.nan
-        mean = total / n
-        var = max(squares / n - mean * mean, 0.0)
         factor = self.spec.scale / self.spec.options.temperature
-        return math.sqrt(var) / factor
+        return self.moments.std / factor
 
 
 def _pre_mask(block: Block) -> F64:

@@ -829,3 +829,13 @@ def test_emulation_reports_the_first_stage_that_overflowed() -> None:
     first = emulation.first_problem
     assert first is not None
     assert (first.stage, first.problem, first.new_nonfinite) == ("raw", "overflowed", 1)
+
+
+def test_raw_std_survives_a_large_common_offset() -> None:
+    """Scores of 1e8 ± a few: the std the unscaled check reads is the spread, not the
+    rounding error of E[x²] − E[x]² (the statistics merge blocks pairwise)."""
+    q = np.array([[1e4, 1.0], [1e4, 2.0], [1e4, -1.0]])
+    k = np.array([[1e4, 0.3], [1e4, -2.0], [1e4, 1.5]])
+    spec = build_spec(q, k, np.eye(3), options=parse_options({"scale": "none"}))
+    result = trace(spec, rows=1)  # one row per block: the merge is exercised
+    assert result.stats.raw_std == pytest.approx(float(np.std(q @ k.T)), rel=1e-9)
