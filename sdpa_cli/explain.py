@@ -20,7 +20,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import precision
-from sdpa_cli.compute import STAGES, Block, applicable_stages, attend_block, block_rows
+from sdpa_cli.compute import (
+    STAGES,
+    Block,
+    applicable_stages,
+    attend_block,
+    block_rows,
+    softmax,
+)
 from sdpa_cli.diagnose import (
     Diagnosis,
     Finding,
@@ -94,16 +101,6 @@ def shown_visible(block: Block) -> NDArray[np.bool_]:
         return block.visible & ~(np.isneginf(block.masked) & np.isfinite(before))
 
 
-def _softmax_rows(x: F64) -> F64:
-    """A plain float64 softmax per row (all −inf or NaN rows give zeros)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        m = np.max(x, axis=-1, keepdims=True, initial=-math.inf)
-        e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
-        e = np.where(np.isfinite(e), e, 0.0)
-        total = e.sum(axis=-1, keepdims=True)
-        return e / np.where(total > 0, total, 1.0)
-
-
 def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _SlicePass:
     """Every row of the slice at ``lead``, block by block; no score-sized array kept."""
     gathered = _SlicePass(moments={s: Moments() for s in stages})
@@ -121,7 +118,7 @@ def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _Sli
             gathered.visible_per_row += visible.sum(axis=1).tolist()
             pre_mask = _pre(block, "masked")
             gathered.hidden_nonfinite += int(np.count_nonzero(~visible & ~np.isfinite(pre_mask)))
-            mass = np.where(visible, 0.0, _softmax_rows(pre_mask)).sum(axis=1)
+            mass = np.where(visible, 0.0, softmax(pre_mask)).sum(axis=1)
             gathered.hidden_mass += mass.tolist()
             if block.capped is not None:
                 moved = np.abs(block.capped - block.scaled) > CHANGED * np.abs(block.scaled)
@@ -557,8 +554,9 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
             return "No mask: every key is visible to every query."
         return f"{_first_upper(' + '.join(rules))} hide nothing here: every key is visible{added}."
     counts = gathered.visible_per_row
-    mass = np.asarray(gathered.hidden_mass)
-    worst = int(np.argmax(mass)) if mass.size else 0
+    mass = np.asarray(gathered.hidden_mass)  # NaN for a row with a NaN logit
+    known = np.where(np.isfinite(mass), mass, -1.0)
+    worst = int(np.argmax(known)) if mass.size else 0
     empty = sum(1 for c in counts if c == 0)
     note = (
         f"{_first_upper(' + '.join(rules)) or 'The mask'} hid {gathered.hidden:,} of "
@@ -568,12 +566,13 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
     note += f", {plural(empty, 'row')} none." if empty else "."
     if gathered.hidden_nonfinite:
         note += (
-            f" {plural(gathered.hidden_nonfinite, 'hidden score')} are NaN or inf themselves, "
+            f" {plural(gathered.hidden_nonfinite, 'hidden score')} "
+            f"{'is' if gathered.hidden_nonfinite == 1 else 'are'} NaN or inf themselves, "
             "so what the hidden keys would have taken unmasked is unknown."
         )
-    else:
+    elif (known >= 0).any():
         note += (
-            f" Unmasked, the hidden keys would have taken {_pct(float(mass.mean()), 1)} of a "
+            f" Unmasked, the hidden keys would have taken {_pct(float(np.nanmean(mass)), 1)} of a "
             f"row's weight on average (at most {_pct(float(mass[worst]), 1)}, row q{worst})."
         )
     return note
@@ -691,29 +690,20 @@ def _scale_run(
     label: str,
     current: bool,
 ) -> ScaleRun:
-    """The slice under one scale: every row's max weight and entropy (visible keys)."""
+    """The slice under one scale: every row's max weight and entropy over its visible
+    keys, judged by the findings' rules (:func:`~sdpa_cli.diagnose.classify_rows`)."""
     run = spec if current else spec.with_scale(rule)
-    L = spec.L
-    max_weight = np.zeros(L)
-    entropy = np.zeros(L)
-    n_visible = np.zeros(L, dtype=np.int64)
+    # The row statistics and rules of the findings, gathered over this slice only.
+    stats = Stats.empty(run)
     logits = Moments()
     step = block_rows(spec)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        for i0 in range(0, L, step):
-            r = slice(i0, min(i0 + step, L))
-            block = attend_block(run, lead, r)
-            w = np.where(block.visible, block.weights, 0.0)
-            n_visible[r] = block.visible.sum(axis=1)
-            logits.add(_pre(block, "masked"), block.visible)
-            if spec.S:
-                max_weight[r] = w.max(axis=1)
-                entropy[r] = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
-        shown = attend_block(run, lead, slice(rows.start, rows.stop)).weights
-        normalized = entropy / np.log(np.maximum(n_visible, 2))
-    eligible = (n_visible >= 2) & np.isfinite(max_weight)
-    saturated = eligible & (max_weight >= th.saturation)
-    uniform = eligible & (normalized >= th.uniform) & ~saturated
+    for i0 in range(0, spec.L, step):
+        block = attend_block(run, lead, slice(i0, min(i0 + step, spec.L)))
+        stats.observe(block, block)
+        logits.add(_pre(block, "masked"), shown_visible(block))
+    shown = attend_block(run, lead, slice(rows.start, rows.stop)).weights
+    classes = classify_rows(stats, th, lead)
+    eligible, saturated, uniform = classes.eligible, classes.saturated, classes.uniform
     n, s, u = int(eligible.sum()), int(saturated.sum()), int(uniform.sum())
     if not n:
         verdict = "no row with two visible keys"
@@ -731,8 +721,8 @@ def _scale_run(
         label=label,
         factor=run.scale / run.options.temperature,
         weights=shown,
-        max_weight=max_weight[picked],
-        normalized_entropy=normalized[picked],
+        max_weight=stats.max_weight[lead][picked],
+        normalized_entropy=classes.normalized[picked],
         logit_std=logits.std,
         rows=n,
         saturated=s,
