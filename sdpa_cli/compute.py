@@ -59,6 +59,25 @@ class Block:
     dropped: F64 | None
     output: F64
 
+    def logits_before(self, stage: str) -> F64:
+        """The logits just before ``stage`` (``capped``, ``biased`` or ``masked``):
+        the last of scaled, capped and biased computed ahead of it."""
+        order = ("scaled", "capped", "biased")
+        stop = order.index(stage) if stage in order else len(order)
+        for name in reversed(order[1:stop]):
+            values: F64 | None = getattr(self, name)
+            if values is not None:
+                return values
+        return self.scaled
+
+    @property
+    def attended(self) -> NDArray[np.bool_]:
+        """The keys each row really attends to: ``visible`` less the keys a float mask
+        or the bias hid with −inf (finite before them, −inf after)."""
+        before = self.capped if self.capped is not None else self.scaled
+        with np.errstate(invalid="ignore"):
+            return self.visible & ~(np.isneginf(self.masked) & np.isfinite(before))
+
 
 def applicable_stages(spec: AttentionSpec) -> tuple[str, ...]:
     """The stages this spec's options bring about, in order."""

@@ -19,10 +19,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
 from sdpa_cli.compute import (
     STAGES,
-    Block,
     applicable_stages,
     attend_block,
     block_rows,
@@ -37,6 +35,8 @@ from sdpa_cli.diagnose import (
     plural,
     row_flags,
 )
+from sdpa_cli.scales import ScaleRun, compare_scales
+from sdpa_cli.scorecard import Scorecard, scorecard
 from sdpa_cli.spec import AttentionSpec
 from sdpa_cli.stats import Index, Moments, Stats, finite_std, working_formats
 
@@ -44,9 +44,6 @@ F64 = NDArray[np.float64]
 
 NAMES = {"dropped": "dropout"}
 """Engine stage → its name in ``explain`` (the rest keep theirs)."""
-
-TERMS_UP_TO = 4
-"""Dot products are written out term by term up to this key dim."""
 
 CHANGED = 0.01
 """A soft-capped logit counts as changed when it moved by more than this fraction."""
@@ -82,25 +79,6 @@ class _SlicePass:
     row_sum_error: float = 0.0
 
 
-def _pre(block: Block, before: str) -> F64:
-    """The logits just before stage ``before``: the last stage computed ahead of it."""
-    order = ("scaled", "capped", "biased")
-    stop = order.index(before) if before in order else len(order)
-    for name in reversed(order[:stop]):
-        values = getattr(block, name)
-        if values is not None:
-            return values  # type: ignore[no-any-return]
-    return block.raw
-
-
-def shown_visible(block: Block) -> NDArray[np.bool_]:
-    """The keys each row really sees: the masks' visibility, less the keys a float
-    mask or bias hid with −inf (finite logits before them, −inf after)."""
-    before = block.capped if block.capped is not None else block.scaled
-    with np.errstate(invalid="ignore"):
-        return block.visible & ~(np.isneginf(block.masked) & np.isfinite(before))
-
-
 def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _SlicePass:
     """Every row of the slice at ``lead``, block by block; no score-sized array kept."""
     gathered = _SlicePass(moments={s: Moments() for s in stages})
@@ -108,7 +86,7 @@ def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _Sli
     with np.errstate(invalid="ignore", over="ignore"):
         for i0 in range(0, spec.L, step):
             block = attend_block(spec, lead, slice(i0, min(i0 + step, spec.L)))
-            visible = shown_visible(block)
+            visible = block.attended
             for s in stages:
                 values = getattr(block, s)
                 # The masked logits are described over the keys they let through.
@@ -116,7 +94,7 @@ def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _Sli
             gathered.cells += visible.size
             gathered.hidden += int(visible.size - np.count_nonzero(visible))
             gathered.visible_per_row += visible.sum(axis=1).tolist()
-            pre_mask = _pre(block, "masked")
+            pre_mask = block.logits_before("masked")
             gathered.hidden_nonfinite += int(np.count_nonzero(~visible & ~np.isfinite(pre_mask)))
             mass = np.where(visible, 0.0, softmax(pre_mask)).sum(axis=1)
             gathered.hidden_mass += mass.tolist()
@@ -124,7 +102,7 @@ def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _Sli
                 moved = np.abs(block.capped - block.scaled) > CHANGED * np.abs(block.scaled)
                 gathered.capped_changed += int(np.count_nonzero(moved))
             if block.biased is not None and spec.S:
-                before = _pre(block, "biased")
+                before = block.logits_before("biased")
                 gathered.top_moved += int(
                     np.count_nonzero(
                         np.argmax(np.where(visible, before, -np.inf), axis=1)
@@ -220,114 +198,6 @@ class Variance:
             "effective_scale": self.factor,
             "scaled_std": self.scaled_std,
             "std_with_sqrt_dk": self.sqrt_dk_std,
-        }
-
-
-@dataclass(frozen=True)
-class KeyScore:
-    """One key's line of a scorecard."""
-
-    key: int
-    terms: tuple[tuple[float, float], ...] | None
-    raw: float
-    scaled: float
-    logit: float
-    visible: bool
-    exp: float
-    weight: float
-    contribution: F64
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"key": self.key}
-        if self.terms is not None:
-            out["terms"] = [list(t) for t in self.terms]
-        out.update(
-            raw=self.raw,
-            scaled=self.scaled,
-            logit=self.logit,
-            visible=self.visible,
-            exp=self.exp,
-            weight=self.weight,
-            contribution=self.contribution.tolist(),
-        )
-        return out
-
-
-@dataclass(frozen=True)
-class Scorecard:
-    """One query against every key, as seed 003 works it: dot products, scaled
-    scores, weights e^(x − m) / Z, contributions weight · v_j and their sum.
-
-    ``shown`` are the keys to list (all, or the heaviest ``limit`` in key order);
-    ``rest_weight`` and ``rest_contribution`` sum the others.
-    """
-
-    lead: Index
-    query: int
-    q: F64
-    keys: tuple[KeyScore, ...]
-    logit_max: float
-    z: float
-    output: F64
-    shown: tuple[int, ...]
-    rest_weight: float
-    rest_contribution: F64
-    dropout: bool
-
-    @property
-    def sum_exp(self) -> float:
-        """Σ e^x over the visible keys, without the max subtracted (inf when it overflows)."""
-        with np.errstate(over="ignore"):
-            return float(self.z * np.exp(self.logit_max)) if math.isfinite(self.logit_max) else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": [*self.lead, self.query],
-            "query": self.query,
-            "q": self.q.tolist(),
-            "keys": [k.to_dict() for k in self.keys],
-            "logit_max": self.logit_max,
-            "z": self.z,
-            "sum_exp": self.sum_exp,
-            "output": self.output.tolist(),
-            "shown_keys": list(self.shown),
-        }
-
-
-SCALE_RULES = (("none", "none (×1)"), ("sqrt-dk", "1/√d_k"), ("dk", "1/d_k"))
-
-
-@dataclass(frozen=True)
-class ScaleRun:
-    """The slice under one scale: the shown rows' weights and every row's shape."""
-
-    rule: str | float
-    label: str
-    factor: float
-    weights: F64
-    max_weight: F64
-    normalized_entropy: F64
-    logit_std: float
-    rows: int
-    saturated: int
-    uniform: int
-    verdict: str
-    current: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scale": self.rule,
-            "label": self.label,
-            "factor": self.factor,
-            "current": self.current,
-            "weights": self.weights.tolist(),
-            "max_weight": self.max_weight.tolist(),
-            "normalized_entropy": self.normalized_entropy.tolist(),
-            "logit_std": self.logit_std,
-            "rows": self.rows,
-            "saturated": self.saturated,
-            "near_uniform": self.uniform,
-            "verdict": self.verdict,
         }
 
 
@@ -621,148 +491,6 @@ def _placed(
     return by_stage, inputs, elsewhere
 
 
-# --- the scorecard and the scale comparison ---------------------------------------------------
-
-
-def scorecard(spec: AttentionSpec, lead: Index, query: int, limit: int = 16) -> Scorecard:
-    """Query ``query`` of the slice at ``lead`` against every key, step by step."""
-    block = attend_block(spec, lead, slice(query, query + 1))
-    o = spec.options
-    fmt = o.dtype if o.emulated else "float64"
-    q = precision.round_to(
-        np.asarray(spec.q[spec.operand_index("q", lead)][query], dtype=np.float64), fmt
-    )
-    k = precision.round_to(np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64), fmt)
-    v = precision.round_to(np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64), fmt)
-    visible = shown_visible(block)[0]
-    logits = block.masked[0]
-    # As the softmax does: over every finite logit (a finite mask value included).
-    finite = np.isfinite(logits)
-    m = float(logits[finite].max()) if finite.any() else -math.inf
-    with np.errstate(over="ignore", invalid="ignore"):
-        e = np.where(finite, np.exp(logits - (m if math.isfinite(m) else 0.0)), 0.0)
-    mixing = block.weights[0] if block.dropped is None else block.dropped[0]
-    contributions = mixing[:, None] * v
-    keys = tuple(
-        KeyScore(
-            key=j,
-            terms=tuple(zip(q.tolist(), k[j].tolist(), strict=True))
-            if spec.E <= TERMS_UP_TO
-            else None,
-            raw=float(block.raw[0, j]),
-            scaled=float(block.scaled[0, j]),
-            logit=float(logits[j]),
-            visible=bool(visible[j]),
-            exp=float(e[j]),
-            weight=float(mixing[j]),
-            contribution=contributions[j],
-        )
-        for j in range(spec.S)
-    )
-    if limit >= spec.S:
-        shown = tuple(range(spec.S))
-    else:
-        heaviest = np.argsort(-mixing, kind="stable")[:limit]
-        shown = tuple(sorted(int(j) for j in heaviest))
-    rest = np.ones(spec.S, dtype=np.bool_)
-    rest[list(shown)] = False
-    return Scorecard(
-        lead=lead,
-        query=query,
-        q=q,
-        keys=keys,
-        logit_max=m,
-        z=float(e.sum()),
-        output=block.output[0],
-        shown=shown,
-        rest_weight=float(mixing[rest].sum()),
-        rest_contribution=contributions[rest].sum(axis=0),
-        dropout=block.dropped is not None,
-    )
-
-
-def _scale_run(
-    spec: AttentionSpec,
-    lead: Index,
-    rows: range,
-    th: Thresholds,
-    rule: str | float,
-    label: str,
-    current: bool,
-) -> ScaleRun:
-    """The slice under one scale: every row's max weight and entropy over its visible
-    keys, judged by the findings' rules (:func:`~sdpa_cli.diagnose.classify_rows`)."""
-    run = spec if current else spec.with_scale(rule)
-    # The row statistics and rules of the findings, gathered over this slice only.
-    stats = Stats.empty(run)
-    logits = Moments()
-    step = block_rows(spec)
-    for i0 in range(0, spec.L, step):
-        block = attend_block(run, lead, slice(i0, min(i0 + step, spec.L)))
-        stats.observe(block, block)
-        logits.add(_pre(block, "masked"), shown_visible(block))
-    shown = attend_block(run, lead, slice(rows.start, rows.stop)).weights
-    classes = classify_rows(stats, th, lead)
-    eligible, saturated, uniform = classes.eligible, classes.saturated, classes.uniform
-    n, s, u = int(eligible.sum()), int(saturated.sum()), int(uniform.sum())
-    if not n:
-        verdict = "no row with two visible keys"
-    elif s >= th.head_fraction * n:
-        verdict = "saturated: one-hot rows"
-    elif u >= th.head_fraction * n:
-        verdict = "too flat: near-uniform rows"
-    elif s or u:
-        verdict = f"mixed: {s} one-hot, {u} near-uniform of {n} rows"
-    else:
-        verdict = "balanced: neither one-hot nor uniform"
-    picked = slice(rows.start, rows.stop)
-    return ScaleRun(
-        rule=rule,
-        label=label,
-        factor=run.scale / run.options.temperature,
-        weights=shown,
-        max_weight=stats.max_weight[lead][picked],
-        normalized_entropy=classes.normalized[picked],
-        logit_std=logits.std,
-        rows=n,
-        saturated=s,
-        uniform=u,
-        verdict=verdict,
-        current=current,
-    )
-
-
-def compare_scales(
-    spec: AttentionSpec, lead: Index, rows: range, th: Thresholds
-) -> tuple[tuple[ScaleRun, ...], str]:
-    """No scaling, 1/√d_k and 1/d_k (and the run's own scale when it is another one),
-    with a verdict on each and a conclusion."""
-    runs: list[ScaleRun] = []
-    o = spec.options
-    matched = False
-    for rule, name in SCALE_RULES:
-        current = o.scale == rule
-        matched |= current
-        label = name if rule == "none" else f"{name} = {spec.with_scale(rule).scale:.4g}"
-        runs.append(_scale_run(spec, lead, rows, th, rule, label, current))
-    if not matched:
-        runs.append(_scale_run(spec, lead, rows, th, o.scale, f"this run: {spec.scale:.4g}", True))
-    balanced = [r.label.split(" =")[0] for r in runs if r.verdict.startswith("balanced")]
-    default = runs[1]
-    if not default.rows:
-        return tuple(runs), "No row has two visible keys: there is nothing to compare."
-    if balanced:
-        conclusion = "Balanced under " + ", ".join(balanced)
-    else:
-        conclusion = "No scale gives balanced rows here"
-    if not default.verdict.startswith("balanced"):
-        conclusion += (
-            f"; the standard 1/√d_k is {default.verdict.split(':')[0]} here (logit std "
-            f"{_g(default.logit_std)})"
-        )
-    return tuple(runs), conclusion + "."
-
-
 # --- the whole explanation -----------------------------------------------------------------------
 
 
@@ -811,7 +539,7 @@ def explain(
     classes = classify_rows(stats, th, lead)
     row_stats = RowStats(
         rows=rows,
-        visible=shown_visible(block).sum(axis=1).astype(np.int64),
+        visible=block.attended.sum(axis=1).astype(np.int64),
         sums=block.weights.sum(axis=1),
         entropy=stats.entropy[picked].copy(),
         normalized_entropy=np.asarray(classes.normalized)[rows.start : rows.stop].copy(),
@@ -830,7 +558,7 @@ def explain(
         spec=spec,
         lead=lead,
         rows=rows,
-        visible=shown_visible(block),
+        visible=block.attended,
         stages=stages,
         row_stats=row_stats,
         variance=variance,

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.diagnose import Finding, format_index, plural
-from sdpa_cli.explain import Explanation, KeyScore, ScaleRun, Scorecard, elsewhere_summary
+from sdpa_cli.explain import Explanation, elsewhere_summary
 from sdpa_cli.render import (
     NEGATIVE,
     POSITIVE,
@@ -31,6 +31,8 @@ from sdpa_cli.render import (
     stage_title,
 )
 from sdpa_cli.render_findings import SEVERITY_STYLE, UNITS, severity_counts
+from sdpa_cli.scales import ScaleRun
+from sdpa_cli.scorecard import KeyScore, Scorecard
 
 MUTED = Style(dim=True)
 FINDINGS_PER_KIND = 3

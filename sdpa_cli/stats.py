@@ -271,7 +271,7 @@ class Stats:
             if math.isfinite(o.effective_mask_value) and hidden.any():
                 # Kernels that *add* a finite mask value to the logits (HF's finfo.min,
                 # which is each format's own: −65504 in float16).
-                pre = _pre_mask(reference)
+                pre = reference.logits_before("masked")
                 for d in self.narrow:
                     added = np.where(hidden, pre + o.mask_value_in(d), 0.0)
                     hits = hidden & precision.fmt(d).overflows(added)
@@ -340,14 +340,6 @@ class Stats:
         """The observed standard deviation of Q Kᵀ (from the scaled logits / scale)."""
         factor = self.spec.scale / self.spec.options.temperature
         return self.moments.std / factor
-
-
-def _pre_mask(block: Block) -> F64:
-    """The logits before masking: biased, capped or scaled, whichever came last."""
-    for stage in (block.biased, block.capped):
-        if stage is not None:
-            return stage
-    return block.scaled
 
 
 def input_dtypes(spec: AttentionSpec) -> tuple[str, ...]:
