@@ -225,10 +225,14 @@ def rule(text: str, width: int) -> Text:
     return Text(f"── {text} " + "─" * max(0, width - len(text) - 4), THEME["title"])
 
 
-def stage_title(stage: str) -> Text:
-    """``weights  softmax over keys``: the stage's name and formula."""
-    title, formula = STAGE_TITLES[stage]
+def titled(title: str, formula: str) -> Text:
+    """``weights  softmax over keys``: a bold name, then a muted formula."""
     return Text.assemble((title, THEME["title"]), "  ", (formula, THEME["muted"]))
+
+
+def stage_title(stage: str) -> Text:
+    """A stage's name and formula."""
+    return titled(*STAGE_TITLES[stage])
 
 
 def stage_table(

@@ -29,12 +29,12 @@ from sdpa_cli.render import (
     slice_label,
     stage_table,
     stage_title,
+    titled,
 )
-from sdpa_cli.render_findings import SEVERITY_STYLE, UNITS, severity_counts
+from sdpa_cli.render_findings import MUTED, SEVERITY_STYLE, UNITS, severity_counts
 from sdpa_cli.scales import ScaleRun
 from sdpa_cli.scorecard import KeyScore, Scorecard
 
-MUTED = Style(dim=True)
 FINDINGS_PER_KIND = 3
 """Findings of one kind listed under a stage; the others are counted."""
 
@@ -316,7 +316,7 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     else:
         parts.append(Text("no visible key: every weight is zero, and so is the output", MUTED))
     parts.append(Text(""))
-    parts.append(stage_title_text("contributions", "weight · v_j, summed: the output row"))
+    parts.append(titled("contributions", "weight · v_j, summed: the output row"))
     parts.extend(_contributions(card, ex, keys, view))
     flag = ex.row_stats.flags.get(card.query)
     if flag:
@@ -346,7 +346,7 @@ def _contributions(
     def layout(dims: int, named: bool) -> list[tuple[str, str, str, str]]:
         rows = []
         for n, k in enumerate(keys):
-            vj = f"v{k.key}" if named else _vector([_num(x) for x in v[k.key]], None, dims)
+            vj = f"v{k.key}" if named else _vector([_short(float(x)) for x in v[k.key]], None, dims)
             rows.append(
                 (labels[n], weights[n], f"· {vj}", "= " + _vector(k.contribution.tolist(), p, dims))
             )
@@ -383,14 +383,6 @@ def _contributions(
         )
         out.append(line)
     return out
-
-
-def _num(x: float) -> str:
-    return _short(float(x))
-
-
-def stage_title_text(title: str, formula: str) -> Text:
-    return Text.assemble((title, THEME["title"]), "  ", (formula, THEME["muted"]))
 
 
 # --- the scale comparison ---------------------------------------------------------------------
@@ -439,7 +431,7 @@ def render_scales(ex: Explanation, view: View) -> list[RenderableType]:
     parts.append(Text("max = largest weight; H = entropy ÷ log(visible keys); ◂ this run", MUTED))
     parts.append(Text(""))
     for run in runs:
-        parts.append(stage_title_text("weights", run.label))
+        parts.append(titled("weights", run.label))
         parts.append(stage_table(spec, "weights", run.weights, ex.visible, view, ex.rows, False))
     if ex.scales_verdict:
         parts.append(note_text(ex.scales_verdict, view.width, 0, style=Style(bold=True)))
@@ -468,7 +460,7 @@ def render_explain(ex: Explanation, view: View, *, walk: bool = True) -> Rendera
         shown = f"rows {span} of {spec.L}" if len(rows) < spec.L else plural(spec.L, "row")
         parts.append(rule(" · ".join(x for x in (where, shown) if x), view.width))
     if ex.input_findings:
-        parts.append(stage_title_text("inputs", "found before any stage"))
+        parts.append(titled("inputs", "found before any stage"))
         parts.extend(stage_findings(ex.input_findings, view.width))
         parts.append(Text(""))
     if walk:
@@ -482,7 +474,7 @@ def render_explain(ex: Explanation, view: View, *, walk: bool = True) -> Rendera
     if not walk:
         here = [f for s in ex.stages for f in s.findings]
         if here:
-            parts.append(stage_title_text("findings", "in this slice"))
+            parts.append(titled("findings", "in this slice"))
             parts.extend(stage_findings(here, view.width))
             parts.append(Text(""))
     parts.extend(_closing(ex, walk, view.width))
