@@ -29,6 +29,7 @@ from sdpa_cli.compute import (
 from sdpa_cli.diagnose import (
     Diagnosis,
     Finding,
+    RowClasses,
     Thresholds,
     classify_rows,
     format_index,
@@ -274,6 +275,7 @@ def _notes(
     gathered: _SlicePass,
     stats: Stats,
     th: Thresholds,
+    classes: RowClasses,
     lead: Index,
     variance: Variance | None,
 ) -> dict[str, str]:
@@ -340,7 +342,6 @@ def _notes(
         )
     notes["masked"] = _mask_note(spec, gathered)
     n_vis = stats.n_visible[lead]
-    classes = classify_rows(stats, th, lead)
     rows_ok = classes.eligible
     weights = (
         "Softmax over each row: e^(x − row max) / Σ e^(x − row max), so every weight "
@@ -521,7 +522,8 @@ def explain(
     engine = explained_stages(spec)
     gathered = _slice_pass(spec, lead, engine)
     variance = _variance(spec, lead, gathered)
-    notes = _notes(spec, gathered, stats, th, lead, variance)
+    classes = classify_rows(stats, th, lead)
+    notes = _notes(spec, gathered, stats, th, classes, lead, variance)
     by_stage, inputs, elsewhere = _placed(diagnosis, spec, lead, engine)
     block = attend_block(spec, lead, slice(rows.start, rows.stop))
     stages = tuple(
@@ -536,10 +538,10 @@ def explain(
         for s in engine
     )
     picked: tuple[int | slice, ...] = (*lead, slice(rows.start, rows.stop))
-    classes = classify_rows(stats, th, lead)
+    attended = block.attended
     row_stats = RowStats(
         rows=rows,
-        visible=block.attended.sum(axis=1).astype(np.int64),
+        visible=attended.sum(axis=1).astype(np.int64),
         sums=block.weights.sum(axis=1),
         entropy=stats.entropy[picked].copy(),
         normalized_entropy=np.asarray(classes.normalized)[rows.start : rows.stop].copy(),
@@ -558,7 +560,7 @@ def explain(
         spec=spec,
         lead=lead,
         rows=rows,
-        visible=block.attended,
+        visible=attended,
         stages=stages,
         row_stats=row_stats,
         variance=variance,
