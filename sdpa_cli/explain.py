@@ -340,7 +340,7 @@ def _notes(
             f"Added {' and '.join(what)}: {_change(before, m['biased'])}; the top key "
             f"changed in {gathered.top_moved:,} of {spec.L:,} rows."
         )
-    notes["masked"] = _mask_note(spec, gathered)
+    notes["masked"] = _mask_note(spec, gathered, lead)
     n_vis = stats.n_visible[lead]
     rows_ok = classes.eligible
     weights = (
@@ -399,7 +399,7 @@ def _first_upper(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
+def _mask_note(spec: AttentionSpec, gathered: _SlicePass, lead: Index) -> str:
     o = spec.options
     rules = []
     if o.causal:
@@ -407,7 +407,11 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
     if o.window is not None:
         rules.append(f"a window of {o.window[0]} left, {o.window[1]} right")
     if o.key_lengths is not None:
-        rules.append("key lengths " + ", ".join(map(str, o.key_lengths)))
+        if len(o.key_lengths) > 1:  # one per batch item: this slice's
+            b = lead[-2]
+            rules.append(f"key length {o.key_lengths[b]} (batch item {b})")
+        else:
+            rules.append(f"key length {o.key_lengths[0]}")
     if spec.mask is not None:
         rules.append(
             f"the {'boolean' if spec.mask_is_bool else 'float'} mask "
@@ -423,7 +427,10 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass) -> str:
     if not gathered.hidden:
         if not rules:
             return "No mask: every key is visible to every query."
-        return f"{_first_upper(' + '.join(rules))} hide nothing here: every key is visible{added}."
+        verb = "hide" if len(rules) > 1 else "hides"
+        return (
+            f"{_first_upper(' + '.join(rules))} {verb} nothing here: every key is visible{added}."
+        )
     counts = gathered.visible_per_row
     mass = np.asarray(gathered.hidden_mass)  # NaN for a row with a NaN logit
     known = np.where(np.isfinite(mass), mass, -1.0)

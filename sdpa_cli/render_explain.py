@@ -502,7 +502,7 @@ def _closing(ex: Explanation, walk: bool, width: int) -> list[RenderableType]:
             "none in this slice"
             if not here
             else f"{plural(here, 'finding')} in this slice"
-            + (", shown at their stage" if walk else "")
+            + ((", shown at its stage" if here == 1 else ", shown at their stage") if walk else "")
         ),
         width,
         2,

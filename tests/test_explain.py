@@ -1309,3 +1309,14 @@ def test_notes_on_nan_inputs_count_them_and_do_not_guess() -> None:
     masked = stage(ex, "masked").note
     assert "2 hidden scores are NaN or inf themselves" in masked
     assert "would have taken 0%" not in masked
+
+
+def test_the_mask_note_names_this_batch_items_key_length() -> None:
+    """cross.yaml: key lengths 5 and 3; batch item 1's note speaks of its own 3."""
+    spec = sample_spec("cross.yaml")
+    lengths = spec.options.key_lengths
+    assert lengths is not None
+    assert len(lengths) == 2
+    for b in (0, 1):
+        note = stage(run_explain(spec, b, 0).ex, "masked").note
+        assert f"key length {lengths[b]} (batch item {b})" in note.lower()
