@@ -26,29 +26,67 @@ def align_offset(align: str, L: int, S: int) -> int:
     return S - L if align == "lower-right" else 0
 
 
-def _rel(i0: int, i1: int, S: int, offset: int) -> NDArray[np.int64]:
-    """j − i − offset for rows i0..i1 and keys 0..S, shape (rows, S)."""
+def _rel(i0: int, i1: int, S: int, offset: int, keys: slice | None = None) -> NDArray[np.int64]:
+    """j − i − offset for rows i0..i1 and keys ``keys`` (default 0..S), shape (rows, keys)."""
+    j0, j1 = (0, S) if keys is None else (keys.start, keys.stop)
     i = np.arange(i0, i1, dtype=np.int64)[:, None]
-    j = np.arange(S, dtype=np.int64)[None, :]
+    j = np.arange(j0, j1, dtype=np.int64)[None, :]
     return j - i - offset
 
 
-def causal(i0: int, i1: int, L: int, S: int, align: str = "upper-left") -> NDArray[np.bool_]:
+def causal(
+    i0: int, i1: int, L: int, S: int, align: str = "upper-left", keys: slice | None = None
+) -> NDArray[np.bool_]:
     """Key j is visible to query i when j ≤ i + offset."""
-    return _rel(i0, i1, S, align_offset(align, L, S)) <= 0
+    return _rel(i0, i1, S, align_offset(align, L, S), keys) <= 0
 
 
 def window(
-    i0: int, i1: int, L: int, S: int, left: int, right: int, align: str = "upper-left"
+    i0: int,
+    i1: int,
+    L: int,
+    S: int,
+    left: int,
+    right: int,
+    align: str = "upper-left",
+    keys: slice | None = None,
 ) -> NDArray[np.bool_]:
     """Key j is visible to query i when −left ≤ j − i − offset ≤ right."""
-    d = _rel(i0, i1, S, align_offset(align, L, S))
+    d = _rel(i0, i1, S, align_offset(align, L, S), keys)
     return (d >= -left) & (d <= right)
 
 
-def key_padding(n_valid: int, rows: int, S: int) -> NDArray[np.bool_]:
+def key_padding(n_valid: int, rows: int, S: int, keys: slice | None = None) -> NDArray[np.bool_]:
     """Only the first ``n_valid`` keys are visible (the rest are padding)."""
-    return np.broadcast_to(np.arange(S) < n_valid, (rows, S))
+    j0, j1 = (0, S) if keys is None else (keys.start, keys.stop)
+    return np.broadcast_to(np.arange(j0, j1) < n_valid, (rows, j1 - j0))
+
+
+def key_range(
+    i0: int,
+    i1: int,
+    L: int,
+    S: int,
+    *,
+    causal: bool = False,
+    window: tuple[int, int] | None = None,
+    align: str = "upper-left",
+    n_valid: int | None = None,
+) -> slice:
+    """The keys that any of the query rows i0..i1 may see under a causal mask, a
+    window and key padding: every key outside it is hidden from every one of them."""
+    offset = align_offset(align, L, S)
+    j0, j1 = 0, S
+    if causal:
+        j1 = min(j1, i1 - 1 + offset + 1)
+    if window is not None:
+        left, right = window
+        j0 = max(j0, i0 + offset - left)
+        j1 = min(j1, i1 - 1 + offset + right + 1)
+    if n_valid is not None:
+        j1 = min(j1, n_valid)
+    j0 = min(max(j0, 0), S)
+    return slice(j0, max(j0, min(j1, S)))
 
 
 def alibi_slopes(H: int) -> NDArray[np.float64]:
@@ -70,10 +108,12 @@ def alibi_slopes(H: int) -> NDArray[np.float64]:
     return np.array(slopes, dtype=np.float64)
 
 
-def alibi(i0: int, i1: int, L: int, S: int, slope: float) -> NDArray[np.float64]:
-    """FlashAttention's ALiBi bias: −slope · |i + S − L − j|, shape (rows, S).
+def alibi(
+    i0: int, i1: int, L: int, S: int, slope: float, keys: slice | None = None
+) -> NDArray[np.float64]:
+    """FlashAttention's ALiBi bias: −slope · |i + S − L − j|, shape (rows, keys).
 
     The distance is measured from the bottom-right-aligned diagonal, so the most
     recent key of every query has bias 0 whatever L and S are.
     """
-    return -slope * np.abs(_rel(i0, i1, S, S - L)).astype(np.float64)
+    return -slope * np.abs(_rel(i0, i1, S, S - L, keys)).astype(np.float64)

@@ -395,6 +395,7 @@ def render_compute(trace: Trace, view: View, diagnosis: Diagnosis | None = None)
     positions = slice_positions(spec, view)
     rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
     stages = [s for s in view.stages if trace.stage(s) is not None]
+    assert trace.visible is not None
     if not view.explicit_stages and trace.visible.all() and spec.mask is None:
         stages = [s for s in stages if s != "masked"]  # nothing was masked: it repeats the logits
     if len(positions) > view.max_slices or cut_rows or view.max_rows < spec.S:

@@ -92,6 +92,7 @@ def payload(
         arr = trace.merged_output if name == "output" else trace.stage(name)
         if arr is not None:
             data[name] = _nested(arr, for_json)
+    assert trace.visible is not None, "a trace kept for its values keeps visible"
     if not trace.visible.all():
         data["visible"] = trace.visible.tolist()
     data.update(diagnosis_payload(diagnosis, for_json=for_json) if diagnosis else {"findings": []})
@@ -184,6 +185,7 @@ def save_npz(trace: Trace, path: str) -> None:
         arr = trace.merged_output if name == "output" else trace.stage(name)
         if arr is not None:
             arrays[name] = arr
+    assert trace.visible is not None
     arrays["visible"] = trace.visible
 
     def write(fh: BinaryIO) -> None:

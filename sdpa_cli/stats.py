@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import precision
-from sdpa_cli.compute import Block, applicable_stages
+from sdpa_cli.compute import Block, applicable_stages, native_dtype
 from sdpa_cli.spec import AttentionSpec
 
 F64 = NDArray[np.float64]
@@ -54,6 +54,17 @@ class Where:
         if self.first is None and top >= 0:
             self.first = self.extreme_at
         return max(top, 0.0)
+
+    def merge(self, later: Where) -> None:
+        """Fold in the record of a later block (in C order): its first hit counts only
+        when this one has none."""
+        if not later.count and later.extreme_at is None:
+            return
+        self.count += later.count
+        if self.first is None:
+            self.first = later.first
+        if later.extreme_at is not None and later.extreme > self.extreme:
+            self.extreme, self.extreme_at = later.extreme, later.extreme_at
 
     def _keep_largest(self, mags: F64, base: Index) -> float:
         """Keep the block's largest of ``mags`` if it beats the record; return it."""
@@ -94,20 +105,28 @@ class Moments:
 
     def add(self, values: F64, where: NDArray[np.bool_] | None = None) -> None:
         picked = values if where is None else values[where]
-        finite = picked[np.isfinite(picked)]
+        finite = np.asarray(picked[np.isfinite(picked)], dtype=np.float64)
         self.nonfinite += int(picked.size - finite.size)
         if not finite.size:
             return
-        n_b = int(finite.size)
         mean_b = float(finite.mean())
         m2_b = float(np.square(finite - mean_b).sum())
-        total = self.count + n_b
-        delta = mean_b - self.mean_
-        self.mean_ += delta * n_b / total
-        self.m2 += m2_b + delta * delta * self.count * n_b / total
+        self.merge(
+            Moments(int(finite.size), mean_b, m2_b, float(finite.min()), float(finite.max()))
+        )
+
+    def merge(self, other: Moments) -> None:
+        """Fold in another set's moments (Chan et al.'s pairwise update)."""
+        self.nonfinite += other.nonfinite
+        if not other.count:
+            return
+        total = self.count + other.count
+        delta = other.mean_ - self.mean_
+        self.mean_ += delta * other.count / total
+        self.m2 += other.m2 + delta * delta * self.count * other.count / total
         self.count = total
-        self.lo = min(self.lo, float(finite.min()))
-        self.hi = max(self.hi, float(finite.max()))
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
 
     @property
     def mean(self) -> float:
@@ -129,6 +148,38 @@ class Moments:
         }
 
 
+def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
+    """Mean and spread of every finite element of factor · Q Kᵀ, from Q (L, E) and
+    K (S, E) alone, in O((L + S)·E²) rather than O(L·S·E).
+
+    With q̄, k̄ the mean rows and A = Q − q̄, B = K − k̄ (centred), an element is
+    q̄·k̄ + q̄·b_j + a_i·k̄ + a_i·b_j; the cross terms sum to zero, so the sum of squared
+    deviations is L·Σ(q̄·b_j)² + S·Σ(a_i·k̄)² + ⟨AᵀA, BᵀB⟩, a sum of non-negative terms
+    that no large offset cancels. A row of Q or K that is not finite makes its whole
+    row or column of products non-finite; those are counted, not summed. Range (lo,
+    hi) is not computed.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    q_ok = np.isfinite(q).all(axis=1)
+    k_ok = np.isfinite(k).all(axis=1)
+    qf, kf = q[q_ok], k[k_ok]
+    n_q, n_k = len(qf), len(kf)
+    nonfinite = q.shape[0] * k.shape[0] - n_q * n_k
+    if not n_q or not n_k:
+        return Moments(nonfinite=nonfinite)
+    q_bar, k_bar = qf.mean(axis=0), kf.mean(axis=0)
+    a, b = qf - q_bar, kf - k_bar
+    with np.errstate(invalid="ignore", over="ignore"):  # finite inputs whose products overflow
+        m2 = (
+            n_q * float(np.square(b @ q_bar).sum())
+            + n_k * float(np.square(a @ k_bar).sum())
+            + float(np.sum((a.T @ a) * (b.T @ b)))
+        )
+        mean = factor * float(q_bar @ k_bar)
+    return Moments(n_q * n_k, mean, factor * factor * m2, nonfinite=nonfinite)
+
+
 def finite_std(a: NDArray[Any]) -> float:
     """The std of the finite values of ``a`` in float64 (NaN below two values)."""
     x = np.asarray(a, dtype=np.float64)
@@ -147,10 +198,95 @@ class StageError:
     max_row_rel_at: Index | None = None
     new_nonfinite: Where = field(default_factory=Where)
 
+    def merge(self, later: StageError) -> None:
+        if later.max_abs > self.max_abs:
+            self.max_abs, self.max_abs_at = later.max_abs, later.max_abs_at
+        self.ref_absmax = max(self.ref_absmax, later.ref_absmax)
+        if later.max_row_rel > self.max_row_rel:
+            self.max_row_rel, self.max_row_rel_at = later.max_row_rel, later.max_row_rel_at
+        self.new_nonfinite.merge(later.new_nonfinite)
+
+
+@dataclass
+class Records:
+    """The per-stage records of some blocks: what :meth:`Stats.measure` finds in one
+    block, folded into the whole run's by :meth:`Stats.merge` in block order."""
+
+    absmax: dict[str, Where]
+    nonfinite: dict[str, Where]
+    overflow: dict[tuple[str, str], Where]
+    fresh_overflow: dict[tuple[str, str], Where]
+    exp_overflow: dict[str, Where]
+    mask_add_overflow: dict[str, Where]
+    hidden_bad: dict[str, Where]
+    errors: dict[str, StageError]
+
+    @classmethod
+    def empty(
+        cls, spec: AttentionSpec, checked: tuple[str, ...], narrow: tuple[str, ...]
+    ) -> Records:
+        stages = applicable_stages(spec)
+        return cls(
+            absmax={s: Where() for s in OVERFLOW_STAGES},
+            nonfinite={s: Where() for s in stages},
+            overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
+            fresh_overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
+            exp_overflow={d: Where() for d in narrow},
+            mask_add_overflow={d: Where() for d in narrow},
+            hidden_bad={"k": Where(), "v": Where()},
+            errors={s: StageError() for s in stages} if spec.options.emulated else {},
+        )
+
+    def merge(self, later: Records) -> None:
+        for name in ("absmax", "nonfinite", "overflow", "fresh_overflow", "exp_overflow"):
+            mine, theirs = getattr(self, name), getattr(later, name)
+            for key, record in theirs.items():
+                mine[key].merge(record)
+        for key, record in later.mask_add_overflow.items():
+            self.mask_add_overflow[key].merge(record)
+        for key, record in later.hidden_bad.items():
+            self.hidden_bad[key].merge(record)
+        for key, err in later.errors.items():
+            self.errors[key].merge(err)
+
+
+class _Extremes:
+    """The largest and smallest element of each stage array of a block (over the
+    visible keys, when given), each computed once: two cheap reductions that show at
+    once whether a stage is all finite and how large it gets, so that the common case
+    needs no further pass."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def __call__(
+        self, values: F64, visible: NDArray[np.bool_] | None = None
+    ) -> tuple[float, float]:
+        key = (id(values), id(visible))
+        if key not in self._seen:
+            if visible is None:
+                hi = float(np.max(values, initial=-math.inf))
+                lo = float(np.min(values, initial=math.inf))
+            else:
+                hi = float(np.max(values, where=visible, initial=-math.inf))
+                lo = float(np.min(values, where=visible, initial=math.inf))
+            self._seen[key] = (hi, lo)
+        return self._seen[key]
+
+    def finite(self, values: F64, visible: NDArray[np.bool_] | None = None) -> bool:
+        """Whether every (visible) value is finite: none at all counts as finite."""
+        hi, lo = self(values, visible)
+        return (math.isfinite(hi) and math.isfinite(lo)) or (hi == -math.inf and lo == math.inf)
+
 
 @dataclass
 class Stats:
-    """Everything the diagnostics need, accumulated over blocks by :meth:`observe`."""
+    """Everything the diagnostics need, accumulated over blocks.
+
+    :meth:`measure` reads one block (thread-safe: its rows are its own) and returns
+    its :class:`Records`; :meth:`merge` folds them in, in block order, so "first"
+    means first in C order however the blocks were scheduled. :meth:`observe` does both.
+    """
 
     spec: AttentionSpec
     checked: tuple[str, ...]
@@ -171,6 +307,7 @@ class Stats:
     moments: Moments
     errors: dict[str, StageError]
     _bad_keys: dict[tuple[str, Index], NDArray[np.bool_]] = field(default_factory=dict)
+    _records: Records | None = None
 
     @classmethod
     def empty(cls, spec: AttentionSpec) -> Stats:
@@ -182,7 +319,7 @@ class Stats:
         # and the formats the run uses. bfloat16 flushes only below 4.6e-41, its exp
         # overflows where float32's does, and float8 never holds logits.
         narrow = tuple(dict.fromkeys(["float16", *working]))
-        stages = applicable_stages(spec)
+        records = Records.empty(spec, checked, narrow)
         return cls(
             spec=spec,
             checked=checked,
@@ -193,137 +330,286 @@ class Stats:
             entropy=np.zeros(rows),
             underflow={d: np.zeros(rows, np.int32) for d in narrow},
             lost={d: np.zeros(rows) for d in narrow},
-            absmax={s: Where() for s in OVERFLOW_STAGES},
-            nonfinite={s: Where() for s in stages},
-            overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
-            fresh_overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
-            exp_overflow={d: Where() for d in narrow},
-            mask_add_overflow={d: Where() for d in narrow},
-            hidden_bad={"k": Where(), "v": Where()},
+            absmax=records.absmax,
+            nonfinite=records.nonfinite,
+            overflow=records.overflow,
+            fresh_overflow=records.fresh_overflow,
+            exp_overflow=records.exp_overflow,
+            mask_add_overflow=records.mask_add_overflow,
+            hidden_bad=records.hidden_bad,
             moments=Moments(),
-            errors={s: StageError() for s in stages} if spec.options.emulated else {},
+            errors=records.errors,
+            _records=records,
         )
 
     def observe(self, block: Block, reference: Block) -> None:
-        """Add one block: ``block`` as shown (emulated or not), ``reference`` in float64.
+        """Add one block (:meth:`measure`, then :meth:`merge`); the slice's score
+        moments when the block is its first."""
+        self.merge(self.measure(block, reference))
+        if block.rows.start == 0:
+            self.add_moments(block.lead_index, emulate=reference is block)
+
+    def merge(self, records: Records) -> None:
+        assert self._records is not None
+        self._records.merge(records)
+
+    def add_moments(self, lead: Index, *, emulate: bool = True) -> None:
+        """The moments of the slice's scaled scores (from Q and K: see
+        :func:`product_moments`), as the reference (float64) computes them."""
+        spec = self.spec
+        o = spec.options
+        q = np.asarray(spec.q[spec.operand_index("q", lead)], dtype=np.float64)
+        k = np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64)
+        if emulate and o.emulated:
+            q, k = precision.round_to(q, o.dtype), precision.round_to(k, o.dtype)
+        self.moments.merge(product_moments(q, k, spec.scale / o.temperature))
+
+    def measure(self, block: Block, reference: Block) -> Records:
+        """One block: ``block`` as shown (emulated or not), ``reference`` in float64
+        (or the block itself). Writes the block's rows; returns its records.
 
         Row statistics and non-finite values come from what is shown; what *would*
-        overflow or flush to zero comes from the float64 values.
+        overflow or flush to zero comes from the reference values. Every check starts
+        with a reduction or two and reads the block again only when that shows
+        something to find.
         """
-        spec = self.spec
-        lead, rows = block.lead_index, block.rows
+        rec = Records.empty(self.spec, self.checked, self.narrow)
+        lead, rows, keys = block.lead_index, block.rows, block.keys
         at: tuple[int | slice, ...] = (*lead, rows)
-        base: Index = (*lead, rows.start, 0)
-        visible = block.visible
-        hidden = ~visible
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            # --- rows: visible keys, the largest weight, the entropy -----------------
-            w = block.weights
-            self.n_visible[at] = visible.sum(axis=1)
-            if spec.S:
-                if not visible.all():
-                    # Over the visible keys only: a finite mask value leaves weight on
-                    # hidden keys, which is not what a row attends to.
-                    w = np.where(visible, w, 0.0)
-                    total = w.sum(axis=1, keepdims=True)
-                    w = w / np.where(total > 0, total, 1.0)
-                self.argmax[at] = np.argmax(w, axis=1)
-                self.max_weight[at] = np.max(w, axis=1)
-                self.entropy[at] = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
-            ref_w = reference.weights
-            for d in self.narrow:
-                flushed = precision.fmt(d).flushes(ref_w)
-                self.underflow[d][at] = flushed.sum(axis=1)
-                self.lost[d][at] = np.where(flushed, ref_w, 0.0).sum(axis=1)
+        base: Index = (*lead, rows.start, keys.start)
+        out_base: Index = (*lead, rows.start, 0)
+        ext = _Extremes()
+        ref_ext = ext if reference is block else _Extremes()
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
+            self._rows(block, at, ext)
+            self._underflow(reference, at)
+            self._overflow(reference, rec, base, out_base, ref_ext)
+            self._logits(reference, rec, base, ref_ext)
+            self._nonfinite(block, rec, base, out_base, ext)
+            self._hidden_bad(block, rec, base)
+            if rec.errors:
+                self._errors(block, reference, rec, base, out_base)
+        return rec
 
-            # --- stages: magnitudes and overflow (float64 values) -------------------
-            previous: dict[str, NDArray[np.bool_]] = {}  # overflow at the last logit stage
-            for stage in OVERFLOW_STAGES:
-                values = getattr(reference, stage)
-                sel = np.isfinite(values)
-                if stage != "output":
-                    sel &= visible
-                block_max = self.absmax[stage].add_max(sel, base, values)
-                for d in self.checked:
-                    if block_max <= precision.fmt(d).max:
-                        previous.pop(d, None)
-                        continue  # nothing here can overflow this format
-                    hits = precision.fmt(d).overflows(values)
-                    if stage != "output":
-                        hits &= visible
-                    self.overflow[(stage, d)].add(hits, base, values)
-                    # New at this stage: not already out of range at the stage before.
-                    before = previous.get(d)
-                    self.fresh_overflow[(stage, d)].add(
-                        hits if before is None or stage == "output" else hits & ~before, base
+    # --- rows: visible keys, the largest weight, the entropy ----------------------------
+
+    def _rows(self, block: Block, at: tuple[int | slice, ...], ext: _Extremes) -> None:
+        spec = self.spec
+        n_keys = block.masked.shape[1]
+        self.n_visible[at] = n_keys if block.all_visible else block.visible.sum(axis=1)
+        if not n_keys:
+            return
+        w = block.weights
+        n = w.shape[0]
+        finite_hidden = not math.isinf(spec.options.effective_mask_value)
+        exact = native_dtype(spec) is not None
+        if not block.all_visible and (finite_hidden or not exact):
+            # Over the visible keys only: a finite mask value leaves weight on hidden
+            # keys, which is not what a row attends to.
+            w = np.where(block.visible, w, 0.0)
+            total = w.sum(axis=1, keepdims=True)
+            w = w / np.where(total > 0, total, 1.0)
+            exact = False
+        top = np.argmax(w, axis=1)
+        w_top = w[np.arange(n), top]
+        self.argmax[at] = top + block.keys.start
+        self.max_weight[at] = w_top
+        if exact:
+            # H = −Σ w log w = −log w_top − Σ w·(s − s_top), as log w = s − LSE and
+            # LSE = s_top − log w_top: a row dot instead of a log per weight, with
+            # terms ≤ 0 that do not cancel. Hidden keys (−inf, weight 0) drop out.
+            s = block.masked
+            gap = s - s[np.arange(n), top][:, None]
+            if not block.all_visible or not ext.finite(s):
+                gap = np.where(w > 0, gap, 0.0)
+            dot = np.einsum("ij,ij->i", w, gap)
+            entropy = np.where(w_top > 0, np.maximum(-np.log(w_top) - dot, 0.0), 0.0)
+            entropy = np.where(np.isfinite(entropy), entropy, 0.0)
+        else:
+            entropy = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
+        self.entropy[at] = entropy
+
+    def _underflow(self, reference: Block, at: tuple[int | slice, ...]) -> None:
+        """Weights that would flush to zero in each narrow format, and the mass lost.
+
+        A weight counts when its exact value is not zero (its logit is finite and its
+        key visible) but the format cannot hold it: whether the engine kept it as a
+        tiny number or already as 0 (below float32's or float64's own range), so the
+        count does not depend on the precision of the run.
+        """
+        ref_w = reference.weights
+        visible = None if reference.all_visible else reference.visible
+        smallest = float(np.min(ref_w, where=True if visible is None else visible, initial=1.0))
+        for d in self.narrow:
+            f = precision.fmt(d)
+            if smallest > f.tiny:  # (NaN: look closer)
+                self.underflow[d][at] = 0
+                self.lost[d][at] = 0.0
+                continue
+            flushed = (ref_w <= f.tiny) & np.isfinite(reference.masked)
+            if visible is not None:
+                flushed &= visible
+            flushed &= (ref_w == 0) | f.flushes(ref_w)
+            self.underflow[d][at] = flushed.sum(axis=1)
+            self.lost[d][at] = np.where(flushed, ref_w, 0.0).sum(axis=1)
+
+    # --- stages: magnitudes and overflow (reference values) -----------------------------
+
+    def _overflow(
+        self, reference: Block, rec: Records, base: Index, out_base: Index, ext: _Extremes
+    ) -> None:
+        visible = None if reference.all_visible else reference.visible
+        previous: dict[str, NDArray[np.bool_]] = {}  # overflow at the last logit stage
+        smallest_max = min(precision.fmt(d).max for d in self.checked)
+        for stage in OVERFLOW_STAGES:
+            values = getattr(reference, stage)
+            is_output = stage == "output"
+            where = None if is_output else visible
+            at_base = out_base if is_output else base
+            record = rec.absmax[stage]
+            if ext.finite(values, where):
+                # Every value that counts is finite: the record is the two extremes,
+                # and only a new largest needs finding.
+                hi, lo = ext(values, where)
+                block_max = max(abs(hi), abs(lo)) if hi >= lo else 0.0
+                record.count += int(values.size if where is None else np.count_nonzero(where))
+                if hi >= lo and block_max > record.extreme:
+                    mags = (
+                        np.abs(values) if where is None else np.where(where, np.abs(values), -1.0)
                     )
-                    if stage != "output":
-                        previous[d] = hits
-            logits = reference.masked
-            finite_visible = visible & np.isfinite(logits)
+                    record.extreme = block_max
+                    record.extreme_at = _at(
+                        at_base, np.unravel_index(int(np.argmax(mags)), mags.shape)
+                    )
+                    record.first = record.first or record.extreme_at
+            else:
+                sel = np.isfinite(values)
+                if where is not None:
+                    sel &= where
+                block_max = record.add_max(sel, at_base, values)
+            if block_max <= smallest_max:
+                previous.clear()
+                continue
+            for d in self.checked:
+                if block_max <= precision.fmt(d).max:
+                    previous.pop(d, None)
+                    continue  # nothing here can overflow this format
+                hits = precision.fmt(d).overflows(values)
+                if where is not None:
+                    hits &= where
+                rec.overflow[(stage, d)].add(hits, at_base, values)
+                # New at this stage: not already out of range at the stage before.
+                before = previous.get(d)
+                rec.fresh_overflow[(stage, d)].add(
+                    hits if before is None or is_output else hits & ~before, at_base
+                )
+                if not is_output:
+                    previous[d] = hits
+
+    def _logits(self, reference: Block, rec: Records, base: Index, ext: _Extremes) -> None:
+        """exp without the max subtracted, and a finite mask value added to the logits."""
+        spec = self.spec
+        o = spec.options
+        logits = reference.masked
+        hi, _ = ext(logits, None if reference.all_visible else reference.visible)
+        limit = min(precision.fmt(d).exp_limit for d in self.narrow)
+        if math.isnan(hi) or hi > limit:
+            finite_visible = reference.visible & np.isfinite(logits)
             top = float(logits[finite_visible].max()) if finite_visible.any() else -math.inf
             for d in self.narrow:
                 # exp(x) with no max subtracted first: the naive softmax.
                 if top > precision.fmt(d).exp_limit:
                     hits = finite_visible & (logits > precision.fmt(d).exp_limit)
-                    self.exp_overflow[d].add(hits, base, logits)
-            o = spec.options
-            if math.isfinite(o.effective_mask_value) and hidden.any():
+                    rec.exp_overflow[d].add(hits, base, logits)
+        if math.isfinite(o.effective_mask_value) and not reference.all_visible:
+            hidden = ~reference.visible
+            if hidden.any():
                 # Kernels that *add* a finite mask value to the logits (HF's finfo.min,
                 # which is each format's own: −65504 in float16).
                 pre = reference.logits_before("masked")
                 for d in self.narrow:
                     added = np.where(hidden, pre + o.mask_value_in(d), 0.0)
                     hits = hidden & precision.fmt(d).overflows(added)
-                    self.mask_add_overflow[d].add(hits, base, added)
-            self.moments.add(reference.scaled)
+                    rec.mask_add_overflow[d].add(hits, base, added)
 
-            # --- non-finite values as shown, stage by stage -------------------------
-            for stage, record in self.nonfinite.items():
-                values = getattr(block, stage)
-                if stage in ("raw", "scaled", "capped"):
-                    bad = ~np.isfinite(values) & visible
-                elif stage in ("biased", "masked"):
-                    bad = (np.isnan(values) | (values == math.inf)) & visible
-                elif stage in ("weights", "dropped"):
-                    bad = np.isnan(values)
-                else:
-                    bad = ~np.isfinite(values)
-                record.add(bad, base)
+    # --- non-finite values as shown, stage by stage -------------------------------------
 
-            # --- K or V non-finite at hidden keys ------------------------------------
-            if hidden.any():
-                for name in ("k", "v"):
-                    bad_keys = self._bad(name, lead)
-                    if bad_keys.any():
-                        self.hidden_bad[name].add(hidden & bad_keys[None, :], base)
-
-            # --- the emulated run against float64 -------------------------------------
-            for stage, err in self.errors.items():
-                shown, ref = getattr(block, stage), getattr(reference, stage)
-                if shown is None or ref is None:
+    def _nonfinite(
+        self, block: Block, rec: Records, base: Index, out_base: Index, ext: _Extremes
+    ) -> None:
+        visible = None if block.all_visible else block.visible
+        for stage, record in rec.nonfinite.items():
+            values = getattr(block, stage)
+            if stage in ("biased", "masked"):
+                hi, _ = ext(values, visible)
+                if not (math.isnan(hi) or hi == math.inf):
+                    continue  # −inf is how they hide a key
+                bad = np.isnan(values) | (values == math.inf)
+            elif stage in ("weights", "dropped"):
+                hi, lo = ext(values)
+                if not (math.isnan(hi) or math.isnan(lo)):
                     continue
-                both = np.isfinite(shown) & np.isfinite(ref)
-                new_bad = np.isfinite(ref) & ~np.isfinite(shown)
-                if stage not in ("output", "weights", "dropped"):
-                    both &= visible
-                    if stage != "masked":  # a mask value can overflow too (−1e9 in float16)
-                        new_bad &= visible
-                err.new_nonfinite.add(new_bad, base)
-                diff = np.where(both, np.abs(shown - ref), 0.0)
-                mag = np.where(both, np.abs(ref), 0.0)
-                if diff.size:
-                    top, top_at = largest(diff, base)
-                    if top > err.max_abs:
-                        err.max_abs, err.max_abs_at = top, top_at
-                    err.ref_absmax = max(err.ref_absmax, float(mag.max()))
-                    row_rel = diff.max(axis=1) / np.where(
-                        mag.max(axis=1) > 0, mag.max(axis=1), np.inf
-                    )
-                    i = int(np.argmax(row_rel))
-                    if row_rel[i] > err.max_row_rel:
-                        err.max_row_rel = float(row_rel[i])
-                        err.max_row_rel_at = _at(base, (i, int(np.argmax(diff[i]))))
+                bad = np.isnan(values)
+            elif stage == "output":
+                if ext.finite(values):
+                    continue
+                bad = ~np.isfinite(values)
+            else:
+                if ext.finite(values, visible):
+                    continue
+                bad = ~np.isfinite(values)
+            if visible is not None and stage not in ("weights", "dropped", "output"):
+                bad &= visible
+            record.add(bad, out_base if stage == "output" else base)
+
+    # --- K or V non-finite at hidden keys --------------------------------------------------
+
+    def _hidden_bad(self, block: Block, rec: Records, base: Index) -> None:
+        spec = self.spec
+        keys = block.keys
+        skipped = keys.start > 0 or keys.stop < spec.S
+        if block.all_visible and not skipped:
+            return
+        for name in ("k", "v"):
+            bad_keys = self._bad(name, block.lead_index)
+            if not bad_keys.any():
+                continue
+            n = block.masked.shape[0]
+            # Keys the block did not compute are hidden from all of its rows.
+            hidden = np.ones((n, spec.S), dtype=np.bool_)
+            hidden[:, keys] = ~block.visible
+            rec.hidden_bad[name].add(hidden & bad_keys[None, :], (*base[:-1], 0))
+
+    # --- the emulated run against float64 -------------------------------------------------
+
+    def _errors(
+        self, block: Block, reference: Block, rec: Records, base: Index, out_base: Index
+    ) -> None:
+        visible = block.visible
+        for stage, err in rec.errors.items():
+            shown, ref = getattr(block, stage), getattr(reference, stage)
+            if shown is None or ref is None:
+                continue
+            at_base = out_base if stage == "output" else base
+            both = np.isfinite(shown) & np.isfinite(ref)
+            new_bad = np.isfinite(ref) & ~np.isfinite(shown)
+            if stage not in ("output", "weights", "dropped"):
+                both &= visible
+                if stage != "masked":  # a mask value can overflow too (−1e9 in float16)
+                    new_bad &= visible
+            err.new_nonfinite.add(new_bad, at_base)
+            diff = np.where(both, np.abs(shown - ref), 0.0)
+            mag = np.where(both, np.abs(ref), 0.0)
+            if diff.size:
+                top, top_at = largest(diff, at_base)
+                if top > err.max_abs:
+                    err.max_abs, err.max_abs_at = top, top_at
+                err.ref_absmax = max(err.ref_absmax, float(mag.max()))
+                row_rel = diff.max(axis=1) / np.where(mag.max(axis=1) > 0, mag.max(axis=1), np.inf)
+                i = int(np.argmax(row_rel))
+                if row_rel[i] > err.max_row_rel:
+                    err.max_row_rel = float(row_rel[i])
+                    err.max_row_rel_at = _at(at_base, (i, int(np.argmax(diff[i]))))
 
     def _bad(self, name: str, lead: Index) -> NDArray[np.bool_]:
         """Keys whose row of K (or V) holds NaN or inf, for one slice (cached)."""

@@ -252,6 +252,7 @@ def test_options_that_hide_whole_rows_give_zeros(options: dict[str, Any]) -> Non
     assert_matches(got, want)
     assert got.weights is not None
     assert got.output is not None
+    assert got.visible is not None
     empty = ~got.visible.any(-1)
     assert empty.any()
     assert np.all(got.weights[empty] == 0.0)
@@ -370,6 +371,7 @@ def test_attend_block_equals_the_rows_of_the_whole_trace() -> None:
     assert whole.output is not None
     block = attend_block(spec, (1,), slice(2, 5))
     assert block.dropped is not None
+    assert whole.visible is not None
     np.testing.assert_array_equal(block.visible, whole.visible[1, 2:5])
     np.testing.assert_array_equal(block.dropped == 0, whole.dropped[1, 2:5] == 0)
     np.testing.assert_allclose(block.output, whole.output[1, 2:5], rtol=1e-14, atol=1e-15)

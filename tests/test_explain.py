@@ -103,6 +103,7 @@ class Run:
 
     @property
     def visible(self) -> NDArray[np.bool_]:
+        assert self.trace.visible is not None
         return np.asarray(self.trace.visible[self.lead], dtype=np.bool_)
 
 
@@ -459,6 +460,7 @@ def test_stage_values_are_the_traces_and_the_references(name: str, tensors: str)
         np.testing.assert_allclose(
             st_.values, want[batch, head, 1:4], rtol=1e-12, atol=1e-12, err_msg=st_.step
         )
+    assert run.trace.visible is not None
     np.testing.assert_array_equal(ex.visible, run.trace.visible[batch, head, 1:4])
     json_document(ex)  # a strict JSON document, whatever the case
 

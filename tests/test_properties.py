@@ -62,6 +62,7 @@ def test_rows_sum_to_one_over_visible_keys_and_zero_without_any(case: Case) -> N
     got = case.run()
     assert got.weights is not None
     sums = got.weights.sum(axis=-1)
+    assert got.visible is not None
     any_visible = got.visible.any(axis=-1)
     np.testing.assert_allclose(sums[any_visible], 1.0, rtol=1e-13)
     assert np.all(sums[~any_visible] == 0.0)
@@ -120,6 +121,7 @@ def test_output_lies_within_the_values_of_the_visible_keys(case: Case) -> None:
     got = case.run()
     assert got.output is not None
     H, L, _ = got.output.shape
+    assert got.visible is not None
     for h in range(H):
         for i in range(L):
             seen = case.v[h][got.visible[h, i]]
