@@ -1,9 +1,12 @@
 """Paths → numpy arrays, for every input format, with the safety checks at the door.
 
 Formats: ``.npy`` (memory-mapped, never unpickled), ``.npz`` (``file.npz:name`` picks
-an array), ``.json`` and ``.yaml``/``.yml`` (nested lists of numbers; YAML through the
-safe loader, aliases refused). The format is sniffed from the file's first bytes
-(``\\x93NUMPY``, ``PK``) before the extension is trusted. Every error is an
+an array), ``.safetensors`` (memory-mapped; ``file.safetensors:name`` picks a tensor;
+BF16, F8_E4M3 and F8_E5M2 read through ``ml_dtypes`` and widened exactly to float32 and
+float16), ``.json`` and ``.yaml``/``.yml`` (nested
+lists of numbers; YAML through the safe loader, aliases refused). The format is sniffed
+from the file's first bytes (``\\x93NUMPY``, ``PK``, a safetensors header length followed
+by ``{``) before the extension is trusted. Every error is an
 :class:`~sdpa_cli.errors.InputError` naming the file.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,11 +36,38 @@ MAX_TEXT_BYTES = 256 << 20
 """Text inputs above this size are refused: nested lists of that size do not fit in memory."""
 MAX_DEPTH = 32
 """Nesting deeper than any tensor sdpa handles (numpy allows 64 axes)."""
+SAFETENSORS_SUFFIX = ".safetensors"
+MAX_SAFETENSORS_HEADER = 100 << 20
+"""The safetensors library's own cap on the JSON header: a longer one is corrupt or hostile."""
+SAFETENSORS_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "?",
+}
+"""safetensors dtype → numpy dtype (names without ``<`` are ``ml_dtypes`` types)."""
+WIDENED = {"bfloat16": np.float32, "float8_e4m3fn": np.float16, "float8_e5m2": np.float16}
+"""``ml_dtypes`` formats → the narrowest numpy float holding every value exactly (bfloat16
+is float32's top half; float8's exponents and mantissas fit inside float16's)."""
+MEMBER_SUFFIXES = (".npz", SAFETENSORS_SUFFIX)
+"""Formats that hold several arrays, one picked with ``file:name``."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where an array comes from: ``path`` and, for ``.npz``, a member ``name``."""
+    """Where an array comes from: ``path`` and, for ``.npz`` and ``.safetensors``, a
+    member ``name``."""
 
     path: Path
     member: str | None
@@ -44,11 +75,12 @@ class Source:
 
     @classmethod
     def parse(cls, text: str, base: Path | None = None) -> Source:
-        """``file`` or ``file.npz:name``, relative to ``base`` when given."""
+        """``file``, ``file.npz:name`` or ``file.safetensors:name``, relative to ``base``
+        when given."""
         member = None
         path_text = text
         head, sep, tail = text.rpartition(":")
-        if sep and head.lower().endswith(".npz") and not Path(text).exists():
+        if sep and head.lower().endswith(MEMBER_SUFFIXES) and not Path(text).exists():
             path_text, member = head, tail
         path = Path(path_text).expanduser()
         if base is not None and not path.is_absolute():
@@ -74,12 +106,13 @@ def _reading(label: str) -> Iterator[None]:
 
 
 def _sniff(path: Path, label: str) -> str:
-    """The format of ``path``: ``npy``, ``npz``, ``json`` or ``yaml``."""
+    """The format of ``path``: ``npy``, ``npz``, ``safetensors``, ``json`` or ``yaml``."""
     with _reading(label):
         if path.is_dir():
             raise InputError(label, "is a directory, not a tensor file")
         with path.open("rb") as fh:
-            head = fh.read(8)
+            head = fh.read(9)
+        size = path.stat().st_size
     if not head:
         raise InputError(label, "is empty")
     suffix = path.suffix.lower()
@@ -87,6 +120,8 @@ def _sniff(path: Path, label: str) -> str:
         return "npy"
     if head.startswith(ZIP_MAGIC):
         return "npz"
+    if suffix == SAFETENSORS_SUFFIX or _looks_like_safetensors(head, size):
+        return "safetensors"
     if suffix == ".npy":
         raise InputError(label, "is not a .npy file (it does not start with the NUMPY magic bytes)")
     if suffix == ".npz":
@@ -95,8 +130,16 @@ def _sniff(path: Path, label: str) -> str:
         return TEXT_SUFFIXES[suffix]
     raise InputError(
         label,
-        f"unknown format {suffix or '(no extension)'!r}; expected .npy, .npz, .json, .yaml or .yml",
+        f"unknown format {suffix or '(no extension)'!r}; expected .npy, .npz, .safetensors, .json, .yaml or .yml",
     )
+
+
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    """A safetensors file has no magic bytes: a plausible header length, then ``{``."""
+    if len(head) < 9:
+        return False
+    n = int.from_bytes(head[:8], "little")
+    return 2 <= n <= min(size - 8, MAX_SAFETENSORS_HEADER) and head[8:9] == b"{"
 
 
 def _check_dtype(dtype: np.dtype[Any], label: str) -> None:
@@ -206,6 +249,163 @@ def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
         raise InputError(label, f"cannot be read as .npz ({exc})") from None
 
 
+def _read_safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file and where its data buffer starts.
+
+    The file is ``N`` (8 bytes, little-endian), ``N`` bytes of JSON, then the data.
+    """
+    with _reading(label):
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise InputError(
+                    label,
+                    f"is too short for a .safetensors file ({size} bytes; expected 8 or more)",
+                )
+            n = int.from_bytes(prefix, "little")
+            if n > MAX_SAFETENSORS_HEADER:
+                raise InputError(
+                    label,
+                    f"declares a {n}-byte .safetensors header; the limit is {MAX_SAFETENSORS_HEADER >> 20} MiB",
+                )
+            if n > size - 8:
+                raise InputError(
+                    label,
+                    f"is truncated: its .safetensors header declares {n} bytes but {size - 8} bytes follow",
+                )
+            raw = fh.read(n)
+    corrupt = "has a corrupt .safetensors header"
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(label, f"{corrupt}: it is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            label, f"{corrupt}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise InputError(label, f"{corrupt}: it is nested too deeply") from None
+    if not isinstance(header, dict):
+        raise InputError(label, f"{corrupt}: expected a JSON object, got {_json_type(header)}")
+    return header, 8 + n
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    return "null" if value is None else "a number"
+
+
+def _is_count(x: Any) -> bool:
+    """A non-negative JSON integer (``true`` is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _safetensors_dtype(code: Any, label: str) -> np.dtype[Any]:
+    """The numpy dtype of a safetensors dtype code; complex and unknown codes refused."""
+    if not isinstance(code, str):
+        raise InputError(
+            label, f"has a corrupt .safetensors header: dtype must be a string, got {code!r:.40}"
+        )
+    if code.startswith("C"):  # C64: numpy's complex64
+        raise InputError(label, f"has complex dtype {code}; expected real numbers")
+    if code not in SAFETENSORS_DTYPES:
+        raise InputError(
+            label,
+            f"has unsupported dtype {code!r:.40} (supported: {', '.join(SAFETENSORS_DTYPES)})",
+        )
+    name = SAFETENSORS_DTYPES[code]
+    if name[0].isalpha():
+        import ml_dtypes
+
+        dt: np.dtype[Any] = np.dtype(getattr(ml_dtypes, name))
+        return dt
+    return np.dtype(name)
+
+
+def _load_safetensors(path: Path, member: str | None, label: str) -> NDArray[Any]:
+    """One tensor of a safetensors file, memory-mapped read-only, after checking its
+    header entry against the file; ``label`` already ends in ``:member`` when one was given.
+    bfloat16 and float8 tensors come back widened (see :data:`WIDENED`).
+    """
+    header, start = _read_safetensors_header(path, label)
+    names = sorted(k for k in header if k != "__metadata__")
+    if not names:
+        raise InputError(label, "holds no tensors")
+    member_label = label
+    if member is None:
+        if len(names) != 1:
+            raise InputError(
+                label,
+                f"holds {len(names)} tensors; pick one with {label}:NAME (names: {', '.join(names)})",
+            )
+        member = names[0]
+        member_label = f"{label}:{member}"
+    if member not in names:
+        raise InputError(label, f"has no tensor {member!r} (names: {', '.join(names)})")
+
+    entry = header[member]
+    corrupt = "has a corrupt .safetensors header"
+    if not isinstance(entry, dict):
+        raise InputError(
+            member_label,
+            f"{corrupt}: expected an object with dtype, shape and data_offsets, got {_json_type(entry)}",
+        )
+    missing = [f for f in ("dtype", "shape", "data_offsets") if f not in entry]
+    if missing:
+        raise InputError(member_label, f"{corrupt}: the entry has no {', '.join(missing)}")
+    dtype = _safetensors_dtype(entry["dtype"], member_label)
+    shape = entry["shape"]
+    if not (isinstance(shape, list) and all(_is_count(n) for n in shape)):
+        raise InputError(
+            member_label,
+            f"{corrupt}: shape {shape!r:.60} is not a list of non-negative integers",
+        )
+    if len(shape) > MAX_DEPTH:
+        raise InputError(member_label, f"has {len(shape)} axes; sdpa reads up to {MAX_DEPTH}")
+    offsets = entry["data_offsets"]
+    buffer = path.stat().st_size - start
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(_is_count(x) for x in offsets)
+        and offsets[0] <= offsets[1]
+    ):
+        raise InputError(
+            member_label,
+            f"{corrupt}: data_offsets {offsets!r:.60} are not [begin, end] with 0 <= begin <= end",
+        )
+    begin, end = offsets
+    if end > buffer:
+        raise InputError(
+            member_label,
+            f"is truncated: its data_offsets [{begin}, {end}] run past the {buffer}-byte data buffer",
+        )
+    count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
+    needed = count * dtype.itemsize
+    if end - begin != needed:
+        raise InputError(
+            member_label,
+            f"{corrupt}: shape {shape} of {entry['dtype']} is {needed} bytes but data_offsets [{begin}, {end}] hold {end - begin}",
+        )
+    wide = WIDENED.get(dtype.name)
+    if count == 0:
+        return np.zeros(shape, dtype=wide or dtype)
+    with _reading(label):
+        mapped = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=tuple(shape))
+    # The spec takes numpy's own numbers only (dtype kind b, i, u, f; ml_dtypes' are
+    # kind V), so bfloat16 and float8 are widened here: a copy, but an exact one.
+    return mapped if wide is None else mapped.astype(wide)
+
+
 def _read_text(path: Path, label: str) -> str:
     with _reading(label):
         if path.is_dir():
@@ -312,9 +512,11 @@ def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:
 
 
 def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
-    """Load one array from ``path`` or ``path.npz:name``.
+    """Load one array from ``path``, ``path.npz:name`` or ``path.safetensors:name``.
 
-    ``.npy`` files come back memory-mapped and uncast; text files as int, float or bool
+    ``.npy`` and ``.safetensors`` files come back memory-mapped and uncast (except
+    safetensors bfloat16 and float8, widened exactly to float32 and float16 in memory);
+    text files as int, float or bool
     arrays. Shapes and dtypes are judged later, by the spec.
 
     Raises:
@@ -326,6 +528,8 @@ def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
         return _load_npy(src.path, src.label)
     if fmt == "npz":
         return _load_npz(src.path, src.member, src.label)
+    if fmt == "safetensors":
+        return _load_safetensors(src.path, src.member, src.label)
     data = parse_text(src.path, fmt, src.label)
     return nested_to_array(data, src.label, name)
 
