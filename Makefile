@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint fmt golden bench clean
+.PHONY: install demo test lint fmt golden bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,17 @@ fmt: $(VENV)/.dev-installed
 # Re-render the golden text files under tests/golden; review them in the diff.
 golden: $(VENV)/.dev-installed
 	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_render_explain.py
+
+# `sdpa check` vs PyTorch's SDPA and a naive numpy version: times, peak RSS, targets.
+# A report, not a test (many minutes); bench-quick runs small shapes. Without torch
+# its column is skipped.
+bench: $(VENV)/.dev-installed
+	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
+	$(BIN)/python bench/bench.py
+
+bench-quick: $(VENV)/.dev-installed
+	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
+	$(BIN)/python bench/bench.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
