@@ -28,12 +28,22 @@ from sdpa_cli.compare import (
     measured_tolerance,
     mismatch_summary,
 )
-from sdpa_cli.compute import Trace, trace
+from sdpa_cli.compute import (
+    Block,
+    Progress,
+    SliceInputs,
+    Trace,
+    attend_block,
+    key_range,
+    native_dtype,
+    sweep,
+    trace,
+)
 from sdpa_cli.config import CHECK_NAMES, check_values
 from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
 from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import AttentionSpec, scale_factor
-from sdpa_cli.stats import Index, input_dtypes, working_formats
+from sdpa_cli.stats import Index, Records, Stats, input_dtypes, working_formats
 
 F64 = NDArray[np.float64]
 
@@ -351,35 +361,41 @@ def _weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str
     )
 
 
-def _v_range(
-    spec: AttentionSpec, lead: tuple[int, ...], visible: NDArray[np.bool_]
-) -> tuple[F64, F64]:
-    """Per row and column, the smallest and largest V over the keys the row may
-    attend to (``visible``: its support); 0 for a row with none.
+def v_range(v: F64, support: NDArray[np.bool_] | None, n_rows: int) -> tuple[F64, F64]:
+    """Per row and column, the smallest and largest of ``v`` (the block's keys, (keys,
+    Ev)) over the keys the row may attend to (``support``, (rows, keys); None: every
+    one); 0 for a row with none.
 
     Rows that see a prefix of the keys (causal, padding) or a suffix read running
-    minima and maxima, O(S·Ev) in all; only other rows (windows, arbitrary masks)
-    reduce over their keys one block of rows at a time.
+    minima and maxima, O(keys·Ev) in all; only other rows (windows, arbitrary masks)
+    reduce over their keys a few rows at a time.
     """
-    v = np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64)  # (S, Ev)
-    L, S = visible.shape
-    lo = np.zeros((L, spec.Ev))
-    hi = np.zeros((L, spec.Ev))
+    S, Ev = v.shape
+    if support is None:
+        if not S:
+            return np.zeros((n_rows, Ev)), np.zeros((n_rows, Ev))
+        return np.broadcast_to(v.min(axis=0), (n_rows, Ev)), np.broadcast_to(
+            v.max(axis=0), (n_rows, Ev)
+        )
+    lo = np.zeros((n_rows, Ev), dtype=v.dtype)
+    hi = np.zeros((n_rows, Ev), dtype=v.dtype)
     if S == 0:
         return lo, hi
-    vis = np.asarray(visible, dtype=np.bool_)
+    vis = np.asarray(support, dtype=np.bool_)
     count = vis.sum(axis=-1)
     first = np.argmax(vis, axis=-1)
     last = S - 1 - np.argmax(vis[:, ::-1], axis=-1)
     contiguous = (count > 0) & (count == last - first + 1)
     prefix = contiguous & (first == 0)
     suffix = contiguous & (last == S - 1) & ~prefix
-    lo[prefix] = np.minimum.accumulate(v, axis=0)[last[prefix]]
-    hi[prefix] = np.maximum.accumulate(v, axis=0)[last[prefix]]
-    lo[suffix] = np.minimum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
-    hi[suffix] = np.maximum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
+    if prefix.any():
+        lo[prefix] = np.minimum.accumulate(v, axis=0)[last[prefix]]
+        hi[prefix] = np.maximum.accumulate(v, axis=0)[last[prefix]]
+    if suffix.any():
+        lo[suffix] = np.minimum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
+        hi[suffix] = np.maximum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
     rest = np.flatnonzero((count > 0) & ~prefix & ~suffix)
-    step = max(1, (1 << 21) // max(1, S * spec.Ev))
+    step = max(1, (1 << 21) // max(1, S * Ev))
     for j in range(0, rest.size, step):
         rows = rest[j : j + step]
         sel = vis[rows][:, :, None]
@@ -388,10 +404,23 @@ def _v_range(
     return lo, hi
 
 
+def block_support(block: Block) -> NDArray[np.bool_] | None:
+    """Where a block can put weight: its visible keys (a float mask's −inf hides too),
+    and hidden keys a finite mask value still weighs (−1 leaves them weight; −1e9
+    spreads a row with no visible key over every key). None: every key of the block."""
+    with np.errstate(invalid="ignore"):
+        if block.all_visible and float(np.min(block.masked, initial=np.inf)) > -math.inf:
+            return None
+        support: NDArray[np.bool_] = block.visible & (block.masked != -math.inf)
+        support |= block.weights > 0
+    return support
+
+
 def _output_range(
     spec: AttentionSpec,
     out: F64,
-    visible: NDArray[np.bool_],
+    bounds_lo: F64,
+    bounds_hi: F64,
     tol: Tolerance,
     label: str,
     merged: bool,
@@ -411,7 +440,7 @@ def _output_range(
     first_value = 0.0
     bounds = (0.0, 0.0)
     for lead in np.ndindex(*spec.lead):
-        lo, hi = _v_range(spec, lead, visible[lead])
+        lo, hi = bounds_lo[lead], bounds_hi[lead]
         o = out[lead]
         slack = tol.atol + tol.rtol * np.maximum(np.abs(lo), np.abs(hi))
         with np.errstate(invalid="ignore"):
@@ -601,16 +630,117 @@ def _finding_checks(
         yield Check("findings", "pass", f"nothing worth a warning{note}")
 
 
+@dataclass
+class _Pass:
+    """What one pass over every block gives the checks: the findings' statistics and
+    the reference's output-sized results. No score-sized array outlives its block."""
+
+    stats: Stats
+    output: F64 | None = None
+    lse: F64 | None = None
+    lo: F64 | None = None
+    """Per output element, the smallest value of V over the keys its row can weigh."""
+    hi: F64 | None = None
+    naive_output: F64 | None = None
+    naive_lse: F64 | None = None
+
+
+def block_lse(block: Block) -> F64:
+    """Each row's logsumexp of the masked logits, read off the softmax itself:
+    LSE = s_top − log w_top for the row's largest weight (exp(s − LSE) is a weight);
+    −inf for a row with no key to attend to, NaN for a row of NaN."""
+    w = block.weights
+    n = w.shape[0]
+    if not w.shape[1]:
+        return np.full(n, -math.inf)
+    top = np.argmax(w, axis=1)
+    w_top = w[np.arange(n), top].astype(np.float64)
+    s_top = block.masked[np.arange(n), top].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = s_top - np.log(w_top)
+    return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
+
+
+def _judge_pass(
+    spec: AttentionSpec,
+    ref_spec: AttentionSpec,
+    naive_spec: AttentionSpec | None,
+    wanted: set[str],
+    jobs: int,
+    progress: Progress | None,
+) -> _Pass:
+    """Every block once: the findings' statistics (from the run as given, or from the
+    reference when the run is not emulated: it computes the same thing, in a format
+    at least as wide as the inputs'), and the reference's output, LSE and V range."""
+    emulated = spec.options.emulated
+    stats = Stats.empty(spec)
+    cache = SliceInputs(keep=4 * jobs + 4)
+    ref_dtype = native_dtype(ref_spec) or np.dtype(np.float64)
+    found = _Pass(stats)
+    rows_shape = (*spec.lead, spec.L)
+    if "output" in wanted:
+        found.output = np.empty(spec.output_shape, dtype=ref_dtype)
+        found.lo = np.empty(spec.output_shape, dtype=ref_dtype)
+        found.hi = np.empty(spec.output_shape, dtype=ref_dtype)
+    if "lse" in wanted:
+        found.lse = np.empty(rows_shape)
+    if naive_spec is not None:
+        found.naive_output = np.empty(spec.output_shape) if "output" in wanted else None
+        found.naive_lse = np.empty(rows_shape) if "lse" in wanted else None
+
+    def block(of: AttentionSpec, lead: Index, r: slice, keys: slice, emulate: bool = True) -> Block:
+        inputs = cache.get(of, lead, emulate)
+        return attend_block(of, lead, r, emulate=emulate, keys=keys, inputs=inputs)
+
+    def visit(lead: Index, r: slice) -> Records:
+        keys = key_range(spec, lead, r)
+        ref = block(ref_spec, lead, r, keys)
+        run = ref
+        if emulated:
+            run = block(spec, lead, r, keys)
+            records = stats.measure(run, block(spec, lead, r, keys, emulate=False))
+        else:
+            records = stats.measure(ref, ref)
+        at: tuple[int | slice, ...] = (*lead, r)
+        if found.output is not None:
+            found.output[at] = ref.output
+            assert found.lo is not None
+            assert found.hi is not None
+            v = cache.get(ref_spec, lead).v[keys]
+            found.lo[at], found.hi[at] = v_range(v, block_support(ref), r.stop - r.start)
+        if found.lse is not None:
+            found.lse[at] = block_lse(ref)
+        if naive_spec is not None:
+            naive = run if naive_spec is spec else block(naive_spec, lead, r, keys)
+            if found.naive_output is not None:
+                found.naive_output[at] = naive.output
+            if found.naive_lse is not None:
+                found.naive_lse[at] = block_lse(naive)
+        return records
+
+    for records in sweep(spec, visit, jobs=jobs, progress=progress):
+        stats.merge(records)
+    for lead in np.ndindex(*spec.lead):
+        stats.add_moments(tuple(int(x) for x in lead), emulate=False)
+    return found
+
+
 def run_checks(
     spec: AttentionSpec,
     expected: list[Expected],
     settings: CheckSettings | None = None,
     thresholds: Thresholds | None = None,
+    *,
+    jobs: int = 1,
+    progress: Progress | None = None,
 ) -> CheckReport:
     """Judge the exported tensors (any of output, weights, lse) against ``spec``.
 
     Without any export, the inputs and the computation themselves are judged: the
     findings of the computation (as ``compute`` would find them) gate the result.
+    One pass over the blocks (on ``jobs`` threads) gives the findings and the
+    reference's output and LSE; exported weights are compared with the reference's
+    weights as whole arrays.
 
     Raises:
         SpecError: an export whose shape fits no layout of the computation.
@@ -626,19 +756,17 @@ def run_checks(
     ref_format = settings.reference or (
         "float64" if export in ("float64", "float32") else "float32"
     )
-    same = _same_run(spec, ref_format)
+    ref_spec = spec if _same_run(spec, ref_format) else _reference_spec(spec, ref_format)
     measured = settings.tolerance == "measured"
-    # The computation as compute runs it: the findings come from here. Its stages are
-    # kept only when it doubles as the reference or the naive run.
-    keep = RUN_STAGES if expected and (same or (measured and spec.options.dtype == export)) else ()
-    run = trace(spec, stages=keep)
-    diagnosis = diagnose(run, thresholds)
+    naive_spec = _naive_spec(spec, export) if measured and expected else None
+    found = _judge_pass(spec, ref_spec, naive_spec, set(fitted), jobs, progress)
+    diagnosis = diagnose(found.stats, thresholds)
     gate, own_only = _gate(settings, bool(expected))
     finding_checks = _finding_checks(
         diagnosis, gate, own_only, working_formats(spec), settings.fail_on_severity
     )
     checks = (
-        _export_checks(spec, settings, fitted, export, ref_format, run, same=same)
+        _export_checks(spec, settings, fitted, export, ref_spec, naive_spec, found)
         if expected
         else []
     )
@@ -662,26 +790,39 @@ RUN_STAGES = ("masked", "weights", "output")
 """The stages a check compares against: the LSE comes from the masked logits."""
 
 
+def _whole(found: _Pass, name: str, run: Trace | None, merged: bool, spec: AttentionSpec) -> F64:
+    """The reference's (or naive run's) values of an export, in the file's layout."""
+    if name == "weights":
+        assert run is not None
+        assert run.weights is not None
+        return run.weights
+    values = found.output if name == "output" else found.lse
+    assert values is not None
+    values = np.asarray(values, dtype=np.float64)
+    if name == "output" and merged:
+        return np.moveaxis(values, -3, -2).reshape(spec.merged_output_shape)
+    return values
+
+
 def _export_checks(
     spec: AttentionSpec,
     settings: CheckSettings,
     fitted: Mapping[str, _Fitted],
     export: str,
-    ref_format: str,
-    run: Trace,
-    *,
-    same: bool,
+    ref_spec: AttentionSpec,
+    naive_spec: AttentionSpec | None,
+    found: _Pass,
 ) -> list[Check]:
     """The checks of the exported tensors, in order: output, weights, LSE; then the
     hints of the failed comparisons."""
-    reference = (
-        run if same else trace(_reference_spec(spec, ref_format), RUN_STAGES, gather_stats=False)
-    )
-    naive: Trace | None = None
-    if settings.tolerance == "measured":
-        naive_spec = _naive_spec(spec, export)
-        naive = run if naive_spec is spec else trace(naive_spec, RUN_STAGES, gather_stats=False)
-    ref = {name: tensor_values(reference, name, f.merged) for name, f in fitted.items()}
+    reference: Trace | None = None
+    naive_weights: Trace | None = None
+    if "weights" in fitted:
+        # The one score-sized comparison: the export holds as many numbers itself.
+        reference = trace(ref_spec, RUN_STAGES, gather_stats=False)
+        if naive_spec is not None:
+            naive_weights = trace(naive_spec, RUN_STAGES, gather_stats=False)
+    ref = {name: _whole(found, name, reference, f.merged, spec) for name, f in fitted.items()}
     if "lse" in ref:  # a row with no visible key: −inf, or +inf as FlashAttention 2 writes it
         lse = fitted["lse"].values
         ref["lse"] = np.where((ref["lse"] == -math.inf) & np.isinf(lse), lse, ref["lse"])
@@ -689,19 +830,13 @@ def _export_checks(
     def tolerance_for(name: str) -> Tolerance:
         if settings.rtol is not None and settings.atol is not None:
             return Tolerance(settings.rtol, settings.atol, "given")
-        if naive is not None:
-            naive_values = tensor_values(naive, name, fitted[name].merged)
+        if naive_spec is not None:
+            naive_pass = _Pass(found.stats, output=found.naive_output, lse=found.naive_lse)
+            naive_values = _whole(naive_pass, name, naive_weights, fitted[name].merged, spec)
             return measured_tolerance(ref[name], naive_values, export, settings.fudge)
         rtol, atol = DTYPE_TOLERANCES[export]
         return Tolerance(rtol, atol, f"{export} defaults")
 
-    assert reference.masked is not None
-    assert reference.weights is not None
-    # Where the computation can put weight: visible keys (a float mask's −inf hides
-    # too), and hidden keys a finite mask value still weighs (−1 leaves them weight;
-    # −1e9 spreads a row with no visible key over every key).
-    support = reference.visible & (reference.masked != -math.inf)
-    support |= reference.weights > 0
     tols = {name: tolerance_for(name) for name in fitted}
     nan = settings.equal_nan
     checks: list[Check] = []
@@ -711,11 +846,23 @@ def _export_checks(
         if f.merged:
             heads = spec.merged_output_shape[-1] // spec.Ev
             split = np.moveaxis(f.values.reshape(*f.values.shape[:-1], heads, spec.Ev), -2, -3)
+        assert found.lo is not None
+        assert found.hi is not None
         checks.append(_finite_check("output", f.values, f.exp.label))
-        checks.append(_output_range(spec, split, support, tol, f.exp.label, f.merged))
+        checks.append(_output_range(spec, split, found.lo, found.hi, tol, f.exp.label, f.merged))
         checks.append(_close_check("output", f.values, ref["output"], tol, f.exp.label, nan))
+    support: NDArray[np.bool_] | None = None
+    if reference is not None:
+        assert reference.masked is not None
+        assert reference.weights is not None
+        assert reference.visible is not None
+        # Where the computation can put weight (as block_support, whole).
+        with np.errstate(invalid="ignore"):
+            support = reference.visible & (reference.masked != -math.inf)
+            support |= reference.weights > 0
     if "weights" in fitted:
         f, tol = fitted["weights"], tols["weights"]
+        assert support is not None
         checks.append(_finite_check("weights", f.values, f.exp.label))
         checks.append(_weights_range(f.values, tol, f.exp.label))
         checks.append(_weights_rows(f.values, support, tol, f.exp.label))
@@ -724,6 +871,9 @@ def _export_checks(
         f = fitted["lse"]
         checks.append(_close_check("lse", f.values, ref["lse"], tols["lse"], f.exp.label, nan))
         if "weights" in fitted:
+            assert reference is not None
+            assert reference.masked is not None
+            assert support is not None
             checks.append(
                 _lse_weights(
                     reference.masked,
@@ -737,7 +887,8 @@ def _export_checks(
                 )
             )
     if math.prod(spec.weights_shape) <= SUSPECT_LIMIT:
-        checks = _with_hints(checks, spec, settings, fitted, ref, export, ref_format, naive)
+        ref_format = ref_spec.options.dtype
+        checks = _with_hints(checks, spec, settings, fitted, ref, export, ref_format)
     return checks
 
 
@@ -749,7 +900,6 @@ def _with_hints(
     ref: Mapping[str, F64],
     export: str,
     ref_format: str,
-    naive: Trace | None,
 ) -> list[Check]:
     """A hint on each failed comparison that one changed option would pass, or that
     the measured tolerance (the naive low-precision error) would. Each alternative is
@@ -775,6 +925,7 @@ def _with_hints(
                     "the kernel and these options disagree on it"
                 )
     narrow = export not in ("float64", "float32")
+    naive: Trace | None = None
     for name, c in failing.items():
         if name in hints or not narrow or c.tolerance is None:
             continue

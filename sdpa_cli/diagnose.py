@@ -239,11 +239,12 @@ def _g(x: float) -> str:
 # --- the diagnose step ----------------------------------------------------------------
 
 
-def diagnose(trace: Trace, thresholds: Thresholds | None = None) -> Diagnosis:
-    """Read the trace's statistics and return every finding, in :data:`KINDS` order."""
+def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Diagnosis:
+    """Read the statistics (a trace's, or gathered by a pass of one's own) and return
+    every finding, in :data:`KINDS` order."""
     th = thresholds or Thresholds()
-    stats = trace.stats
-    spec = trace.spec
+    stats = source if isinstance(source, Stats) else source.stats
+    spec = stats.spec
     working = working_formats(spec)
     found: dict[str, list[Finding]] = {k: [] for k in KINDS}
     counts: dict[str, int] = {k: 0 for k in KINDS}
