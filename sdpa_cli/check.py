@@ -361,14 +361,20 @@ def _weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str
     )
 
 
-def v_range(v: F64, support: NDArray[np.bool_] | None, n_rows: int) -> tuple[F64, F64]:
+def v_range(
+    v: F64,
+    support: NDArray[np.bool_] | None,
+    n_rows: int,
+    running: tuple[F64, F64] | None = None,
+) -> tuple[F64, F64]:
     """Per row and column, the smallest and largest of ``v`` (the block's keys, (keys,
     Ev)) over the keys the row may attend to (``support``, (rows, keys); None: every
     one); 0 for a row with none.
 
     Rows that see a prefix of the keys (causal, padding) or a suffix read running
     minima and maxima, O(keys·Ev) in all; only other rows (windows, arbitrary masks)
-    reduce over their keys a few rows at a time.
+    reduce over their keys a few rows at a time. ``running``: V's running minima and
+    maxima down these keys, when the caller keeps them.
     """
     S, Ev = v.shape
     if support is None:
@@ -389,8 +395,9 @@ def v_range(v: F64, support: NDArray[np.bool_] | None, n_rows: int) -> tuple[F64
     prefix = contiguous & (first == 0)
     suffix = contiguous & (last == S - 1) & ~prefix
     if prefix.any():
-        lo[prefix] = np.minimum.accumulate(v, axis=0)[last[prefix]]
-        hi[prefix] = np.maximum.accumulate(v, axis=0)[last[prefix]]
+        low, high = running or (np.minimum.accumulate(v, axis=0), np.maximum.accumulate(v, axis=0))
+        lo[prefix] = low[last[prefix]]
+        hi[prefix] = high[last[prefix]]
     if suffix.any():
         lo[suffix] = np.minimum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
         hi[suffix] = np.maximum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
@@ -706,8 +713,14 @@ def _judge_pass(
             found.output[at] = ref.output
             assert found.lo is not None
             assert found.hi is not None
-            v = cache.get(ref_spec, lead).v[keys]
-            found.lo[at], found.hi[at] = v_range(v, block_support(ref), r.stop - r.start)
+            inputs = cache.get(ref_spec, lead)
+            running = None
+            if keys.start == 0:
+                low, high = inputs.v_running
+                running = (low[: keys.stop], high[: keys.stop])
+            found.lo[at], found.hi[at] = v_range(
+                inputs.v[keys], block_support(ref), r.stop - r.start, running
+            )
         if found.lse is not None:
             found.lse[at] = block_lse(ref)
         if naive_spec is not None:

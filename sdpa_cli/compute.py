@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -227,6 +228,12 @@ class Operands:
     k: NDArray[Any]
     v: NDArray[Any]
     v_bad: NDArray[np.bool_]
+
+    @cached_property
+    def v_running(self) -> tuple[NDArray[Any], NDArray[Any]]:
+        """Running minima and maxima of V down the keys: the range of V over any
+        prefix of the keys (the output's bounds under a causal mask or padding)."""
+        return np.minimum.accumulate(self.v, axis=0), np.maximum.accumulate(self.v, axis=0)
 
 
 def operands(spec: AttentionSpec, lead_index: tuple[int, ...], emulate: bool = True) -> Operands:

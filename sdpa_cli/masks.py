@@ -38,7 +38,9 @@ def causal(
     i0: int, i1: int, L: int, S: int, align: str = "upper-left", keys: slice | None = None
 ) -> NDArray[np.bool_]:
     """Key j is visible to query i when j ≤ i + offset."""
-    return _rel(i0, i1, S, align_offset(align, L, S), keys) <= 0
+    j0, j1 = (0, S) if keys is None else (keys.start, keys.stop)
+    last = np.arange(i0, i1, dtype=np.int64) + align_offset(align, L, S)
+    return np.arange(j0, j1, dtype=np.int64)[None, :] <= last[:, None]
 
 
 def window(

@@ -58,12 +58,10 @@ class Where:
     def merge(self, later: Where) -> None:
         """Fold in the record of a later block (in C order): its first hit counts only
         when this one has none."""
-        if not later.count and later.extreme_at is None:
-            return
         self.count += later.count
         if self.first is None:
             self.first = later.first
-        if later.extreme_at is not None and later.extreme > self.extreme:
+        if later.extreme > self.extreme:
             self.extreme, self.extreme_at = later.extreme, later.extreme_at
 
     def _keep_largest(self, mags: F64, base: Index) -> float:
@@ -421,7 +419,8 @@ class Stats:
             s = block.masked
             gap = s - s[np.arange(n), top][:, None]
             if not block.all_visible or not ext.finite(s):
-                gap = np.where(w > 0, gap, 0.0)
+                # A hidden key (−inf, weight 0) adds 0 · (most negative number) = 0.
+                np.maximum(gap, np.finfo(gap.dtype).min, out=gap)
             dot = np.einsum("ij,ij->i", w, gap)
             entropy = np.where(w_top > 0, np.maximum(-np.log(w_top) - dot, 0.0), 0.0)
             entropy = np.where(np.isfinite(entropy), entropy, 0.0)
@@ -468,20 +467,12 @@ class Stats:
             at_base = out_base if is_output else base
             record = rec.absmax[stage]
             if ext.finite(values, where):
-                # Every value that counts is finite: the record is the two extremes,
-                # and only a new largest needs finding.
+                # Every value that counts is finite: the record is the two extremes
+                # (the headroom reads the largest, not where it is).
                 hi, lo = ext(values, where)
                 block_max = max(abs(hi), abs(lo)) if hi >= lo else 0.0
                 record.count += int(values.size if where is None else np.count_nonzero(where))
-                if hi >= lo and block_max > record.extreme:
-                    mags = (
-                        np.abs(values) if where is None else np.where(where, np.abs(values), -1.0)
-                    )
-                    record.extreme = block_max
-                    record.extreme_at = _at(
-                        at_base, np.unravel_index(int(np.argmax(mags)), mags.shape)
-                    )
-                    record.first = record.first or record.extreme_at
+                record.extreme = max(record.extreme, block_max)
             else:
                 sel = np.isfinite(values)
                 if where is not None:
