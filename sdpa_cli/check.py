@@ -190,7 +190,7 @@ def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class _Fitted:
-    """An export as float64 in the computation's layout."""
+    """An export in the computation's layout (in its own dtype)."""
 
     exp: Expected
     values: F64
@@ -207,7 +207,7 @@ def fit_expected(spec: AttentionSpec, exp: Expected) -> _Fitted:
     got = tuple(exp.values.shape)
     for shape in expected_shapes(spec, exp.name):
         if got == shape or _strip_ones(got) == _strip_ones(shape):
-            values = np.asarray(exp.values, dtype=np.float64).reshape(shape)
+            values = np.asarray(exp.values).reshape(shape)  # read (as float64) chunk by chunk
             merged = exp.name == "output" and shape != spec.output_shape
             return _Fitted(exp, values, merged)
     want = " or ".join(str(s) for s in expected_shapes(spec, exp.name))
@@ -811,7 +811,6 @@ def _whole(found: _Pass, name: str, run: Trace | None, merged: bool, spec: Atten
         return run.weights
     values = found.output if name == "output" else found.lse
     assert values is not None
-    values = np.asarray(values, dtype=np.float64)
     if name == "output" and merged:
         return np.moveaxis(values, -3, -2).reshape(spec.merged_output_shape)
     return values

@@ -150,7 +150,8 @@ def _combine(
         return tuple(int(x) for x in np.unravel_index(i0 + at[0], shape)) if shape else ()
 
     def ratio(m: Mismatch) -> float:
-        assert m.worst_actual is not None and m.worst_reference is not None
+        assert m.worst_actual is not None
+        assert m.worst_reference is not None
         allowed = atol + rtol * abs(m.worst_reference)
         d = abs(m.worst_actual - m.worst_reference)
         return d / allowed if allowed > 0 else math.inf

@@ -44,8 +44,8 @@ T = TypeVar("T")
 STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "output")
 """Every stage, in the order of computation."""
 
-BLOCK_ELEMENTS = 1 << 18
-"""Scores per block (rows × keys): 2 MiB of float64 per stage array, cache-friendly."""
+BLOCK_ELEMENTS = 1 << 19
+"""Scores per block (rows × keys): 4 MiB of float64 (2 MiB of float32) per stage array."""
 
 DENORMAL_FLOOR = {np.dtype(np.float64): -708.0, np.dtype(np.float32): -87.0}
 """exp(x) is subnormal below log(smallest normal): −708.4 in float64, −87.3 in float32.

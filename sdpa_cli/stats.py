@@ -181,6 +181,8 @@ def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
 def finite_std(a: NDArray[Any]) -> float:
     """The std of the finite values of ``a`` in float64 (NaN below two values)."""
     x = np.asarray(a, dtype=np.float64)
+    if np.isfinite(x).all():
+        return float(x.std()) if x.size > 1 else math.nan
     x = x[np.isfinite(x)]
     return float(x.std()) if x.size > 1 else math.nan
 
@@ -270,6 +272,15 @@ class _Extremes:
                 lo = float(np.min(values, where=visible, initial=math.inf))
             self._seen[key] = (hi, lo)
         return self._seen[key]
+
+    def scaled_from(self, block: Block, factor: float, visible: NDArray[np.bool_] | None) -> None:
+        """The scaled scores' extremes from the raw ones, with no pass: scaled is raw ·
+        factor rounded element by element in the block's dtype, and rounding is
+        monotonic, so its extremes are the raw extremes times factor, rounded the same."""
+        hi, lo = self(block.raw, visible)
+        f = block.raw.dtype.type(factor)
+        a, b = float(block.raw.dtype.type(hi) * f), float(block.raw.dtype.type(lo) * f)
+        self._seen[(id(block.scaled), id(visible))] = (max(a, b), min(a, b))
 
     def finite(self, values: F64, visible: NDArray[np.bool_] | None = None) -> bool:
         """Whether every (visible) value is finite: none at all counts as finite."""
@@ -378,6 +389,12 @@ class Stats:
         out_base: Index = (*lead, rows.start, 0)
         ext = _Extremes()
         ref_ext = ext if reference is block else _Extremes()
+        spec = self.spec
+        if native_dtype(spec) is not None and not spec.options.prescale and block.raw.size:
+            factor = spec.scale / spec.options.temperature
+            if not (math.isnan(factor) or math.isinf(factor)):
+                for e, b in ((ext, block), (ref_ext, reference)):
+                    e.scaled_from(b, factor, None if b.all_visible else b.visible)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
             self._rows(block, at, ext)
             self._underflow(reference, at)
@@ -537,6 +554,8 @@ class Stats:
                     continue  # −inf is how they hide a key
                 bad = np.isnan(values) | (values == math.inf)
             elif stage in ("weights", "dropped"):
+                if _clean_logits(block, ext, visible):
+                    continue  # a softmax of finite (or −inf) logits has no NaN
                 hi, lo = ext(values)
                 if not (math.isnan(hi) or math.isnan(lo)):
                     continue
@@ -617,6 +636,12 @@ class Stats:
         """The observed standard deviation of Q Kᵀ (from the scaled logits / scale)."""
         factor = self.spec.scale / self.spec.options.temperature
         return self.moments.std / factor
+
+
+def _clean_logits(block: Block, ext: _Extremes, visible: NDArray[np.bool_] | None) -> bool:
+    """Whether the masked logits hold no NaN and no +inf (−inf hides a key)."""
+    hi, _ = ext(block.masked, visible)
+    return not (math.isnan(hi) or hi == math.inf)
 
 
 def input_dtypes(spec: AttentionSpec) -> tuple[str, ...]:

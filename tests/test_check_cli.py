@@ -833,7 +833,6 @@ USAGE: list[tuple[str, list[str], str]] = [
         "--manifest: the manifest lists inputs and expectations; give no Q K V, --bias, "
         "--mask or --expect-* beside it",
     ),
-    ("jobs-without-manifest", [*QKV, "--jobs", "2"], "--jobs: applies to --manifest only"),
     ("missing-file", ["nope.npy", "k.npy", "v.npy"], "nope.npy: no such file"),
     ("no-inputs", [], "give Q K V (or one case file), or --manifest FILE"),
     (

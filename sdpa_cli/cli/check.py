@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -14,6 +15,8 @@ from sdpa_cli.cli.options import (
     diagnostic_options,
     make_console,
     print_all,
+    progress_bar,
+    start_engine,
 )
 from sdpa_cli.errors import SpecError
 
@@ -74,7 +77,8 @@ CHECK_EXIT_CODES_HELP = (
     "--jobs",
     type=click.IntRange(min=1),
     metavar="N",
-    help="Cases run at once with --manifest (default: the number of cores).",
+    help="Threads computing the blocks of a case, or cases run at once with --manifest "
+    "(default: the number of cores).",
 )
 @click.option(
     "--format",
@@ -132,6 +136,7 @@ def check(
       sdpa check q.npy k.npy v.npy --fail-on overflow,nonfinite --format json
       sdpa check --manifest checks.yaml --junit report.xml
     """
+    threads = start_engine(jobs)
     from sdpa_cli.check import CheckSettings, run_checks
     from sdpa_cli.config import (
         check_config,
@@ -145,7 +150,6 @@ def check(
         CaseResult,
         Overrides,
         case_settings,
-        default_jobs,
         load_manifest,
         run_cases,
     )
@@ -200,20 +204,20 @@ def check(
                 CheckSettings(**case_settings(case, over))
             except SpecError as exc:
                 raise SpecError(f"{manifest}: case {case.name}", str(exc)) from None
-        results = run_cases(cases, over, jobs or default_jobs())
+        results = run_cases(cases, over, threads)
         title = None
     else:
         from sdpa_cli.inputs import load_expected, load_spec
 
         if not inputs:
             raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
-        if jobs is not None:
-            raise SpecError("--jobs", "applies to --manifest only")
         settings = CheckSettings(**merge_check_settings(config, given))
         spec, description = load_spec(inputs, bias_path, mask_path, flags)
         expected = load_expected(expect)
         title = (description or "").strip() or " ".join(inputs)
-        results = [CaseResult(title, run_checks(spec, expected, settings, limits))]
+        with progress_bar(math.prod(spec.weights_shape), "checking") as progress:
+            report_ = run_checks(spec, expected, settings, limits, jobs=threads, progress=progress)
+        results = [CaseResult(title, report_)]
 
     code = check_exit_code(results)
     document = check_document(results, manifest=manifest)

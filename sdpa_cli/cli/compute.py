@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
 
 from sdpa_cli.cli.options import (
     EXIT_CODES_HELP,
+    JOBS_OPTION,
     attention_options,
     check_index,
     diagnostic_options,
@@ -17,6 +19,8 @@ from sdpa_cli.cli.options import (
     parse_rows,
     parse_stages,
     print_all,
+    progress_bar,
+    start_engine,
 )
 
 
@@ -26,6 +30,7 @@ from sdpa_cli.cli.options import (
 @diagnostic_options
 @display_options
 @output_options
+@JOBS_OPTION
 def compute(
     inputs: tuple[str, ...],
     bias_path: str | None,
@@ -45,6 +50,7 @@ def compute(
     uniform: str | None,
     head_fraction: str | None,
     max_findings: str | None,
+    jobs: int | None,
     **flags: Any,
 ) -> None:
     """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
@@ -59,6 +65,7 @@ def compute(
       sdpa compute q.npy k.npy v.npy --causal --causal-align lower-right --save trace.npz
       sdpa compute q.npy k.npy v.npy --dtype float16
     """
+    threads = start_engine(jobs)
     from sdpa_cli.compute import applicable_stages, trace
     from sdpa_cli.config import thresholds
     from sdpa_cli.diagnose import diagnose
@@ -82,7 +89,10 @@ def compute(
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
 
     # Keep only the stages shown, unless --save asks for every one.
-    result = trace(spec, stages=None if save is not None else chosen)
+    with progress_bar(math.prod(spec.weights_shape), "computing") as progress:
+        result = trace(
+            spec, stages=None if save is not None else chosen, jobs=threads, progress=progress
+        )
     diagnosis = diagnose(result, limits)
     # Everything is rendered before the --save file is written, so a failure while
     # rendering cannot leave a new file behind; the output is printed last.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -11,6 +12,7 @@ from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
     FORMAT_OPTION,
+    JOBS_OPTION,
     KEYS_OPTION,
     MAX_ROWS_OPTION,
     PRECISION_OPTION,
@@ -20,6 +22,8 @@ from sdpa_cli.cli.options import (
     make_console,
     parse_rows,
     print_all,
+    progress_bar,
+    start_engine,
 )
 from sdpa_cli.errors import SpecError
 
@@ -65,6 +69,7 @@ if TYPE_CHECKING:
     metavar="FILE.png",
     help="Also write heatmaps of every stage (needs matplotlib: pip install 'sdpa-cli[plot]').",
 )
+@JOBS_OPTION
 def explain(
     inputs: tuple[str, ...],
     bias_path: str | None,
@@ -86,6 +91,7 @@ def explain(
     uniform: str | None,
     head_fraction: str | None,
     max_findings: str | None,
+    jobs: int | None,
     **flags: Any,
 ) -> None:
     """Walk one (batch, head) slice through every stage, saying what each did.
@@ -103,6 +109,7 @@ def explain(
       sdpa explain samples/scale_comparison.yaml --compare-scales
       sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116 --format json
     """
+    threads = start_engine(jobs)
     from sdpa_cli.compute import trace
     from sdpa_cli.config import thresholds
     from sdpa_cli.diagnose import diagnose
@@ -148,7 +155,8 @@ def explain(
     plotter = _plotter(plot) if plot is not None else None
 
     # The whole input's statistics and findings; the slice's values come from the engine.
-    result = trace(spec, stages=())
+    with progress_bar(math.prod(spec.weights_shape), "diagnosing") as progress:
+        result = trace(spec, stages=(), jobs=threads, progress=progress)
     diagnosis = diagnose(result, limits)
     ex = build(
         spec,
