@@ -681,14 +681,16 @@ def _judge_pass(
     at least as wide as the inputs'), and the reference's output, LSE and V range."""
     emulated = spec.options.emulated
     stats = Stats.empty(spec)
-    cache = SliceInputs(keep=4 * jobs + 4)
+    cache = SliceInputs(keep=jobs + 1)
     ref_dtype = native_dtype(ref_spec) or np.dtype(np.float64)
+    # V's own values bound the output: float32 holds those of a float16 or float32 V.
+    bound_dtype = np.result_type(spec.v.dtype, np.float32)
     found = _Pass(stats)
     rows_shape = (*spec.lead, spec.L)
     if "output" in wanted:
         found.output = np.empty(spec.output_shape, dtype=ref_dtype)
-        found.lo = np.empty(spec.output_shape, dtype=ref_dtype)
-        found.hi = np.empty(spec.output_shape, dtype=ref_dtype)
+        found.lo = np.empty(spec.output_shape, dtype=bound_dtype)
+        found.hi = np.empty(spec.output_shape, dtype=bound_dtype)
     if "lse" in wanted:
         found.lse = np.empty(rows_shape)
     if naive_spec is not None:

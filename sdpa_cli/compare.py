@@ -156,8 +156,9 @@ def _combine(
         d = abs(m.worst_actual - m.worst_reference)
         return d / allowed if allowed > 0 else math.inf
 
-    best_abs = max(parts, key=lambda p: p[1].max_abs)
-    best_rel = max(parts, key=lambda p: p[1].max_rel)
+    finite = [p for p in parts if p[1].max_abs_at is not None] or parts  # chunks with a pair
+    best_abs = max(finite, key=lambda p: p[1].max_abs)
+    best_rel = max(finite, key=lambda p: p[1].max_rel)
     worst: tuple[int, Mismatch] | None = None
     for i0, m in parts:
         if m.worst_at is None:
@@ -208,12 +209,13 @@ def _compare_chunk(a: F64, r: F64, rtol: float, atol: float, equal_nan: bool) ->
         passing_atol: float | None = 0.0
         passing_rtol: float | None = 0.0
         if finite.any():
-            max_abs_at = argmax_index(diff)
+            # Over the finite pairs only: with every difference 0, the first of them.
+            max_abs_at = argmax_index(np.where(finite, diff, -1.0))
             max_abs = float(diff[max_abs_at])
             rel = np.where(
                 finite & (diff > 0), diff / np.where(r == 0, 0.0, np.abs(r)), 0.0
             )  # x/0 → inf: a zero reference missed by anything
-            max_rel_at = argmax_index(rel)
+            max_rel_at = argmax_index(np.where(finite, rel, -1.0))
             max_rel = float(rel[max_rel_at])
             excess = np.where(finite, diff - rtol * np.abs(r), -np.inf)
             passing_atol = _enough(

@@ -47,7 +47,9 @@ STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "
 BLOCK_ELEMENTS = 1 << 19
 """Scores per block (rows × keys): 4 MiB of float64 (2 MiB of float32) per stage array."""
 
-DENORMAL_FLOOR = {np.dtype(np.float64): -708.0, np.dtype(np.float32): -87.0}
+DENORMAL_FLOOR = {
+    np.dtype(dt): math.log(float(np.finfo(dt).tiny)) for dt in (np.float64, np.float32)
+}
 """exp(x) is subnormal below log(smallest normal): −708.4 in float64, −87.3 in float32.
 Subnormals are 10–30× slower in exp and in the matmul that follows, and a saturated
 row (what this tool exists to find) is full of them. Arguments below the floor are
@@ -463,7 +465,7 @@ class SliceInputs:
     """K and V per slice, converted once and shared by the blocks (and threads) that
     need them; only the most recent few slices are kept."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 2) -> None:
         self._keep = keep
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[Any, ...], Operands] = OrderedDict()
@@ -566,7 +568,7 @@ def trace(
     }
     visible = np.empty(ws, dtype=np.bool_) if keep else None
     stats = Stats.empty(spec)
-    cache = SliceInputs(keep=2 * jobs + 2)
+    cache = SliceInputs(keep=jobs + 1)
     emulated = spec.options.emulated
 
     def visit(lead_index: tuple[int, ...], r: slice) -> Any:

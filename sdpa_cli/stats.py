@@ -427,7 +427,8 @@ class Stats:
             exact = False
         top = np.argmax(w, axis=1)
         w_top = w[np.arange(n), top]
-        self.argmax[at] = top + block.keys.start
+        # A row with no visible key (all weights 0) reads key 0, whatever was skipped.
+        self.argmax[at] = np.where(w_top == 0, 0, top + block.keys.start)
         self.max_weight[at] = w_top
         if exact:
             # H = −Σ w log w = −log w_top − Σ w·(s − s_top), as log w = s − LSE and
