@@ -169,8 +169,12 @@ def _combine(
             break
         if worst is None or ratio(m) > ratio(worst[1]):
             worst = (i0, m)
-    atols = [m.passing_atol for _, m in parts]
-    rtols = [m.passing_rtol for _, m in parts]
+
+    def loosest(values: list[float | None]) -> float | None:
+        """The largest tolerance that passes, or None when one chunk cannot pass."""
+        known = [x for x in values if x is not None]
+        return max(known, default=0.0) if len(known) == len(values) else None
+
     return Mismatch(
         total=sum(m.total for _, m in parts),
         mismatched=sum(m.mismatched for _, m in parts),
@@ -183,62 +187,41 @@ def _combine(
         worst_at=None if worst is None else full(worst[0], worst[1].worst_at),
         worst_actual=None if worst is None else worst[1].worst_actual,
         worst_reference=None if worst is None else worst[1].worst_reference,
-        passing_atol=None if None in atols else max(atols, default=0.0),  # type: ignore[type-var]
-        passing_rtol=None if None in rtols else max(rtols, default=0.0),  # type: ignore[type-var]
+        passing_atol=loosest([m.passing_atol for _, m in parts]),
+        passing_rtol=loosest([m.passing_rtol for _, m in parts]),
     )
 
 
 def _compare_chunk(a: F64, r: F64, rtol: float, atol: float, equal_nan: bool) -> Mismatch:
-    """:func:`compare` on one flat chunk (indices are into the chunk)."""
-    if np.isfinite(a).all() and np.isfinite(r).all():
-        return _compare_finite(a, r, rtol, atol)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+    """:func:`compare` on one flat chunk (indices are into the chunk): the figures of
+    its finite pairs, and the non-finite mismatches counted and put first."""
+    with np.errstate(invalid="ignore"):
         finite = np.isfinite(a) & np.isfinite(r)
-        diff = np.where(finite, np.abs(a - r), 0.0)
-        allowed = atol + rtol * np.abs(r)
-        bad_finite = finite & (diff > allowed)
+        if finite.all():
+            return _compare_finite(a, r, rtol, atol)
         a_nan, r_nan = np.isnan(a), np.isnan(r)
         nan_bad = (a_nan | r_nan) & ~(a_nan & r_nan & equal_nan)
         inf_bad = ~finite & ~(a_nan | r_nan) & (a != r)
-        nonfinite_bad = nan_bad | inf_bad
-        mismatched = int(bad_finite.sum()) + int(nonfinite_bad.sum())
+    pairs = np.flatnonzero(finite)
+    m = _compare_finite(a[pairs], r[pairs], rtol, atol)
 
-        max_abs, max_abs_at = 0.0, None
-        max_rel, max_rel_at = 0.0, None
-        worst_at = None
-        passing_atol: float | None = 0.0
-        passing_rtol: float | None = 0.0
-        if finite.any():
-            # Over the finite pairs only: with every difference 0, the first of them.
-            max_abs_at = argmax_index(np.where(finite, diff, -1.0))
-            max_abs = float(diff[max_abs_at])
-            rel = np.where(
-                finite & (diff > 0), diff / np.where(r == 0, 0.0, np.abs(r)), 0.0
-            )  # x/0 → inf: a zero reference missed by anything
-            max_rel_at = argmax_index(np.where(finite, rel, -1.0))
-            max_rel = float(rel[max_rel_at])
-            excess = np.where(finite, diff - rtol * np.abs(r), -np.inf)
-            passing_atol = _enough(
-                max(0.0, float(excess.max())), lambda t: diff <= t + allowed - atol
-            )
-            need = np.where(finite & (diff > atol), (diff - atol) / np.abs(r), 0.0)
-            passing_rtol = _enough(float(need.max()), lambda t: diff <= atol + t * np.abs(r))
-            if bad_finite.any():
-                ratio = np.where(bad_finite, diff / np.where(allowed > 0, allowed, 1.0), 0.0)
-                ratio = np.where(bad_finite & (allowed == 0), np.inf, ratio)
-                worst_at = argmax_index(ratio)
-        if nonfinite_bad.any():
-            worst_at = argmax_index(nonfinite_bad)
-            passing_atol = passing_rtol = None
-    return Mismatch(
+    def back(at: Index | None) -> Index | None:
+        return None if at is None else (int(pairs[at[0]]),)
+
+    worst_at = back(m.worst_at)
+    passing_atol, passing_rtol = m.passing_atol, m.passing_rtol
+    bad = nan_bad | inf_bad
+    if bad.any():
+        worst_at = argmax_index(bad)
+        passing_atol = passing_rtol = None
+    return dataclasses.replace(
+        m,
         total=int(a.size),
-        mismatched=mismatched,
+        mismatched=m.mismatched + int(bad.sum()),
         nan_mismatches=int(nan_bad.sum()),
         inf_mismatches=int(inf_bad.sum()),
-        max_abs=max_abs,
-        max_abs_at=max_abs_at,
-        max_rel=max_rel,
-        max_rel_at=max_rel_at,
+        max_abs_at=back(m.max_abs_at),
+        max_rel_at=back(m.max_rel_at),
         worst_at=worst_at,
         worst_actual=None if worst_at is None else float(a[worst_at]),
         worst_reference=None if worst_at is None else float(r[worst_at]),
@@ -248,7 +231,7 @@ def _compare_chunk(a: F64, r: F64, rtol: float, atol: float, equal_nan: bool) ->
 
 
 def _compare_finite(a: F64, r: F64, rtol: float, atol: float) -> Mismatch:
-    """:func:`compare` for two all-finite arrays: the same figures, in fewer passes."""
+    """The figures of two all-finite arrays."""
     if not a.size:
         return Mismatch(0, 0, 0, 0, 0.0, None, 0.0, None, None, None, None, 0.0, 0.0)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
