@@ -34,8 +34,11 @@ from sdpa_cli.compute import (
     SliceInputs,
     Trace,
     attend_block,
+    float64_twin,
     key_range,
+    merge_heads,
     native_dtype,
+    softmax,
     sweep,
     trace,
 )
@@ -243,14 +246,25 @@ def _naive_spec(spec: AttentionSpec, dtype: str) -> AttentionSpec:
     return dataclasses.replace(spec, options=options)
 
 
+def softmax_lse(masked: NDArray[Any], weights: NDArray[Any]) -> F64:
+    """Each row's logsumexp of the masked logits, read off their softmax: LSE =
+    s_top − log w_top for the row's largest weight (every weight is exp(s − LSE));
+    −inf for a row with no key to attend to, NaN for a row of NaN. Any leading axes;
+    keys last."""
+    if not weights.shape[-1]:
+        return np.full(weights.shape[:-1], -math.inf)
+    top = np.argmax(weights, axis=-1)[..., None]
+    w_top = np.take_along_axis(weights, top, axis=-1)[..., 0].astype(np.float64)
+    s_top = np.take_along_axis(masked, top, axis=-1)[..., 0].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = s_top - np.log(w_top)
+    return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
+
+
 def logsumexp(masked: F64) -> F64:
-    """``log Σ_j exp(logit_j)`` per row, max-subtracted; −inf for a row with no
-    visible key (every logit −inf)."""
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        m = np.max(masked, axis=-1, initial=-math.inf)
-        safe = np.where(np.isfinite(m), m, 0.0)
-        total = np.exp(masked - safe[..., None]).sum(axis=-1)
-        return np.where(m == -math.inf, -math.inf, safe + np.log(total))
+    """``log Σ_j exp(logit_j)`` per row (the engine's softmax, max-subtracted); −inf
+    for a row with no visible key (every logit −inf)."""
+    return softmax_lse(masked, softmax(np.asarray(masked, dtype=np.float64)))
 
 
 def _merged_index(spec: AttentionSpec, at: Index) -> Index:
@@ -415,11 +429,18 @@ def block_support(block: Block) -> NDArray[np.bool_] | None:
     """Where a block can put weight: its visible keys (a float mask's −inf hides too),
     and hidden keys a finite mask value still weighs (−1 leaves them weight; −1e9
     spreads a row with no visible key over every key). None: every key of the block."""
+    if block.all_visible and float(np.min(block.masked, initial=np.inf)) > -math.inf:
+        return None
+    return weighable(block.visible, block.masked, block.weights)
+
+
+def weighable(
+    visible: NDArray[np.bool_], masked: NDArray[Any], weights: NDArray[Any]
+) -> NDArray[np.bool_]:
+    """The visible keys a logit of −inf does not hide, and any key holding weight."""
     with np.errstate(invalid="ignore"):
-        if block.all_visible and float(np.min(block.masked, initial=np.inf)) > -math.inf:
-            return None
-        support: NDArray[np.bool_] = block.visible & (block.masked != -math.inf)
-        support |= block.weights > 0
+        support: NDArray[np.bool_] = visible & (masked != -math.inf)
+        support |= weights > 0
     return support
 
 
@@ -554,10 +575,11 @@ def tensor_values(run: Trace, name: str, merged: bool = False) -> F64:
     ``--heads`` when the file is), the weights, or the LSE of the masked logits."""
     if name == "lse":
         assert run.masked is not None
-        return logsumexp(run.masked)
-    values = run.merged_output if name == "output" and merged else run.stage(name)
+        assert run.weights is not None
+        return softmax_lse(run.masked, run.weights)
+    values = run.stage(name)
     assert values is not None
-    return values
+    return merge_heads(run.spec, values) if name == "output" and merged else values
 
 
 def _gate(settings: CheckSettings, has_expectations: bool) -> tuple[tuple[str, ...], bool]:
@@ -640,32 +662,20 @@ def _finding_checks(
 @dataclass
 class _Pass:
     """What one pass over every block gives the checks: the findings' statistics and
-    the reference's output-sized results. No score-sized array outlives its block."""
+    the output-sized results (``output`` in the computation's layout, ``lse``) of the
+    reference and of the naive run. No score-sized array outlives its block."""
 
     stats: Stats
-    output: F64 | None = None
-    lse: F64 | None = None
+    reference: dict[str, F64] = field(default_factory=dict)
+    naive: dict[str, F64] = field(default_factory=dict)
     lo: F64 | None = None
     """Per output element, the smallest value of V over the keys its row can weigh."""
     hi: F64 | None = None
-    naive_output: F64 | None = None
-    naive_lse: F64 | None = None
 
 
 def block_lse(block: Block) -> F64:
-    """Each row's logsumexp of the masked logits, read off the softmax itself:
-    LSE = s_top − log w_top for the row's largest weight (exp(s − LSE) is a weight);
-    −inf for a row with no key to attend to, NaN for a row of NaN."""
-    w = block.weights
-    n = w.shape[0]
-    if not w.shape[1]:
-        return np.full(n, -math.inf)
-    top = np.argmax(w, axis=1)
-    w_top = w[np.arange(n), top].astype(np.float64)
-    s_top = block.masked[np.arange(n), top].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lse = s_top - np.log(w_top)
-    return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
+    """Each row's logsumexp of a block's masked logits (:func:`softmax_lse`)."""
+    return softmax_lse(block.masked, block.weights)
 
 
 def _judge_pass(
@@ -679,42 +689,43 @@ def _judge_pass(
     """Every block once: the findings' statistics (from the run as given, or from the
     reference when the run is not emulated: it computes the same thing, in a format
     at least as wide as the inputs'), and the reference's output, LSE and V range."""
-    emulated = spec.options.emulated
     stats = Stats.empty(spec)
     cache = SliceInputs(keep=jobs + 1)
     ref_dtype = native_dtype(ref_spec) or np.dtype(np.float64)
     # V's own values bound the output: float32 holds those of a float16 or float32 V.
     bound_dtype = np.result_type(spec.v.dtype, np.float32)
     found = _Pass(stats)
-    rows_shape = (*spec.lead, spec.L)
+    runs = [(ref_spec, found.reference, ref_dtype)]
+    if naive_spec is not None:
+        runs.append((naive_spec, found.naive, np.dtype(np.float64)))
+    for _, values, dtype in runs:
+        if "output" in wanted:
+            values["output"] = np.empty(spec.output_shape, dtype=dtype)
+        if "lse" in wanted:
+            values["lse"] = np.empty((*spec.lead, spec.L))
     if "output" in wanted:
-        found.output = np.empty(spec.output_shape, dtype=ref_dtype)
         found.lo = np.empty(spec.output_shape, dtype=bound_dtype)
         found.hi = np.empty(spec.output_shape, dtype=bound_dtype)
-    if "lse" in wanted:
-        found.lse = np.empty(rows_shape)
-    if naive_spec is not None:
-        found.naive_output = np.empty(spec.output_shape) if "output" in wanted else None
-        found.naive_lse = np.empty(rows_shape) if "lse" in wanted else None
-
-    def block(of: AttentionSpec, lead: Index, r: slice, keys: slice, emulate: bool = True) -> Block:
-        inputs = cache.get(of, lead, emulate)
-        return attend_block(of, lead, r, emulate=emulate, keys=keys, inputs=inputs)
 
     def visit(lead: Index, r: slice) -> Records:
         keys = key_range(spec, lead, r)
-        ref = block(ref_spec, lead, r, keys)
+        ref = attend_block(ref_spec, lead, r, keys=keys, inputs=cache.get(ref_spec, lead))
         run = ref
-        if emulated:
-            run = block(spec, lead, r, keys)
-            records = stats.measure(run, block(spec, lead, r, keys, emulate=False))
-        else:
-            records = stats.measure(ref, ref)
+        computed = {id(ref_spec): ref}
+        if spec.options.emulated:
+            run = attend_block(spec, lead, r, keys=keys, inputs=cache.get(spec, lead))
+            computed[id(spec)] = run
+        records = stats.measure(run, float64_twin(spec, run, cache))
         at: tuple[int | slice, ...] = (*lead, r)
-        if found.output is not None:
-            found.output[at] = ref.output
-            assert found.lo is not None
-            assert found.hi is not None
+        for of, values, _ in runs:
+            b = computed.get(id(of)) or attend_block(
+                of, lead, r, keys=keys, inputs=cache.get(of, lead)
+            )
+            if "output" in values:
+                values["output"][at] = b.output
+            if "lse" in values:
+                values["lse"][at] = block_lse(b)
+        if found.lo is not None and found.hi is not None:
             inputs = cache.get(ref_spec, lead)
             running = None
             if keys.start == 0:
@@ -723,20 +734,11 @@ def _judge_pass(
             found.lo[at], found.hi[at] = v_range(
                 inputs.v[keys], block_support(ref), r.stop - r.start, running
             )
-        if found.lse is not None:
-            found.lse[at] = block_lse(ref)
-        if naive_spec is not None:
-            naive = run if naive_spec is spec else block(naive_spec, lead, r, keys)
-            if found.naive_output is not None:
-                found.naive_output[at] = naive.output
-            if found.naive_lse is not None:
-                found.naive_lse[at] = block_lse(naive)
         return records
 
     for records in sweep(spec, visit, jobs=jobs, progress=progress):
         stats.merge(records)
-    for lead in np.ndindex(*spec.lead):
-        stats.add_moments(tuple(int(x) for x in lead), emulate=False)
+    stats.add_all_moments()
     return found
 
 
@@ -805,17 +807,15 @@ RUN_STAGES = ("masked", "weights", "output")
 """The stages a check compares against: the LSE comes from the masked logits."""
 
 
-def _whole(found: _Pass, name: str, run: Trace | None, merged: bool, spec: AttentionSpec) -> F64:
-    """The reference's (or naive run's) values of an export, in the file's layout."""
+def _whole(
+    spec: AttentionSpec, values: Mapping[str, F64], name: str, run: Trace | None, merged: bool
+) -> F64:
+    """A run's values of an export, in the file's layout: the output and the LSE from
+    the pass (``values``), the weights from the whole trace ``run``."""
     if name == "weights":
         assert run is not None
-        assert run.weights is not None
-        return run.weights
-    values = found.output if name == "output" else found.lse
-    assert values is not None
-    if name == "output" and merged:
-        return np.moveaxis(values, -3, -2).reshape(spec.merged_output_shape)
-    return values
+        return tensor_values(run, name)
+    return merge_heads(spec, values[name]) if name == "output" and merged else values[name]
 
 
 def _export_checks(
@@ -836,7 +836,9 @@ def _export_checks(
         reference = trace(ref_spec, RUN_STAGES, gather_stats=False)
         if naive_spec is not None:
             naive_weights = trace(naive_spec, RUN_STAGES, gather_stats=False)
-    ref = {name: _whole(found, name, reference, f.merged, spec) for name, f in fitted.items()}
+    ref = {
+        name: _whole(spec, found.reference, name, reference, f.merged) for name, f in fitted.items()
+    }
     if "lse" in ref:  # a row with no visible key: −inf, or +inf as FlashAttention 2 writes it
         lse = fitted["lse"].values
         ref["lse"] = np.where((ref["lse"] == -math.inf) & np.isinf(lse), lse, ref["lse"])
@@ -845,8 +847,7 @@ def _export_checks(
         if settings.rtol is not None and settings.atol is not None:
             return Tolerance(settings.rtol, settings.atol, "given")
         if naive_spec is not None:
-            naive_pass = _Pass(found.stats, output=found.naive_output, lse=found.naive_lse)
-            naive_values = _whole(naive_pass, name, naive_weights, fitted[name].merged, spec)
+            naive_values = _whole(spec, found.naive, name, naive_weights, fitted[name].merged)
             return measured_tolerance(ref[name], naive_values, export, settings.fudge)
         rtol, atol = DTYPE_TOLERANCES[export]
         return Tolerance(rtol, atol, f"{export} defaults")
@@ -870,10 +871,7 @@ def _export_checks(
         assert reference.masked is not None
         assert reference.weights is not None
         assert reference.visible is not None
-        # Where the computation can put weight (as block_support, whole).
-        with np.errstate(invalid="ignore"):
-            support = reference.visible & (reference.masked != -math.inf)
-            support |= reference.weights > 0
+        support = weighable(reference.visible, reference.masked, reference.weights)
     if "weights" in fitted:
         f, tol = fitted["weights"], tols["weights"]
         assert support is not None

@@ -240,12 +240,11 @@ class Operands:
 
 def operands(spec: AttentionSpec, lead_index: tuple[int, ...], emulate: bool = True) -> Operands:
     """The slice's K and V, read from the (memory-mapped) inputs and converted."""
-    dt = native_dtype(spec, emulate) or np.dtype(np.float64)
-    D = spec.options.dtype if emulate else "float64"
-    k = np.asarray(spec.k[spec.operand_index("k", lead_index)], dtype=dt)
-    v = np.asarray(spec.v[spec.operand_index("v", lead_index)], dtype=dt)
-    if native_dtype(spec, emulate) is None:
-        k, v = precision.round_to(k, D), precision.round_to(v, D)
+    native = native_dtype(spec, emulate)
+    k = np.asarray(spec.k[spec.operand_index("k", lead_index)], dtype=native or np.float64)
+    v = np.asarray(spec.v[spec.operand_index("v", lead_index)], dtype=native or np.float64)
+    if native is None:  # a narrower format, emulated: the inputs rounded to it
+        k, v = precision.round_to(k, spec.options.dtype), precision.round_to(v, spec.options.dtype)
     with np.errstate(invalid="ignore"):
         v_bad = ~np.isfinite(v).all(axis=1) if v.size else np.zeros(v.shape[0], np.bool_)
     return Operands(k, v, v_bad)
@@ -427,10 +426,15 @@ class Trace:
     @property
     def merged_output(self) -> F64 | None:
         """The output with heads merged back, ``(..., L, heads · Ev)``, under ``--heads``."""
-        if self.output is None or self.spec.options.heads is None:
-            return self.output
-        out = np.moveaxis(self.output, -3, -2)  # (..., L, heads, Ev)
-        return out.reshape(self.spec.merged_output_shape)
+        return None if self.output is None else merge_heads(self.spec, self.output)
+
+
+def merge_heads(spec: AttentionSpec, output: F64) -> F64:
+    """An output ``(..., heads, L, Ev)`` as returned, ``(..., L, heads · Ev)``, under
+    ``--heads`` (as it is otherwise)."""
+    if spec.options.heads is None:
+        return output
+    return np.moveaxis(output, -3, -2).reshape(spec.merged_output_shape)
 
 
 def available_memory() -> int | None:
@@ -482,6 +486,16 @@ class SliceInputs:
             return found
 
 
+def float64_twin(spec: AttentionSpec, block: Block, cache: SliceInputs) -> Block:
+    """The float64 block an emulated block's statistics are read against: what *would*
+    overflow or flush comes from exact values (the block itself when not emulated)."""
+    if not spec.options.emulated:
+        return block
+    lead = block.lead_index
+    inputs = cache.get(spec, lead, emulate=False)
+    return attend_block(spec, lead, block.rows, emulate=False, keys=block.keys, inputs=inputs)
+
+
 Progress = Callable[[int], None]
 """Told the number of scores done after each block."""
 
@@ -500,32 +514,27 @@ def sweep(
     two blocks per thread are in flight, which bounds the memory. With ``jobs`` = 1
     everything runs in the calling thread.
     """
-    blocks = iter_blocks(spec, rows)
-    per_row = max(spec.S, 1)
+
+    def done(r: slice, result: T) -> T:
+        if progress is not None:
+            progress((r.stop - r.start) * max(spec.S, 1))
+        return result
+
     if jobs <= 1:
-        for lead, r in blocks:
-            result = visit(lead, r)
-            if progress is not None:
-                progress((r.stop - r.start) * per_row)
-            yield result
+        for lead, r in iter_blocks(spec, rows):
+            yield done(r, visit(lead, r))
         return
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sdpa") as pool:
-        pending: deque[tuple[int, Future[T]]] = deque()
+        pending: deque[tuple[slice, Future[T]]] = deque()
         try:
-            for lead, r in blocks:
-                pending.append(((r.stop - r.start) * per_row, pool.submit(visit, lead, r)))
+            for lead, r in iter_blocks(spec, rows):
+                pending.append((r, pool.submit(visit, lead, r)))
                 if len(pending) >= 2 * jobs:
-                    n, future = pending.popleft()
-                    result = future.result()
-                    if progress is not None:
-                        progress(n)
-                    yield result
+                    r0, future = pending.popleft()
+                    yield done(r0, future.result())
             while pending:
-                n, future = pending.popleft()
-                result = future.result()
-                if progress is not None:
-                    progress(n)
-                yield result
+                r0, future = pending.popleft()
+                yield done(r0, future.result())
         finally:
             for _, future in pending:
                 future.cancel()
@@ -569,24 +578,13 @@ def trace(
     visible = np.empty(ws, dtype=np.bool_) if keep else None
     stats = Stats.empty(spec)
     cache = SliceInputs(keep=jobs + 1)
-    emulated = spec.options.emulated
 
     def visit(lead_index: tuple[int, ...], r: slice) -> Any:
         keys = None if keep else key_range(spec, lead_index, r)
         block = attend_block(spec, lead_index, r, keys=keys, inputs=cache.get(spec, lead_index))
         records = None
         if gather_stats:
-            reference = block
-            if emulated:
-                reference = attend_block(
-                    spec,
-                    lead_index,
-                    r,
-                    emulate=False,
-                    keys=keys,
-                    inputs=cache.get(spec, lead_index, emulate=False),
-                )
-            records = stats.measure(block, reference)
+            records = stats.measure(block, float64_twin(spec, block, cache))
         if keep:
             at: tuple[int | slice, ...] = (*lead_index, r)
             assert visible is not None
@@ -599,6 +597,5 @@ def trace(
         if records is not None:
             stats.merge(records)
     if gather_stats:
-        for lead_index in np.ndindex(*spec.lead):
-            stats.add_moments(tuple(int(x) for x in lead_index), emulate=False)
+        stats.add_all_moments()
     return Trace(spec=spec, visible=visible, stats=stats, **{s: arrays.get(s) for s in STAGES})

@@ -373,6 +373,11 @@ class Stats:
             q, k = precision.round_to(q, o.dtype), precision.round_to(k, o.dtype)
         self.moments.merge(product_moments(q, k, spec.scale / o.temperature))
 
+    def add_all_moments(self) -> None:
+        """Every slice's score moments, as the float64 reference computes them."""
+        for lead in np.ndindex(*self.spec.lead):
+            self.add_moments(tuple(int(x) for x in lead), emulate=False)
+
     def measure(self, block: Block, reference: Block) -> Records:
         """One block: ``block`` as shown (emulated or not), ``reference`` in float64
         (or the block itself). Writes the block's rows; returns its records.
