@@ -306,7 +306,7 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     bad_input = False
     for name in ("q", "k", "v", "bias", "mask"):
         arr = getattr(spec, name)
-        if arr is None or arr.dtype.kind != "f":
+        if arr is None or not precision.is_float(arr.dtype):
             continue
         a = _as_loaded(spec, name)
         with np.errstate(invalid="ignore"):

@@ -2,8 +2,8 @@
 
 Formats: ``.npy`` (memory-mapped, never unpickled), ``.npz`` (``file.npz:name`` picks
 an array), ``.safetensors`` (memory-mapped; ``file.safetensors:name`` picks a tensor;
-BF16, F8_E4M3 and F8_E5M2 read through ``ml_dtypes`` and widened exactly to float32 and
-float16), ``.json`` and ``.yaml``/``.yml`` (nested
+BF16, F8_E4M3 and F8_E5M2 as ``ml_dtypes`` arrays, upcast block by block like the
+rest), ``.json`` and ``.yaml``/``.yml`` (nested
 lists of numbers; YAML through the safe loader, aliases refused). The format is sniffed
 from the file's first bytes (``\\x93NUMPY``, ``PK``, a safetensors header length followed
 by ``{``) before the extension is trusted. Every error is an
@@ -57,9 +57,6 @@ SAFETENSORS_DTYPES = {
     "BOOL": "?",
 }
 """safetensors dtype → numpy dtype (names without ``<`` are ``ml_dtypes`` types)."""
-WIDENED = {"bfloat16": np.float32, "float8_e4m3fn": np.float16, "float8_e5m2": np.float16}
-"""``ml_dtypes`` formats → the narrowest numpy float holding every value exactly (bfloat16
-is float32's top half; float8's exponents and mantissas fit inside float16's)."""
 MEMBER_SUFFIXES = (".npz", SAFETENSORS_SUFFIX)
 """Formats that hold several arrays, one picked with ``file:name``."""
 
@@ -334,7 +331,7 @@ def _safetensors_dtype(code: Any, label: str) -> np.dtype[Any]:
 def _load_safetensors(path: Path, member: str | None, label: str) -> NDArray[Any]:
     """One tensor of a safetensors file, memory-mapped read-only, after checking its
     header entry against the file; ``label`` already ends in ``:member`` when one was given.
-    bfloat16 and float8 tensors come back widened (see :data:`WIDENED`).
+    bfloat16 and float8 tensors come back as ``ml_dtypes`` arrays.
     """
     header, start = _read_safetensors_header(path, label)
     names = sorted(k for k in header if k != "__metadata__")
@@ -396,14 +393,10 @@ def _load_safetensors(path: Path, member: str | None, label: str) -> NDArray[Any
             member_label,
             f"{corrupt}: shape {shape} of {entry['dtype']} is {needed} bytes but data_offsets [{begin}, {end}] hold {end - begin}",
         )
-    wide = WIDENED.get(dtype.name)
     if count == 0:
-        return np.zeros(shape, dtype=wide or dtype)
+        return np.zeros(shape, dtype=dtype)
     with _reading(label):
-        mapped = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=tuple(shape))
-    # The spec takes numpy's own numbers only (dtype kind b, i, u, f; ml_dtypes' are
-    # kind V), so bfloat16 and float8 are widened here: a copy, but an exact one.
-    return mapped if wide is None else mapped.astype(wide)
+        return np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=tuple(shape))
 
 
 def _read_text(path: Path, label: str) -> str:
@@ -514,9 +507,8 @@ def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:
 def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
     """Load one array from ``path``, ``path.npz:name`` or ``path.safetensors:name``.
 
-    ``.npy`` and ``.safetensors`` files come back memory-mapped and uncast (except
-    safetensors bfloat16 and float8, widened exactly to float32 and float16 in memory);
-    text files as int, float or bool
+    ``.npy`` and ``.safetensors`` files come back memory-mapped and uncast (bfloat16
+    and float8 as ``ml_dtypes`` arrays); text files as int, float or bool
     arrays. Shapes and dtypes are judged later, by the spec.
 
     Raises:

@@ -35,6 +35,12 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     return dt
 
 
+def is_float(dtype: np.dtype[Any]) -> bool:
+    """Whether a dtype holds floating-point numbers: numpy's, or ml_dtypes' bfloat16 and
+    float8 (whose numpy kind is ``V``)."""
+    return dtype.kind == "f" or dtype.name in FORMATS
+
+
 @dataclass(frozen=True)
 class Format:
     """The limits of one floating-point format, as casts to it behave.

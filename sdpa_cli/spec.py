@@ -360,7 +360,9 @@ _NUMERIC_KINDS = "biuf"
 
 
 def _check_numeric(name: str, label: str, a: NDArray[Any]) -> None:
-    if a.dtype.kind not in _NUMERIC_KINDS or a.dtype.names is not None:
+    if a.dtype.names is not None or not (
+        a.dtype.kind in _NUMERIC_KINDS or precision.is_float(a.dtype)
+    ):
         raise SpecError(label, f"{name} has dtype {a.dtype}; expected numbers (float, int or bool)")
 
 
