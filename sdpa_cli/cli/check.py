@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -113,10 +112,7 @@ def check(
     report: str | None,
     bias_path: str | None,
     mask_path: str | None,
-    saturation: str | None,
-    uniform: str | None,
-    head_fraction: str | None,
-    max_findings: str | None,
+    given_thresholds: dict[str, str | None],
     color: bool | None,
     **flags: Any,
 ) -> int:
@@ -163,12 +159,7 @@ def check(
 
     config_file = read_config()  # read once: thresholds and check settings
     limits = thresholds(
-        {
-            "saturation": saturation,
-            "uniform": uniform,
-            "head_fraction": head_fraction,
-            "max_findings": max_findings,
-        },
+        given_thresholds,
         config=config_file,
     )
     config = check_config(config=config_file)
@@ -215,7 +206,7 @@ def check(
         spec, description = load_spec(inputs, bias_path, mask_path, flags)
         expected = load_expected(expect)
         title = (description or "").strip() or " ".join(inputs)
-        with progress_bar(math.prod(spec.weights_shape), "checking") as progress:
+        with progress_bar(spec, "checking") as progress:
             report_ = run_checks(spec, expected, settings, limits, jobs=threads, progress=progress)
         results = [CaseResult(title, report_)]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import click
@@ -46,10 +45,7 @@ def compute(
     color: bool | None,
     fmt: str,
     save: str | None,
-    saturation: str | None,
-    uniform: str | None,
-    head_fraction: str | None,
-    max_findings: str | None,
+    given_thresholds: dict[str, str | None],
     jobs: int | None,
     **flags: Any,
 ) -> None:
@@ -73,14 +69,7 @@ def compute(
     from sdpa_cli.render import View, render_compute
     from sdpa_cli.report import payload, save_npz, to_json, to_yaml
 
-    limits = thresholds(
-        {
-            "saturation": saturation,
-            "uniform": uniform,
-            "head_fraction": head_fraction,
-            "max_findings": max_findings,
-        }
-    )
+    limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     chosen = parse_stages(stages, applicable_stages(spec))
     check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
@@ -89,7 +78,7 @@ def compute(
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
 
     # Keep only the stages shown, unless --save asks for every one.
-    with progress_bar(math.prod(spec.weights_shape), "computing") as progress:
+    with progress_bar(spec, "computing") as progress:
         result = trace(
             spec, stages=None if save is not None else chosen, jobs=threads, progress=progress
         )

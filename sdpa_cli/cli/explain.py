@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import math
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -87,10 +86,7 @@ def explain(
     export_svg: str | None,
     export_html: str | None,
     plot: str | None,
-    saturation: str | None,
-    uniform: str | None,
-    head_fraction: str | None,
-    max_findings: str | None,
+    given_thresholds: dict[str, str | None],
     jobs: int | None,
     **flags: Any,
 ) -> None:
@@ -121,14 +117,7 @@ def explain(
     from sdpa_cli.render_explain import render_explain
     from sdpa_cli.report import explain_payload, to_json, to_yaml
 
-    limits = thresholds(
-        {
-            "saturation": saturation,
-            "uniform": uniform,
-            "head_fraction": head_fraction,
-            "max_findings": max_findings,
-        }
-    )
+    limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     if spec.lead:
         check_index("--head", head, spec.lead[-1], "head")
@@ -155,7 +144,7 @@ def explain(
     plotter = _plotter(plot) if plot is not None else None
 
     # The whole input's statistics and findings; the slice's values come from the engine.
-    with progress_bar(math.prod(spec.weights_shape), "diagnosing") as progress:
+    with progress_bar(spec, "diagnosing") as progress:
         result = trace(spec, stages=(), jobs=threads, progress=progress)
     diagnosis = diagnose(result, limits)
     ex = build(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -14,6 +16,8 @@ from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
+
+    from sdpa_cli.spec import AttentionSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -183,8 +187,19 @@ def display_options(f: F) -> F:
     return f
 
 
+THRESHOLD_FLAGS = ("saturation", "uniform", "head_fraction", "max_findings")
+
+
 def diagnostic_options(f: F) -> F:
-    """Thresholds of the findings; defaults from sdpa.yaml or [tool.sdpa] (README)."""
+    """Thresholds of the findings; defaults from sdpa.yaml or [tool.sdpa] (README).
+    The command receives them together, as ``given_thresholds`` (name → text or None)."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kwargs["given_thresholds"] = {name: kwargs.pop(name) for name in THRESHOLD_FLAGS}
+        return f(*args, **kwargs)
+
+    wrapped: Any = command
     for option in reversed(
         [
             click.option(
@@ -209,8 +224,8 @@ def diagnostic_options(f: F) -> F:
             ),
         ]
     ):
-        f = option(f)
-    return f
+        wrapped = option(wrapped)
+    return wrapped  # type: ignore[no-any-return]
 
 
 def output_options(f: F) -> F:
@@ -273,9 +288,10 @@ PROGRESS_SCORES = 1 << 27
 
 
 @contextlib.contextmanager
-def progress_bar(total: int, what: str) -> Iterator[Callable[[int], None] | None]:
-    """A progress bar on stderr for ``total`` scores, when stderr is a terminal and
-    the work long enough to want one; yields the callback the engine calls."""
+def progress_bar(spec: AttentionSpec, what: str) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr over the scores of ``spec``, when stderr is a terminal
+    and the work long enough to want one; yields the callback the engine calls."""
+    total = math.prod(spec.weights_shape)
     if total < PROGRESS_SCORES or not sys.stderr.isatty() or os.environ.get("CI"):
         yield None
         return
