@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -36,7 +36,7 @@ from sdpa_cli.errors import SpecError
 from sdpa_cli.spec import AttentionSpec
 
 if TYPE_CHECKING:
-    from sdpa_cli.stats import Stats
+    from sdpa_cli.stats import Moments, Stats
 
 F64 = NDArray[np.float64]
 T = TypeVar("T")
@@ -404,8 +404,9 @@ class Trace:
     Score-shaped stages are ``(*lead, L, S)``, ``output`` is ``(*lead, L, Ev)``.
     Stages that the options do not bring about (``capped``, ``biased``, ``dropped``)
     and stages not asked for are ``None``. With ``--dtype`` the stages are the
-    emulated values. ``stats`` holds the per-row and per-stage statistics of every
-    block, gathered as it was computed, for the diagnostics.
+    emulated values. ``visible`` (which keys each row may see) is kept beside
+    score-shaped stages only. ``stats`` holds the per-row and per-stage statistics of
+    every block, gathered as it was computed, for the diagnostics.
     """
 
     spec: AttentionSpec
@@ -419,6 +420,9 @@ class Trace:
     dropped: F64 | None
     output: F64 | None
     stats: Stats
+    summaries: Mapping[str, Moments] = field(default_factory=dict)
+    """Per stage asked to be summarised: range, mean and non-finite count of its
+    visible values over the whole tensor (gathered block by block)."""
 
     def stage(self, name: str) -> F64 | None:
         return getattr(self, name)  # type: ignore[no-any-return]
@@ -452,7 +456,7 @@ def available_memory() -> int | None:
 def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
     """Refuse, before allocating, a trace that cannot fit in memory (rather than be killed)."""
     scores = math.prod(spec.weights_shape)
-    need = scores if keep else 0  # the boolean visibility
+    need = scores if keep - {"output"} else 0  # the boolean visibility
     need += sum(8 * (math.prod(spec.output_shape) if s == "output" else scores) for s in keep)
     available = available_memory()
     if available is not None and need > available:
@@ -546,6 +550,7 @@ def trace(
     rows: int | None = None,
     *,
     gather_stats: bool = True,
+    summarize: tuple[str, ...] = (),
     jobs: int = 1,
     progress: Progress | None = None,
 ) -> Trace:
@@ -564,10 +569,11 @@ def trace(
             same numbers to rounding.
         gather_stats: False for a trace used only for its values (a reference to
             compare against): no statistics, no float64 twin of an emulated block.
+        summarize: stages whose whole-tensor range is gathered (kept or not).
         jobs: threads computing blocks.
         progress: told the scores done after each block.
     """
-    from sdpa_cli.stats import Stats  # stats reads Block: imported here, not at the top
+    from sdpa_cli.stats import Moments, Stats  # they read Block: imported here, not at the top
 
     keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
     ws, os_ = spec.weights_shape, spec.output_shape
@@ -575,27 +581,48 @@ def trace(
     arrays: dict[str, Any] = {
         s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
     }
-    visible = np.empty(ws, dtype=np.bool_) if keep else None
+    visible = np.empty(ws, dtype=np.bool_) if keep - {"output"} else None
     stats = Stats.empty(spec)
     cache = SliceInputs(keep=jobs + 1)
 
+    summaries = {s: Moments() for s in summarize if s in applicable_stages(spec)}
+
     def visit(lead_index: tuple[int, ...], r: slice) -> Any:
-        keys = None if keep else key_range(spec, lead_index, r)
+        # Score-shaped stages are kept whole, every key of them; otherwise only the
+        # keys a block can see are computed (the output is the same either way).
+        keys = None if visible is not None else key_range(spec, lead_index, r)
         block = attend_block(spec, lead_index, r, keys=keys, inputs=cache.get(spec, lead_index))
         records = None
         if gather_stats:
             records = stats.measure(block, float64_twin(spec, block, cache))
-        if keep:
-            at: tuple[int | slice, ...] = (*lead_index, r)
-            assert visible is not None
+        seen = {s: Moments() for s in summaries}
+        for name, moments in seen.items():
+            moments.add(getattr(block, name), None if name == "output" else block.visible)
+        at: tuple[int | slice, ...] = (*lead_index, r)
+        if visible is not None:
             visible[at] = block.visible
-            for name, arr in arrays.items():
-                arr[at] = getattr(block, name)
-        return records
+        for name, arr in arrays.items():
+            arr[at] = getattr(block, name)
+        return records, seen
 
-    for records in sweep(spec, visit, jobs=jobs, rows=rows, progress=progress):
+    for records, seen in sweep(spec, visit, jobs=jobs, rows=rows, progress=progress):
         if records is not None:
             stats.merge(records)
+        for name, moments in seen.items():
+            summaries[name].merge(moments)
     if gather_stats:
         stats.add_all_moments()
-    return Trace(spec=spec, visible=visible, stats=stats, **{s: arrays.get(s) for s in STAGES})
+    return Trace(
+        spec=spec,
+        visible=visible,
+        stats=stats,
+        summaries=summaries,
+        **{s: arrays.get(s) for s in STAGES},
+    )
+
+
+def shown_blocks(
+    spec: AttentionSpec, positions: list[tuple[int, ...]], rows: range
+) -> dict[tuple[int, ...], Block]:
+    """What a table shows: query rows ``rows`` of each slice at ``positions``, every key."""
+    return {lead: attend_block(spec, lead, slice(rows.start, rows.stop)) for lead in positions}

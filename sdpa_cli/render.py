@@ -7,7 +7,7 @@ value as text, so a piped or colorless table reads the same.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +19,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.compute import Trace
+from sdpa_cli.compute import Block, Trace, applicable_stages
 from sdpa_cli.diagnose import Diagnosis, row_flags
 from sdpa_cli.render_findings import SEVERITY_STYLE, findings_panel, heads_table, precision_panel
 from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import working_formats
+from sdpa_cli.stats import Moments, working_formats
 
 THEME = {
     "title": Style(bold=True),
@@ -366,67 +366,65 @@ def stage_table(
     return table
 
 
-def summary(trace: Trace, stages: Sequence[str]) -> Table:
+def summary(summaries: Mapping[str, Moments], stages: Sequence[str]) -> Table:
     """Range of each stage over the whole tensor (finite, visible values)."""
     table = Table(title="whole tensor", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("stage", "min", "max", "mean", "non-finite"):
         table.add_column(col, justify="left" if col == "stage" else "right")
     for stage in stages:
-        arr = trace.stage(stage)
-        if arr is None:
+        m = summaries.get(stage)
+        if m is None:
             continue
-        values = arr if stage == "output" else arr[trace.visible]
-        finite = values[np.isfinite(values)]
-        bad = int(values.size - finite.size)
-        if finite.size:
-            row = [f"{finite.min():.4g}", f"{finite.max():.4g}", f"{finite.mean():.4g}"]
-        else:
-            row = ["—", "—", "—"]
-        table.add_row(stage, *row, str(bad))
+        row = [f"{m.lo:.4g}", f"{m.hi:.4g}", f"{m.mean:.4g}"] if m.count else ["—", "—", "—"]
+        table.add_row(stage, *row, str(m.nonfinite))
     return table
 
 
-def render_compute(trace: Trace, view: View, diagnosis: Diagnosis | None = None) -> RenderableType:
-    """The whole ``compute`` view: header, each chosen slice stage by stage, then the
-    per-head summaries, the precision report and the findings (when diagnosed)."""
+def layout(spec: AttentionSpec, view: View) -> tuple[list[tuple[int, ...]], range, bool]:
+    """What a ``compute`` table shows: the slices (at most ``--max-slices``), the query
+    rows, and whether rows were cut."""
+    rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
+    return slice_positions(spec, view)[: view.max_slices], rows, cut_rows
+
+
+def render_compute(
+    trace: Trace,
+    view: View,
+    shown: Mapping[tuple[int, ...], Block],
+    diagnosis: Diagnosis | None = None,
+) -> RenderableType:
+    """The whole ``compute`` view: header, each chosen slice stage by stage (``shown``:
+    the blocks of :func:`layout`'s rows), then the per-head summaries, the precision
+    report and the findings (when diagnosed). ``trace`` gives the statistics and the
+    whole-tensor ranges (its ``summaries``)."""
     spec = trace.spec
     working = working_formats(spec)
     parts: list[RenderableType] = [header(spec)]
-    positions = slice_positions(spec, view)
-    rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
-    stages = [s for s in view.stages if trace.stage(s) is not None]
-    assert trace.visible is not None
-    if not view.explicit_stages and trace.visible.all() and spec.mask is None:
+    n_positions = len(slice_positions(spec, view))
+    _, rows, cut_rows = layout(spec, view)
+    stages = [s for s in view.stages if s in applicable_stages(spec)]
+    nothing_hidden = bool((trace.stats.n_visible == spec.S).all())
+    if not view.explicit_stages and nothing_hidden and spec.mask is None:
         stages = [s for s in stages if s != "masked"]  # nothing was masked: it repeats the logits
-    if len(positions) > view.max_slices or cut_rows or view.max_rows < spec.S:
-        parts.append(summary(trace, stages))
-    for idx in positions[: view.max_slices]:
+    if n_positions > view.max_slices or cut_rows or view.max_rows < spec.S:
+        parts.append(summary(trace.summaries, stages))
+    for idx, block in shown.items():
         label = slice_label(spec, idx)
         if label:
             parts.append(rule(label, view.width))
         flags = row_flags(trace.stats, diagnosis.thresholds, idx, working) if diagnosis else {}
         for stage in stages:
-            arr = trace.stage(stage)
-            assert arr is not None
-            shown = slice(rows.start, rows.stop)
             parts.append(stage_title(stage))
             parts.append(
                 stage_table(
-                    spec,
-                    stage,
-                    arr[idx][shown],
-                    trace.visible[idx][shown],
-                    view,
-                    rows,
-                    cut_rows,
-                    flags,
+                    spec, stage, getattr(block, stage), block.visible, view, rows, cut_rows, flags
                 )
             )
             parts.append(Text(""))
-    if len(positions) > view.max_slices:
+    if n_positions > view.max_slices:
         parts.append(
             Text(
-                f"… {len(positions) - view.max_slices} more slices not shown; "
+                f"… {n_positions - view.max_slices} more slices not shown; "
                 "pick one with --batch/--head or raise --max-slices",
                 THEME["note"],
             )

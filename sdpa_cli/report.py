@@ -92,8 +92,8 @@ def payload(
         arr = trace.merged_output if name == "output" else trace.stage(name)
         if arr is not None:
             data[name] = _nested(arr, for_json)
-    assert trace.visible is not None, "a trace kept for its values keeps visible"
-    if not trace.visible.all():
+    # Beside score-shaped stages only: which of their cells the masks hid.
+    if trace.visible is not None and not trace.visible.all():
         data["visible"] = trace.visible.tolist()
     data.update(diagnosis_payload(diagnosis, for_json=for_json) if diagnosis else {"findings": []})
     return data

@@ -377,6 +377,20 @@ def test_json_without_masks_has_no_visible(qkv: dict[str, F64]) -> None:
     np.testing.assert_allclose(np.array(data["output"]), expected["output"], atol=1e-12)
 
 
+def test_json_of_the_output_alone_has_no_visible_even_when_masked(qkv: dict[str, F64]) -> None:
+    """``visible`` is score-shaped: it comes with score-shaped stages only (a causal
+    output of a long sequence would otherwise carry an L × S list)."""
+    alone = run_json(*QKV, "--causal", "--stages", "output")
+    assert "visible" not in alone
+    visible = np.arange(S)[None, :] <= np.arange(L)[:, None]
+    expected = reference(qkv["q"], qkv["k"], qkv["v"], scale=1 / math.sqrt(E), visible=visible)
+    np.testing.assert_allclose(np.array(alone["output"]), expected["output"], atol=1e-12)
+    with_weights = run_json(*QKV, "--causal", "--stages", "weights,output")
+    np.testing.assert_array_equal(
+        np.array(with_weights["visible"]), np.broadcast_to(visible, (H, L, S))
+    )
+
+
 def test_json_heads_split_and_merge(workdir: Path) -> None:
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((4, 6)) for _ in range(3))

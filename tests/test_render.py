@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from sdpa_cli.compute import applicable_stages, trace
+from sdpa_cli.compute import applicable_stages, shown_blocks, trace
 from sdpa_cli.diagnose import diagnose
 from sdpa_cli.loaders import load_case
-from sdpa_cli.render import View, fmt, render_compute
+from sdpa_cli.render import View, fmt, layout, render_compute
 from sdpa_cli.spec import OPTION_NAMES, AttentionSpec, Options, build_spec, parse_options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,9 +35,10 @@ def sample_spec(name: str, **overrides: object) -> AttentionSpec:
 def render_text(spec: AttentionSpec, width: int, **view: Any) -> str:
     console = Console(file=io.StringIO(), width=width, color_system=None, no_color=True)
     stages = view.pop("stages", applicable_stages(spec))
-    result = trace(spec)
+    result = trace(spec, stages=(), summarize=stages)
     view_ = View(stages=stages, width=width, **view)
-    console.print(render_compute(result, view_, diagnose(result)))
+    shown = shown_blocks(spec, *layout(spec, view_)[:2])
+    console.print(render_compute(result, view_, shown, diagnose(result)))
     out = console.file.getvalue()  # type: ignore[attr-defined]
     return "\n".join(line.rstrip() for line in out.splitlines()) + "\n"
 

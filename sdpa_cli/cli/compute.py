@@ -62,11 +62,11 @@ def compute(
       sdpa compute q.npy k.npy v.npy --dtype float16
     """
     threads = start_engine(jobs)
-    from sdpa_cli.compute import applicable_stages, trace
+    from sdpa_cli.compute import applicable_stages, shown_blocks, trace
     from sdpa_cli.config import thresholds
     from sdpa_cli.diagnose import diagnose
     from sdpa_cli.inputs import load_spec
-    from sdpa_cli.render import View, render_compute
+    from sdpa_cli.render import View, layout, render_compute
     from sdpa_cli.report import payload, save_npz, to_json, to_yaml
 
     limits = thresholds(given_thresholds)
@@ -77,11 +77,13 @@ def compute(
     row_slice = parse_rows(rows, spec.L)
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
 
-    # Keep only the stages shown, unless --save asks for every one.
+    # Whole stages only for what writes them: JSON and YAML the chosen ones, --save
+    # every one. Tables compute the rows they show, and the whole-tensor ranges.
+    keep: tuple[str, ...] | None = chosen if fmt != "table" else ()
+    if save is not None:
+        keep = None
     with progress_bar(spec, "computing") as progress:
-        result = trace(
-            spec, stages=None if save is not None else chosen, jobs=threads, progress=progress
-        )
+        result = trace(spec, stages=keep, summarize=chosen, jobs=threads, progress=progress)
     diagnosis = diagnose(result, limits)
     # Everything is rendered before the --save file is written, so a failure while
     # rendering cannot leave a new file behind; the output is printed last.
@@ -109,7 +111,9 @@ def compute(
         )
         if description:
             renderables.append(Text(description.strip(), style="italic"))
-        renderables.append(render_compute(result, view, diagnosis))
+        positions, shown_rows, _ = layout(spec, view)
+        shown = shown_blocks(spec, positions, shown_rows)
+        renderables.append(render_compute(result, view, shown, diagnosis))
     if save is not None:
         save_npz(result, save)
     if text is not None:
