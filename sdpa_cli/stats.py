@@ -9,6 +9,7 @@ keeps a score-sized array, so the diagnostics cost little on huge inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,16 +239,16 @@ class Records:
         )
 
     def merge(self, later: Records) -> None:
-        for name in ("absmax", "nonfinite", "overflow", "fresh_overflow", "exp_overflow"):
-            mine, theirs = getattr(self, name), getattr(later, name)
-            for key, record in theirs.items():
-                mine[key].merge(record)
-        for key, record in later.mask_add_overflow.items():
-            self.mask_add_overflow[key].merge(record)
-        for key, record in later.hidden_bad.items():
-            self.hidden_bad[key].merge(record)
-        for key, err in later.errors.items():
-            self.errors[key].merge(err)
+        merge_records(self, later)
+
+
+def merge_records(into: Records | Stats, later: Records) -> None:
+    """Fold ``later``'s records into the same-named ones of ``into`` (a Records, or the
+    Stats that holds the whole run's), record by record."""
+    for f in dataclasses.fields(Records):
+        mine = getattr(into, f.name)
+        for key, record in getattr(later, f.name).items():
+            mine[key].merge(record)
 
 
 class _Extremes:
@@ -316,7 +317,6 @@ class Stats:
     moments: Moments
     errors: dict[str, StageError]
     _bad_keys: dict[tuple[str, Index], NDArray[np.bool_]] = field(default_factory=dict)
-    _records: Records | None = None
 
     @classmethod
     def empty(cls, spec: AttentionSpec) -> Stats:
@@ -339,16 +339,8 @@ class Stats:
             entropy=np.zeros(rows),
             underflow={d: np.zeros(rows, np.int32) for d in narrow},
             lost={d: np.zeros(rows) for d in narrow},
-            absmax=records.absmax,
-            nonfinite=records.nonfinite,
-            overflow=records.overflow,
-            fresh_overflow=records.fresh_overflow,
-            exp_overflow=records.exp_overflow,
-            mask_add_overflow=records.mask_add_overflow,
-            hidden_bad=records.hidden_bad,
             moments=Moments(),
-            errors=records.errors,
-            _records=records,
+            **{f.name: getattr(records, f.name) for f in dataclasses.fields(Records)},
         )
 
     def observe(self, block: Block, reference: Block) -> None:
@@ -359,8 +351,8 @@ class Stats:
             self.add_moments(block.lead_index, emulate=reference is block)
 
     def merge(self, records: Records) -> None:
-        assert self._records is not None
-        self._records.merge(records)
+        """Fold in a block's records, in block order."""
+        merge_records(self, records)
 
     def add_moments(self, lead: Index, *, emulate: bool = True) -> None:
         """The moments of the slice's scaled scores (from Q and K: see
