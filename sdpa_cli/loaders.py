@@ -196,27 +196,30 @@ def _load_npy(path: Path, label: str) -> NDArray[Any]:
         raise InputError(label, f"cannot be read as .npy ({exc})") from None
 
 
+def _pick_member(label: str, names: list[str], member: str | None, noun: str) -> tuple[str, str]:
+    """The member of a file holding several (``file:name``), or its only one; and the
+    label naming it (``label`` already ends in ``:member`` when one was given)."""
+    if not names:
+        raise InputError(label, f"holds no {noun}s")
+    if member is None:
+        if len(names) != 1:
+            raise InputError(
+                label,
+                f"holds {len(names)} {noun}s; pick one with {label}:NAME (names: {', '.join(names)})",
+            )
+        return names[0], f"{label}:{names[0]}"
+    if member not in names:
+        raise InputError(label, f"has no {noun} {member!r} (names: {', '.join(names)})")
+    return member, label
+
+
 def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
     """One member of an archive; ``label`` already ends in ``:member`` when one was given."""
     member_label = label
     try:
         with zipfile.ZipFile(path) as zf:
             infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
-            names = sorted(infos)
-            if not names:
-                raise InputError(label, "holds no arrays")
-            if member is None:
-                if len(names) != 1:
-                    raise InputError(
-                        label,
-                        f"holds {len(names)} arrays; pick one with {label}:NAME (names: {', '.join(names) or 'none'})",
-                    )
-                member = names[0]
-                member_label = f"{label}:{member}"
-            if member not in infos:
-                raise InputError(
-                    label, f"has no array {member!r} (names: {', '.join(names) or 'none'})"
-                )
+            member, member_label = _pick_member(label, sorted(infos), member, "array")
             with zf.open(infos[member]) as fh:
                 try:
                     version = np.lib.format.read_magic(fh)
@@ -335,19 +338,7 @@ def _load_safetensors(path: Path, member: str | None, label: str) -> NDArray[Any
     """
     header, start = _read_safetensors_header(path, label)
     names = sorted(k for k in header if k != "__metadata__")
-    if not names:
-        raise InputError(label, "holds no tensors")
-    member_label = label
-    if member is None:
-        if len(names) != 1:
-            raise InputError(
-                label,
-                f"holds {len(names)} tensors; pick one with {label}:NAME (names: {', '.join(names)})",
-            )
-        member = names[0]
-        member_label = f"{label}:{member}"
-    if member not in names:
-        raise InputError(label, f"has no tensor {member!r} (names: {', '.join(names)})")
+    member, member_label = _pick_member(label, names, member, "tensor")
 
     entry = header[member]
     corrupt = "has a corrupt .safetensors header"
