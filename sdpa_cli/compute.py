@@ -191,7 +191,7 @@ def visibility(
     return visible
 
 
-def _dropout_keep(
+def dropout_keep(
     spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice
 ) -> NDArray[np.bool_]:
     """The dropout keep-mask of a block, drawn by element position.
@@ -340,7 +340,7 @@ def attend_block(
         weights = r(softmax(masked, sm, native=native))
         dropped = None
         if o.dropout > 0:
-            keep = _dropout_keep(spec, lead_index, rows, keys)
+            keep = dropout_keep(spec, lead_index, rows, keys)
             dropped = r(np.where(keep, weights / wd.type(1.0 - o.dropout), wd.type(0.0)))
         output = r(mm(weights if dropped is None else dropped, v))
         if keys.stop - keys.start < spec.S and ops.v_bad.any():

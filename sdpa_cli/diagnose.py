@@ -290,25 +290,13 @@ def severity_for(dtype: str, working: tuple[str, ...]) -> str:
 # --- non-finite values -----------------------------------------------------------------
 
 
-def _as_loaded(spec: AttentionSpec, name: str) -> NDArray[Any]:
-    """Operand ``name`` in the shape it was loaded in (indices then match the file)."""
-    arr = np.asarray(getattr(spec, name))
-    if spec.options.heads is not None and name in ("q", "k", "v"):
-        merged = np.moveaxis(arr, -3, -2)  # (..., L, heads, D/heads), undoing the split
-        arr = merged.reshape(*merged.shape[:-2], -1)
-    shape = spec.shapes.get(name)
-    if shape is not None and math.prod(shape) == arr.size:
-        return arr.reshape(shape)
-    return arr
-
-
 def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     bad_input = False
     for name in ("q", "k", "v", "bias", "mask"):
         arr = getattr(spec, name)
         if arr is None or not precision.is_float(arr.dtype):
             continue
-        a = _as_loaded(spec, name)
+        a = spec.as_loaded(name)
         with np.errstate(invalid="ignore"):
             # −inf is a legitimate way to hide keys in a bias or float mask.
             bad = np.isnan(a) | (a == math.inf) if name in ("bias", "mask") else ~np.isfinite(a)

@@ -343,6 +343,19 @@ class AttentionSpec:
         options = dataclasses.replace(self.options, scale=rule)
         return dataclasses.replace(self, options=options, scale=scale_factor(rule, self.E))
 
+    def as_loaded(self, name: str, values: NDArray[Any] | None = None) -> NDArray[Any]:
+        """Operand ``name`` (or ``values`` shaped like it, e.g. its gradient) in the shape
+        it was loaded in, so that indices match the file: heads merged back under
+        ``--heads``, the leading 1s the spec added dropped."""
+        arr = np.asarray(getattr(self, name) if values is None else values)
+        if self.options.heads is not None and name in ("q", "k", "v"):
+            merged = np.moveaxis(arr, -3, -2)  # (..., L, heads, D/heads), undoing the split
+            arr = merged.reshape(*merged.shape[:-2], -1)
+        shape = self.shapes.get(name)
+        if shape is not None and math.prod(shape) == arr.size:
+            return arr.reshape(shape)
+        return arr
+
     def operand_index(self, name: str, lead_index: tuple[int, ...]) -> tuple[int, ...]:
         """The index into operand ``name`` for one position of the broadcast lead.
 

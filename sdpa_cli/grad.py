@@ -1,0 +1,461 @@
+"""The backward pass: dQ, dK, dV (and d(bias)) of attention, analytically, block by block.
+
+For the scalar loss ℓ = Σ O ⊙ dO (dO the output's gradient) and one block of query
+rows, with A the weights, P the weights after dropout (A · keep / (1 − p)), and the
+factor f = scale / temperature:
+
+    dV     += Pᵀ · dO                                   (S, Ev)
+    dP      = dO · Vᵀ                                   (rows, S)
+    dA      = dP · keep / (1 − p)                       dP without dropout
+    dS      = A ⊙ (dA − rowsum(dA ⊙ A))                 the softmax's Jacobian
+    dlogits = dS, zero where a mask replaced the logit  (a float mask adds: it passes)
+    d(bias) = dlogits                                   summed over broadcast axes
+    dscaled = dlogits ⊙ (1 − tanh²(scaled / C))        softcap C's chain rule
+    dQ      = dscaled · K · f;  dK += dscaledᵀ · Q · f  GQA: summed over the group
+
+Every block recomputes its weights (as FlashAttention's backward does) rather than
+reading stored ones, so nothing score-sized outlives a block; dK, dV and d(bias)
+are summed over blocks in block order, so the result does not depend on ``--jobs``.
+The backward pass runs in float64 whatever ``--dtype`` says: the format is what
+the gradients' range is judged against (:mod:`sdpa_cli.diagnose_grad`).
+
+Per row the pass keeps what the gradient-health findings read: ‖dA‖, ‖dS‖, the
+largest weight and 1 − Σ A², which bounds the softmax Jacobian's norm (the
+Jacobian diag(A) − A Aᵀ is positive semi-definite, so its norm is at most its
+trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.compute import (
+    Operands,
+    Progress,
+    SliceInputs,
+    attend_block,
+    dropout_keep,
+    full_keys,
+    key_range,
+    sweep,
+)
+from sdpa_cli.errors import SpecError
+from sdpa_cli.precision import is_float
+from sdpa_cli.spec import AttentionSpec
+
+F64 = NDArray[np.float64]
+Index = tuple[int, ...]
+
+DOUT_SOURCES = ("ones", "random")
+"""``--dout`` values that are not files."""
+
+GRADIENTS = ("dq", "dk", "dv", "dbias")
+"""The gradient tensors, named as in ``--save``: of Q, K, V and the bias."""
+
+OPERAND = {"dq": "q", "dk": "k", "dv": "v", "dbias": "bias"}
+
+
+def _stream(seed: int, purpose: int) -> np.random.Generator:
+    """One independent random stream per use of ``--seed`` (1: a random dO, 2: the
+    entries a numeric check samples); dropout draws from its own Philox counter."""
+    return np.random.default_rng([seed, purpose])
+
+
+def split_heads_of_output(spec: AttentionSpec, values: NDArray[Any]) -> NDArray[Any]:
+    """An array shaped like the output as returned (heads merged under ``--heads``,
+    leading 1s optional) → the engine's layout ``(*lead, L, Ev)``."""
+    if spec.options.heads is not None:
+        parts = values.reshape(*values.shape[:-1], spec.options.heads, spec.Ev)
+        values = np.moveaxis(parts, -2, -3)
+    return values.reshape(spec.output_shape)
+
+
+def make_dout(spec: AttentionSpec, given: str | NDArray[Any], seed: int, where: str) -> F64:
+    """The output's gradient dO in the engine's layout ``(*lead, L, Ev)``, float64.
+
+    Args:
+        given: ``ones``, ``random`` (standard normal, from ``seed``) or an array
+            shaped like the output as returned (leading axes of size 1 may differ).
+        where: how to name the source in an error (``--dout`` or the file).
+
+    Raises:
+        SpecError: when the array's shape is not the output's, or its values not numbers.
+    """
+    shape = spec.merged_output_shape
+    if isinstance(given, str):
+        if given == "ones":
+            return np.ones(spec.output_shape)
+        if given == "random":
+            return split_heads_of_output(spec, _stream(seed, 1).standard_normal(shape))
+        raise SpecError(where, f"expected a file, ones or random, got {given!r}")
+    arr = np.asarray(given)
+    if arr.dtype.names is not None or not (arr.dtype.kind in "biuf" or is_float(arr.dtype)):
+        raise SpecError(where, f"dO has dtype {arr.dtype}; expected numbers")
+    if _squeezed(arr.shape) != _squeezed(shape):
+        raise SpecError(
+            where,
+            f"dO should have the output's shape {shape}: but got {tuple(arr.shape)}",
+        )
+    return split_heads_of_output(spec, np.asarray(arr, dtype=np.float64).reshape(shape))
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape without its leading axes of size 1."""
+    i = 0
+    while i < len(shape) - 2 and shape[i] == 1:
+        i += 1
+    return tuple(shape[i:])
+
+
+@dataclass(frozen=True)
+class BlockGrad:
+    """One block's share of the gradients, and its rows' and keys' records.
+
+    ``dk``/``dv`` cover the block's keys ``keys``; ``dbias`` is the block's
+    d(logits) summed over the axes the bias broadcasts along (None without a bias).
+    """
+
+    lead_index: Index
+    rows: slice
+    keys: slice
+    dq: F64
+    dk: F64
+    dv: F64
+    dbias: F64 | None
+    da_norm: F64
+    ds_norm: F64
+    gain: F64
+    max_weight: F64
+    argmax: NDArray[np.int64]
+    n_visible: NDArray[np.int64]
+    key_weight: F64
+    """The largest weight each key of ``keys`` gets from the block's rows."""
+    key_seen: NDArray[np.bool_]
+    """Whether any row of the block may attend to each key of ``keys``."""
+
+
+def backward_block(
+    spec: AttentionSpec,
+    lead_index: Index,
+    rows: slice,
+    dout: F64,
+    *,
+    keys: slice | None = None,
+    inputs: Operands | None = None,
+) -> BlockGrad:
+    """The gradients of ``Σ O ⊙ dO`` from query rows ``rows`` of one slice, in float64.
+
+    Args:
+        dout: dO of the block's rows, ``(rows, Ev)``.
+        keys: the keys to compute (default all); hidden keys get no gradient.
+        inputs: the slice's K and V in float64 (:func:`compute.operands`).
+    """
+    o = spec.options
+    keys = keys if keys is not None else full_keys(spec)
+    block = attend_block(spec, lead_index, rows, emulate=False, keys=keys, inputs=inputs)
+    if inputs is None:
+        from sdpa_cli.compute import operands
+
+        inputs = operands(spec, lead_index, emulate=False)
+    q = np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=np.float64)
+    k, v = inputs.k[keys], inputs.v[keys]
+    a = block.weights
+    factor = spec.scale / o.temperature
+
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        if o.dropout > 0:
+            kept = dropout_keep(spec, lead_index, rows, keys) / (1.0 - o.dropout)
+            assert block.dropped is not None
+            dv = block.dropped.T @ dout
+            da = (dout @ v.T) * kept
+        else:
+            dv = a.T @ dout
+            da = dout @ v.T
+        # The softmax's Jacobian-vector product, without forming the Jacobian.
+        ds = a * (da - np.sum(da * a, axis=1, keepdims=True))
+        dlogits = ds if block.all_visible else np.where(block.visible, ds, 0.0)
+        dscaled = dlogits
+        if o.softcap is not None:
+            t = np.tanh(block.scaled / o.softcap)
+            dscaled = dlogits * (1.0 - t * t)
+        draw = dscaled * factor
+        dq = draw @ k
+        dk = draw.T @ q
+        dbias = None
+        if spec.bias is not None:
+            lb, sb = spec.bias.shape[-2:]
+            dbias = dlogits
+            if lb == 1:
+                dbias = dbias.sum(axis=0, keepdims=True)
+            if sb == 1:
+                dbias = dbias.sum(axis=1, keepdims=True)
+
+        attended = block.attended
+        n_rows = rows.stop - rows.start
+        da_seen = np.where(attended, da, 0.0) if not block.all_visible else da
+        da_norm = np.sqrt(np.sum(da_seen * da_seen, axis=1))
+        ds_norm = np.sqrt(np.sum(ds * ds, axis=1))
+        gain = 1.0 - np.sum(a * a, axis=1)
+        has_keys = a.shape[1] > 0
+        max_weight = a.max(axis=1) if has_keys else np.zeros(n_rows)
+        argmax = (a.argmax(axis=1) if has_keys else np.zeros(n_rows, np.int64)) + keys.start
+        n_visible = attended.sum(axis=1)
+        key_weight = a.max(axis=0) if n_rows else np.zeros(a.shape[1])
+        key_seen = np.asarray(attended.any(axis=0), dtype=np.bool_)
+    return BlockGrad(
+        lead_index,
+        rows,
+        keys,
+        dq,
+        dk,
+        dv,
+        dbias,
+        da_norm,
+        ds_norm,
+        np.where(n_visible > 0, gain, 0.0),
+        max_weight,
+        argmax.astype(np.int64),
+        n_visible.astype(np.int64),
+        key_weight,
+        key_seen,
+    )
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """The gradients of ``Σ O ⊙ dO`` and what the health findings read.
+
+    ``dq``, ``dk``, ``dv`` and ``dbias`` are float64 and shaped like ``spec.q``,
+    ``spec.k``, ``spec.v`` and ``spec.bias`` (the engine's layout; see
+    :meth:`loaded`). Row records are ``(*lead, L)``; key records ``(*lead, S)``.
+    """
+
+    spec: AttentionSpec
+    dout: F64
+    dq: F64
+    dk: F64
+    dv: F64
+    dbias: F64 | None
+    da_norm: F64
+    ds_norm: F64
+    gain: F64
+    max_weight: F64
+    argmax: NDArray[np.int64]
+    n_visible: NDArray[np.int64]
+    key_weight: F64
+    key_seen: NDArray[np.bool_]
+
+    def tensor(self, name: str) -> F64 | None:
+        """``dq``, ``dk``, ``dv`` or ``dbias`` in the engine's layout."""
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    def loaded(self, name: str) -> F64 | None:
+        """A gradient in the shape its operand was loaded in (heads merged back)."""
+        values = self.tensor(name)
+        return None if values is None else self.spec.as_loaded(OPERAND[name], values)
+
+    def present(self) -> tuple[str, ...]:
+        """The gradients this computation has (``dbias`` only with a bias)."""
+        return tuple(n for n in GRADIENTS if self.tensor(n) is not None)
+
+
+def _block_keys(spec: AttentionSpec, lead: Index, rows: slice, inputs: Operands) -> slice:
+    """The keys a block's gradients need: those any row may see (NaN or inf in V
+    outside them would poison a dense kernel's dS through 0 · NaN, so then all)."""
+    keys = key_range(spec, lead, rows)
+    if (keys.start, keys.stop) != (0, spec.S) and inputs.v_bad.any():
+        return full_keys(spec)
+    return keys
+
+
+def backward(
+    spec: AttentionSpec,
+    dout: F64,
+    *,
+    rows: int | None = None,
+    jobs: int = 1,
+    progress: Progress | None = None,
+) -> Gradients:
+    """dQ, dK, dV and d(bias) of ``Σ O ⊙ dO``, over every block of the computation.
+
+    Args:
+        spec: the validated computation.
+        dout: dO in the engine's layout, from :func:`make_dout`.
+        rows: query rows per block (default as the forward pass).
+        jobs: threads computing blocks.
+        progress: told the scores done after each block.
+    """
+    lead = spec.lead
+    dq = np.zeros(spec.q.shape)
+    dk = np.zeros(spec.k.shape)
+    dv = np.zeros(spec.v.shape)
+    dbias = np.zeros(spec.bias.shape) if spec.bias is not None else None
+    row_shape = (*lead, spec.L)
+    da_norm, ds_norm, gain, max_weight = (np.zeros(row_shape) for _ in range(4))
+    argmax = np.zeros(row_shape, np.int64)
+    n_visible = np.zeros(row_shape, np.int64)
+    key_weight = np.zeros((*lead, spec.S))
+    key_seen = np.zeros((*lead, spec.S), np.bool_)
+    cache = SliceInputs(keep=jobs + 1)
+
+    def visit(lead_index: Index, r: slice) -> BlockGrad:
+        inputs = cache.get(spec, lead_index, emulate=False)
+        keys = _block_keys(spec, lead_index, r, inputs)
+        return backward_block(spec, lead_index, r, dout[lead_index][r], keys=keys, inputs=inputs)
+
+    for g in sweep(spec, visit, jobs=jobs, rows=rows, progress=progress):
+        li, r, ks = g.lead_index, g.rows, g.keys
+        dq[spec.operand_index("q", li)][r] += g.dq
+        dk[spec.operand_index("k", li)][ks] += g.dk
+        dv[spec.operand_index("v", li)][ks] += g.dv
+        if dbias is not None and g.dbias is not None:
+            target = dbias[spec.operand_index("bias", li)]
+            at_rows = r if target.shape[0] > 1 else slice(0, 1)
+            at_keys = ks if target.shape[1] > 1 else slice(0, 1)
+            target[at_rows, at_keys] += g.dbias
+        at: tuple[int | slice, ...] = (*li, r)
+        da_norm[at], ds_norm[at], gain[at] = g.da_norm, g.ds_norm, g.gain
+        max_weight[at], argmax[at], n_visible[at] = g.max_weight, g.argmax, g.n_visible
+        np.maximum(key_weight[li][ks], g.key_weight, out=key_weight[li][ks])
+        key_seen[li][ks] |= g.key_seen
+    return Gradients(
+        spec,
+        dout,
+        dq,
+        dk,
+        dv,
+        dbias,
+        da_norm,
+        ds_norm,
+        gain,
+        max_weight,
+        argmax,
+        n_visible,
+        key_weight,
+        key_seen,
+    )
+
+
+# --- the numeric check -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NumericCheck:
+    """Central finite differences against the analytic gradient, on sampled entries.
+
+    ``worst_at`` indexes the tensor as loaded; a relative error is
+    |numeric − analytic| / max(|numeric|, |analytic|, floor), the floor being 10⁻⁸ of
+    the tensor's largest analytic gradient (an entry whose gradient is ~0 is judged
+    on an absolute scale rather than on noise).
+    """
+
+    name: str
+    samples: int
+    max_rel_error: float
+    worst_at: Index | None
+    numeric: float
+    analytic: float
+
+    def passed(self, tolerance: float) -> bool:
+        return self.max_rel_error <= tolerance
+
+
+RELATIVE_STEP = 6e-6
+"""Central differences err by h² f‴/6 (truncation) and by ε·|f|/h (rounding): the
+sum is smallest near h = ε^(1/3) ≈ 6·10⁻⁶ in float64, relative to the entry."""
+
+
+def numeric_check(
+    grads: Gradients, samples: int, seed: int, names: tuple[str, ...] | None = None
+) -> list[NumericCheck]:
+    """Check ``samples`` entries (drawn with ``seed``) of each gradient by central
+    differences of ``Σ O ⊙ dO`` in float64.
+
+    Only the blocks an entry feeds are recomputed: its own query row for Q, every row
+    of the slices reading it for K and V. The outputs' difference O(x + h) − O(x − h)
+    is taken element by element before the sum, so the rest of the loss cancels exactly.
+    """
+    spec = grads.spec
+    rng = _stream(seed, 2)
+    checks: list[NumericCheck] = []
+    for name in names or grads.present():
+        operand = OPERAND[name]
+        analytic = grads.tensor(name)
+        if analytic is None:
+            continue
+        values = np.array(getattr(spec, operand), dtype=np.float64)  # a writable copy
+        if not values.size:
+            checks.append(NumericCheck(name, 0, 0.0, None, 0.0, 0.0))
+            continue
+        picked = rng.choice(values.size, size=min(samples, values.size), replace=False)
+        probe = _probe(spec, operand, values, grads.dout)
+        top = float(np.max(np.abs(analytic), initial=0.0, where=np.isfinite(analytic)))
+        floor = max(top * 1e-8, 1e-300)
+        worst = NumericCheck(name, len(picked), 0.0, None, 0.0, 0.0)
+        for flat in sorted(int(i) for i in picked):
+            idx = tuple(int(i) for i in np.unravel_index(flat, values.shape))
+            x0 = float(values[idx])
+            h = RELATIVE_STEP * max(1.0, abs(x0))
+            plus, minus = x0 + h, x0 - h
+            numeric = probe(idx, plus, minus) / (plus - minus)
+            exact = float(analytic[idx])
+            with np.errstate(invalid="ignore"):
+                err = abs(numeric - exact) / max(abs(numeric), abs(exact), floor)
+            if not math.isfinite(err):
+                err = 0.0 if numeric == exact else math.inf
+            if worst.worst_at is None or err > worst.max_rel_error:
+                at = _loaded_index(spec, operand, values.shape, idx)
+                worst = NumericCheck(name, len(picked), err, at, numeric, exact)
+        checks.append(worst)
+    return checks
+
+
+def _probe(spec: AttentionSpec, operand: str, values: F64, dout: F64) -> Any:
+    """A function (index, x₊, x₋) → Σ dO ⊙ (O(x₊) − O(x₋)) for entry ``index`` of
+    ``operand``, which ``values`` (a float64 copy) holds."""
+    import dataclasses
+
+    changes: dict[str, Any] = {operand: values}
+    perturbed = dataclasses.replace(spec, **changes)  # reads ``values`` as it changes
+
+    def loss_diff(idx: Index, plus: float, minus: float) -> float:
+        x0 = values[idx]
+        total = 0.0
+        for lead_index, rows in _affected(spec, operand, idx):
+            outs = []
+            for x in (plus, minus):
+                values[idx] = x
+                outs.append(attend_block(perturbed, lead_index, rows, emulate=False).output)
+            values[idx] = x0
+            total += float(np.sum(dout[lead_index][rows] * (outs[0] - outs[1])))
+        return total
+
+    return loss_diff
+
+
+def _affected(spec: AttentionSpec, operand: str, idx: Index) -> Iterator[tuple[Index, slice]]:
+    """The (slice, rows) blocks whose output entry ``idx`` of ``operand`` feeds."""
+    arr = getattr(spec, operand)
+    owner = idx[:-2]
+    if operand == "q" or (operand == "bias" and arr.shape[-2] > 1):
+        rows = slice(idx[-2], idx[-2] + 1)
+    else:
+        rows = slice(0, spec.L)
+    for lead_index in np.ndindex(*spec.lead):
+        li = tuple(int(x) for x in lead_index)
+        if spec.operand_index(operand, li) == owner:
+            yield li, rows
+
+
+def _loaded_index(spec: AttentionSpec, operand: str, shape: tuple[int, ...], idx: Index) -> Index:
+    """An index into the engine's layout of ``operand``, as an index into the file's."""
+    marker = np.zeros(shape, np.bool_)
+    marker[idx] = True
+    loaded = spec.as_loaded(operand, marker)
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(loaded)), loaded.shape))
