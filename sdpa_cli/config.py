@@ -41,11 +41,12 @@ def _count(value: Any, where: str) -> int:
     return n
 
 
-_PARSERS = {
+_PARSERS: dict[str, Any] = {
     "saturation": lambda v, w: _fraction(v, w, 0.5),
     "uniform": lambda v, w: _fraction(v, w, 0.0),
     "head_fraction": lambda v, w: _fraction(v, w, 0.0),
     "max_findings": _count,
+    "vanishing": lambda v, w: _fraction(v, w, 0.0),
 }
 
 

@@ -37,6 +37,17 @@ KINDS = (
 )
 """Every finding kind, in the order they are listed (causes before symptoms)."""
 
+GRADIENT_KINDS = (
+    "gradient_nonfinite",
+    "gradient_range",
+    "vanishing_gradient",
+    "weak_head_gradient",
+    "no_gradient_keys",
+)
+"""The kinds ``sdpa grad`` adds (:mod:`sdpa_cli.diagnose_grad`), listed after the rest."""
+
+ALL_KINDS = KINDS + GRADIENT_KINDS
+
 SEVERITIES = ("info", "warning", "error")
 
 CONTRACT_STAGE = {"capped": "scaled", "biased": "masked", "dropped": "weights"}
@@ -57,6 +68,9 @@ class Thresholds:
     uniform: float = 0.98
     head_fraction: float = 0.9
     max_findings: int = 50
+    vanishing: float = 1e-3
+    """``sdpa grad``: a row whose softmax passes back at most this fraction of its
+    incoming gradient (1 − Σ w², the Jacobian's norm bound) has a vanishing gradient."""
 
 
 THRESHOLD_NAMES = tuple(Thresholds.__dataclass_fields__)
@@ -525,7 +539,7 @@ def _row_findings(
     classes = classify_rows(stats, th)
     normalized, saturated, uniform = classes.normalized, classes.saturated, classes.uniform
 
-    hint = _saturation_hint(spec)
+    hint = saturation_hint(spec)
     rows = []
     for idx in _rows(stats, saturated):
         j = int(stats.argmax[idx])
@@ -616,7 +630,7 @@ def _row_findings(
     yield "underflow", rows
 
 
-def _saturation_hint(spec: AttentionSpec) -> str:
+def saturation_hint(spec: AttentionSpec) -> str:
     factor = spec.scale / spec.options.temperature
     if spec.E > 1 and factor > spec.E**-0.25:
         return (

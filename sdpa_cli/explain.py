@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,6 +40,9 @@ from sdpa_cli.scales import ScaleRun, compare_scales
 from sdpa_cli.scorecard import Scorecard, scorecard
 from sdpa_cli.spec import AttentionSpec
 from sdpa_cli.stats import Index, Moments, Stats, finite_std, working_formats
+
+if TYPE_CHECKING:
+    from sdpa_cli.explain_grad import Backward
 
 F64 = NDArray[np.float64]
 
@@ -219,6 +222,8 @@ class Explanation:
     scorecard: Scorecard | None = None
     scales: tuple[ScaleRun, ...] = ()
     scales_verdict: str | None = None
+    backward: Backward | None = None
+    """With ``--backward``: the gradient's stages (:mod:`sdpa_cli.explain_grad`)."""
 
     def stage(self, name: str) -> StageExplained | None:
         return next((s for s in self.stages if s.name == name), None)

@@ -28,9 +28,9 @@ trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back n
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,6 +48,9 @@ from sdpa_cli.compute import (
 from sdpa_cli.errors import SpecError
 from sdpa_cli.precision import is_float
 from sdpa_cli.spec import AttentionSpec
+
+if TYPE_CHECKING:
+    from sdpa_cli.stats import Records, Stats
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]
@@ -132,12 +135,19 @@ class BlockGrad:
     ds_norm: F64
     gain: F64
     max_weight: F64
+    rest: F64
+    """The weight on every key but the top one (1 − max weight, without rounding)."""
     argmax: NDArray[np.int64]
     n_visible: NDArray[np.int64]
     key_weight: F64
     """The largest weight each key of ``keys`` gets from the block's rows."""
     key_seen: NDArray[np.bool_]
     """Whether any row of the block may attend to each key of ``keys``."""
+    records: Records | None = None
+    """The forward pass's statistics of the block, when asked for."""
+    steps: Mapping[str, F64] | None = None
+    """With ``keep_steps``: ``scaled`` (the forward logits), ``d_weights`` (dA),
+    ``d_scores`` (dS) and ``d_scaled`` (dS through the softcap), each ``(rows, keys)``."""
 
 
 def backward_block(
@@ -148,6 +158,8 @@ def backward_block(
     *,
     keys: slice | None = None,
     inputs: Operands | None = None,
+    stats: Stats | None = None,
+    keep_steps: bool = False,
 ) -> BlockGrad:
     """The gradients of ``Σ O ⊙ dO`` from query rows ``rows`` of one slice, in float64.
 
@@ -155,10 +167,14 @@ def backward_block(
         dout: dO of the block's rows, ``(rows, Ev)``.
         keys: the keys to compute (default all); hidden keys get no gradient.
         inputs: the slice's K and V in float64 (:func:`compute.operands`).
+        stats: gathers the forward pass's statistics of the block (for the forward
+            findings), as :func:`compute.trace` does.
+        keep_steps: also return the intermediate score-shaped steps (``explain``).
     """
     o = spec.options
     keys = keys if keys is not None else full_keys(spec)
     block = attend_block(spec, lead_index, rows, emulate=False, keys=keys, inputs=inputs)
+    records = stats.measure(block, block) if stats is not None else None
     if inputs is None:
         from sdpa_cli.compute import operands
 
@@ -177,8 +193,15 @@ def backward_block(
         else:
             dv = a.T @ dout
             da = dout @ v.T
-        # The softmax's Jacobian-vector product, without forming the Jacobian.
-        ds = a * (da - np.sum(da * a, axis=1, keepdims=True))
+        n_rows, n_keys = a.shape
+        top = a.argmax(axis=1) if n_keys else np.zeros(n_rows, np.int64)
+        # The softmax's Jacobian-vector product dS = A ⊙ (dA − Σ A ⊙ dA), without the
+        # Jacobian. dA is first centred on the top key's value (exact, as the weights
+        # sum to 1): a saturated row then gives its tiny dS to full relative precision
+        # instead of the rounding noise of dA_top − Σ A ⊙ dA.
+        centre = np.take_along_axis(da, top[:, None], axis=1) if n_keys else np.zeros((n_rows, 1))
+        da_c = da - np.where(np.isfinite(centre), centre, 0.0)
+        ds = a * (da_c - np.sum(da_c * a, axis=1, keepdims=True))
         dlogits = ds if block.all_visible else np.where(block.visible, ds, 0.0)
         dscaled = dlogits
         if o.softcap is not None:
@@ -197,14 +220,18 @@ def backward_block(
                 dbias = dbias.sum(axis=1, keepdims=True)
 
         attended = block.attended
-        n_rows = rows.stop - rows.start
         da_seen = np.where(attended, da, 0.0) if not block.all_visible else da
         da_norm = np.sqrt(np.sum(da_seen * da_seen, axis=1))
         ds_norm = np.sqrt(np.sum(ds * ds, axis=1))
-        gain = 1.0 - np.sum(a * a, axis=1)
-        has_keys = a.shape[1] > 0
-        max_weight = a.max(axis=1) if has_keys else np.zeros(n_rows)
-        argmax = (a.argmax(axis=1) if has_keys else np.zeros(n_rows, np.int64)) + keys.start
+        # 1 − Σ A² = Σ A (1 − A), with the top key's 1 − A_top taken as the weight on
+        # the other keys: 1 − 0.99999999 would keep only rounding.
+        rest_of = a.copy()
+        if n_keys:
+            rest_of[np.arange(n_rows), top] = 0.0
+        rest = rest_of.sum(axis=1)
+        max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
+        gain = max_weight * rest + np.sum(rest_of * (1.0 - rest_of), axis=1)
+        argmax = top + keys.start
         n_visible = attended.sum(axis=1)
         key_weight = a.max(axis=0) if n_rows else np.zeros(a.shape[1])
         key_seen = np.asarray(attended.any(axis=0), dtype=np.bool_)
@@ -220,11 +247,20 @@ def backward_block(
         ds_norm,
         np.where(n_visible > 0, gain, 0.0),
         max_weight,
+        rest,
         argmax.astype(np.int64),
         n_visible.astype(np.int64),
         key_weight,
         key_seen,
+        records,
+        {"weights": a, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
+        if keep_steps
+        else None,
     )
+
+
+def _steps(scaled: F64, da: F64, ds: F64, dscaled: F64) -> dict[str, F64]:
+    return {"scaled": scaled, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
 
 
 @dataclass(frozen=True)
@@ -246,6 +282,7 @@ class Gradients:
     ds_norm: F64
     gain: F64
     max_weight: F64
+    rest: F64
     argmax: NDArray[np.int64]
     n_visible: NDArray[np.int64]
     key_weight: F64
@@ -281,6 +318,7 @@ def backward(
     rows: int | None = None,
     jobs: int = 1,
     progress: Progress | None = None,
+    stats: Stats | None = None,
 ) -> Gradients:
     """dQ, dK, dV and d(bias) of ``Σ O ⊙ dO``, over every block of the computation.
 
@@ -290,6 +328,8 @@ def backward(
         rows: query rows per block (default as the forward pass).
         jobs: threads computing blocks.
         progress: told the scores done after each block.
+        stats: gathers the forward pass's statistics (``Stats.empty(spec)``), so that
+            one pass gives the forward findings too; ``spec`` must then be float64.
     """
     lead = spec.lead
     dq = np.zeros(spec.q.shape)
@@ -297,7 +337,7 @@ def backward(
     dv = np.zeros(spec.v.shape)
     dbias = np.zeros(spec.bias.shape) if spec.bias is not None else None
     row_shape = (*lead, spec.L)
-    da_norm, ds_norm, gain, max_weight = (np.zeros(row_shape) for _ in range(4))
+    da_norm, ds_norm, gain, max_weight, rest = (np.zeros(row_shape) for _ in range(5))
     argmax = np.zeros(row_shape, np.int64)
     n_visible = np.zeros(row_shape, np.int64)
     key_weight = np.zeros((*lead, spec.S))
@@ -307,10 +347,13 @@ def backward(
     def visit(lead_index: Index, r: slice) -> BlockGrad:
         inputs = cache.get(spec, lead_index, emulate=False)
         keys = _block_keys(spec, lead_index, r, inputs)
-        return backward_block(spec, lead_index, r, dout[lead_index][r], keys=keys, inputs=inputs)
+        g = dout[lead_index][r]
+        return backward_block(spec, lead_index, r, g, keys=keys, inputs=inputs, stats=stats)
 
     for g in sweep(spec, visit, jobs=jobs, rows=rows, progress=progress):
         li, r, ks = g.lead_index, g.rows, g.keys
+        if stats is not None and g.records is not None:
+            stats.merge(g.records)
         dq[spec.operand_index("q", li)][r] += g.dq
         dk[spec.operand_index("k", li)][ks] += g.dk
         dv[spec.operand_index("v", li)][ks] += g.dv
@@ -321,9 +364,12 @@ def backward(
             target[at_rows, at_keys] += g.dbias
         at: tuple[int | slice, ...] = (*li, r)
         da_norm[at], ds_norm[at], gain[at] = g.da_norm, g.ds_norm, g.gain
-        max_weight[at], argmax[at], n_visible[at] = g.max_weight, g.argmax, g.n_visible
+        max_weight[at], rest[at] = g.max_weight, g.rest
+        argmax[at], n_visible[at] = g.argmax, g.n_visible
         np.maximum(key_weight[li][ks], g.key_weight, out=key_weight[li][ks])
         key_seen[li][ks] |= g.key_seen
+    if stats is not None:
+        stats.add_all_moments()
     return Gradients(
         spec,
         dout,
@@ -335,6 +381,7 @@ def backward(
         ds_norm,
         gain,
         max_weight,
+        rest,
         argmax,
         n_visible,
         key_weight,

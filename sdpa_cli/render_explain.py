@@ -465,6 +465,10 @@ def render_explain(ex: Explanation, view: View, *, walk: bool = True) -> Rendera
         parts.append(Text(""))
     if walk:
         parts.extend(render_walk(ex, view))
+    if ex.backward is not None:
+        from sdpa_cli.render_grad import render_backward
+
+        parts.extend(render_backward(ex, view))
     if ex.scorecard is not None:
         parts.extend(render_scorecard(ex.scorecard, ex, view))
         parts.append(Text(""))

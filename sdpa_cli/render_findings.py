@@ -20,7 +20,7 @@ from rich.text import Text
 
 from sdpa_cli import precision
 from sdpa_cli.diagnose import (
-    KINDS,
+    ALL_KINDS,
     SEVERITIES,
     Diagnosis,
     Finding,
@@ -43,6 +43,9 @@ UNITS = {
     "underflow": "row",
     "dead_head": "head",
     "collapsed_head": "head",
+    "vanishing_gradient": "row",
+    "weak_head_gradient": "head",
+    "no_gradient_keys": "head",
 }
 
 
@@ -109,7 +112,7 @@ def findings_panel(diagnosis: Diagnosis) -> RenderableType:
         )
     order = sorted(
         _groups(diagnosis),
-        key=lambda g: (-SEVERITIES.index(g.severity), KINDS.index(g.kind)),
+        key=lambda g: (-SEVERITIES.index(g.severity), ALL_KINDS.index(g.kind)),
     )
     lines: list[RenderableType] = []
     for g in order:

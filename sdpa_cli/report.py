@@ -25,7 +25,9 @@ from sdpa_cli.errors import ExitCode
 from sdpa_cli.loaders import write_atomic
 
 if TYPE_CHECKING:
+    from sdpa_cli.diagnose_grad import GradDiagnosis
     from sdpa_cli.explain import Explanation
+    from sdpa_cli.grad import Gradients, NumericCheck
     from sdpa_cli.manifest import CaseResult
     from sdpa_cli.spec import AttentionSpec
 
@@ -137,6 +139,21 @@ def explain_payload(ex: Explanation, *, for_json: bool) -> dict[str, Any]:
             "runs": _clean([r.to_dict() for r in ex.scales], for_json),
             "verdict": ex.scales_verdict,
         }
+    if ex.backward is not None:
+        data["backward"] = {
+            **_clean(ex.backward.to_dict(), for_json),
+            "stages": [
+                {
+                    "name": st.name,
+                    "values": _nested(st.values, for_json),
+                    "note": st.note,
+                    "summary": _clean(dict(st.summary), for_json),
+                    "findings": _clean([f.to_dict() for f in st.findings], for_json),
+                }
+                for st in ex.backward.stages
+            ],
+            "elsewhere": _clean([f.to_dict() for f in ex.backward.elsewhere], for_json),
+        }
     data.update(diagnosis_payload(ex.diagnosis, for_json=for_json))
     return data
 
@@ -187,6 +204,52 @@ def save_npz(trace: Trace, path: str) -> None:
             arrays[name] = arr
     assert trace.visible is not None
     arrays["visible"] = trace.visible
+
+    def write(fh: BinaryIO) -> None:
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
+
+    write_atomic(path, write)
+
+
+# --- sdpa grad --------------------------------------------------------------------------
+
+
+def grad_payload(
+    grads: Gradients,
+    health: GradDiagnosis,
+    diagnosis: Diagnosis,
+    *,
+    dout: dict[str, Any],
+    numeric: list[NumericCheck] | None,
+    tolerance: float,
+    for_json: bool,
+) -> dict[str, Any]:
+    """``sdpa grad --format json|yaml``: the setup, dO's source, every gradient (full,
+    in its operand's shape as loaded), norms, ranges, the numeric check, findings."""
+    data = setup_payload(grads.spec, for_json=for_json)
+    data["dout"] = dout
+    data["gradients"] = {n: _nested(np.asarray(grads.loaded(n)), for_json) for n in grads.present()}
+    data.update(_clean(health.to_dict(), for_json))
+    data["numeric_check"] = (
+        None
+        if numeric is None
+        else {
+            "tolerance": tolerance,
+            "passed": all(c.passed(tolerance) for c in numeric),
+            "tensors": _clean([dataclasses.asdict(c) for c in numeric], for_json),
+        }
+    )
+    data.update(diagnosis_payload(diagnosis, for_json=for_json))
+    return data
+
+
+def save_grad_npz(grads: Gradients, path: str) -> None:
+    """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
+    loaded, and the ``dout`` used, to ``path``, atomically."""
+    arrays = {n: np.asarray(grads.loaded(n)) for n in grads.present()}
+    from sdpa_cli.compute import merge_heads
+
+    arrays["dout"] = merge_heads(grads.spec, grads.dout)
 
     def write(fh: BinaryIO) -> None:
         np.savez(fh, **arrays)  # type: ignore[arg-type]

@@ -57,6 +57,18 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Weights, entropy and max weight under no scaling, 1/√d_k and 1/d_k, side by side.",
 )
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Add the backward stages: dO, dA, dS (the softmax's Jacobian), dQ, dK, dV, each with a note.",
+)
+@click.option(
+    "--dout",
+    metavar="FILE|ones|random",
+    default="ones",
+    show_default=True,
+    help="With --backward: the output's gradient dO (as sdpa grad's).",
+)
 @MAX_ROWS_OPTION
 @PRECISION_OPTION
 @COLOR_OPTION
@@ -79,6 +91,8 @@ def explain(
     keys: str | None,
     query: int | None,
     compare_scales: bool,
+    backward: bool,
+    dout: str,
     max_rows: int,
     precision: int,
     color: bool | None,
@@ -96,13 +110,15 @@ def explain(
     hid) → weights (row sums, entropy, max weight) → dropout → output, each with its
     table, a note on what changed, and the findings that arose there. --query shows
     one query's scorecard, --compare-scales the weights under each scale; both
-    replace the walk in the table view.
+    replace the walk in the table view. --backward follows the gradient back: dO →
+    dA → dS (where a saturated softmax stops it) → dQ, dK, dV.
 
     \b
     Examples:
       sdpa explain samples/causal.yaml
       sdpa explain samples/scorecard.yaml --query 0
       sdpa explain samples/scale_comparison.yaml --compare-scales
+      sdpa explain samples/causal.yaml --backward --dout random
       sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116 --format json
     """
     threads = start_engine(jobs)
@@ -157,6 +173,17 @@ def explain(
         scales=compare_scales,
         key_limit=max_rows,
     )
+    if backward:
+        import dataclasses
+
+        from sdpa_cli.cli.grad import gradients
+
+        grads, health, dout_label, _ = gradients(spec, dout, limits, jobs=threads)
+        from sdpa_cli.explain_grad import explain_backward
+
+        ex = dataclasses.replace(
+            ex, backward=explain_backward(grads, health, ex.lead, shown, dout_label)
+        )
 
     # Everything is rendered before any file is written, and printed last.
     console = make_console(color)

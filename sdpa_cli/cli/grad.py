@@ -1,0 +1,237 @@
+"""``sdpa grad``: the backward pass, dQ, dK, dV (and d(bias)), and gradient health."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from sdpa_cli.cli.options import (
+    COLOR_OPTION,
+    EXIT_CODES_HELP,
+    FORMAT_OPTION,
+    JOBS_OPTION,
+    KEYS_OPTION,
+    MAX_ROWS_OPTION,
+    PRECISION_OPTION,
+    attention_options,
+    check_index,
+    diagnostic_options,
+    make_console,
+    parse_rows,
+    print_all,
+    progress_bar,
+    start_engine,
+)
+from sdpa_cli.errors import ExitCode
+
+if TYPE_CHECKING:
+    from sdpa_cli.diagnose import Thresholds
+    from sdpa_cli.diagnose_grad import GradDiagnosis
+    from sdpa_cli.grad import Gradients
+    from sdpa_cli.spec import AttentionSpec
+    from sdpa_cli.stats import Stats
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
+@attention_options
+@click.option(
+    "--dout",
+    metavar="FILE|ones|random",
+    default="ones",
+    show_default=True,
+    help="The output's gradient dO: a file shaped like the output, all ones, or standard normal from --seed.",
+)
+@click.option(
+    "--check-numeric",
+    is_flag=True,
+    help="Check sampled entries of every gradient by central differences in float64; exit 1 when one is off by more than --tolerance.",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Entries per gradient the numeric check samples (drawn with --seed).",
+)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1e-5,
+    show_default=True,
+    metavar="R",
+    help="Largest relative error the numeric check accepts.",
+)
+@click.option(
+    "--vanishing",
+    metavar="G",
+    help="Flag a row whose softmax passes back at most this fraction of its gradient, 1 − Σ w² (default 1e-3).",
+)
+@diagnostic_options
+@click.option("--batch", type=int, metavar="B", help="Show only batch item B.")
+@click.option("--head", type=int, metavar="H", help="Show only head H.")
+@click.option("--rows", metavar="I|START:STOP", help="Query rows of dQ to show.")
+@KEYS_OPTION
+@MAX_ROWS_OPTION
+@click.option(
+    "--max-slices",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Most (batch, head) slices shown.",
+)
+@PRECISION_OPTION
+@COLOR_OPTION
+@FORMAT_OPTION
+@click.option(
+    "--save",
+    metavar="FILE.npz",
+    help="Write dq, dk, dv (and dbias), each shaped as its input, and dout, atomically.",
+)
+@JOBS_OPTION
+def grad(
+    inputs: tuple[str, ...],
+    bias_path: str | None,
+    mask_path: str | None,
+    dout: str,
+    check_numeric: bool,
+    samples: int,
+    tolerance: float,
+    vanishing: str | None,
+    given_thresholds: dict[str, str | None],
+    batch: int | None,
+    head: int | None,
+    rows: str | None,
+    keys: str | None,
+    max_rows: int,
+    max_slices: int,
+    precision: int,
+    color: bool | None,
+    fmt: str,
+    save: str | None,
+    jobs: int | None,
+    **flags: Any,
+) -> int:
+    """Compute dQ, dK, dV (and d(bias)) of the loss Σ O ⊙ dO, and judge the gradients' health.
+
+    The backward pass runs in float64 through every option (scale, softcap, bias,
+    masks, dropout, grouped-query heads), block by block: rows whose softmax is
+    saturated pass back almost nothing (vanishing_gradient), keys no query weighs get
+    nothing. --dtype names the training format the gradients' range is judged against.
+
+    \b
+    Examples:
+      sdpa grad samples/scorecard.yaml
+      sdpa grad q.npy k.npy v.npy --causal --dout random --seed 1 --check-numeric
+      sdpa grad q.npy k.npy v.npy --dout dout.npy --save grads.npz --format json
+    """
+    threads = start_engine(jobs)
+    from sdpa_cli.config import thresholds
+    from sdpa_cli.diagnose import diagnose
+    from sdpa_cli.diagnose_grad import combined
+    from sdpa_cli.grad import numeric_check
+    from sdpa_cli.inputs import load_spec
+    from sdpa_cli.render import View
+    from sdpa_cli.render_grad import render_grad
+    from sdpa_cli.report import grad_payload, save_grad_npz, to_json, to_yaml
+    from sdpa_cli.stats import Stats
+
+    limits = thresholds({**given_thresholds, "vanishing": vanishing})
+    spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
+    check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
+    row_slice = parse_rows(rows, spec.L)
+    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
+    dtype = spec.options.dtype
+    stats = Stats.empty(float64(spec))
+    with progress_bar(spec, "gradients") as progress:
+        grads, health, dout_label, dout_info = gradients(
+            spec, dout, limits, jobs=threads, stats=stats, progress=progress
+        )
+    diagnosis = combined(diagnose(stats, limits), health)
+    numeric = numeric_check(grads, samples, spec.options.seed) if check_numeric else None
+    failed = numeric is not None and not all(c.passed(tolerance) for c in numeric)
+
+    console = make_console(color)
+    text: str | None = None
+    renderables: list[Any] = []
+    if fmt in ("json", "yaml"):
+        data = grad_payload(
+            grads,
+            health,
+            diagnosis,
+            dout=dout_info,
+            numeric=numeric,
+            tolerance=tolerance,
+            for_json=fmt == "json",
+        )
+        text = to_json(data) + "\n" if fmt == "json" else to_yaml(data)
+    else:
+        from rich.text import Text
+
+        view = View(
+            stages=(),
+            batch=batch,
+            head=head,
+            rows=row_slice,
+            keys=key_slice,
+            max_rows=max_rows,
+            max_slices=max_slices,
+            precision=precision,
+            width=console.width,
+        )
+        if description:
+            renderables.append(Text(description.strip(), style="italic"))
+        renderables.append(
+            render_grad(grads, health, diagnosis, view, dout_label, dtype, numeric, tolerance)
+        )
+    if save is not None:
+        save_grad_npz(grads, save)
+    if text is not None:
+        click.echo(text, nl=False)
+    print_all(console, renderables)
+    return ExitCode.CHECK_FAILED if failed else ExitCode.OK
+
+
+def float64(spec: AttentionSpec) -> AttentionSpec:
+    """The spec computed in float64: the backward pass always is (``--dtype`` names the
+    format the gradients' range is judged against)."""
+    import dataclasses
+
+    if not spec.options.emulated:
+        return spec
+    return dataclasses.replace(spec, options=dataclasses.replace(spec.options, dtype="float64"))
+
+
+def gradients(
+    spec: AttentionSpec,
+    dout: str,
+    limits: Thresholds,
+    *,
+    jobs: int,
+    stats: Stats | None = None,
+    progress: Any = None,
+) -> tuple[Gradients, GradDiagnosis, str, dict[str, Any]]:
+    """``--dout`` read, the backward pass run in float64 and its health diagnosed:
+    the gradients, their diagnosis, how dO reads (a label, a JSON record)."""
+    from sdpa_cli.diagnose_grad import diagnose_grad
+    from sdpa_cli.grad import DOUT_SOURCES, backward, make_dout
+    from sdpa_cli.loaders import load_array
+
+    dtype = spec.options.dtype
+    spec = float64(spec)
+    seed = spec.options.seed
+    info: dict[str, Any]
+    if dout in DOUT_SOURCES:
+        values = make_dout(spec, dout, seed, "--dout")
+        info = {"source": dout, "seed": seed if dout == "random" else None}
+        label = f"standard normal, seed {seed}" if dout == "random" else "all ones"
+    else:
+        values = make_dout(spec, load_array(dout, name="dout"), seed, dout)
+        info = {"source": "file", "path": dout}
+        label = dout
+    grads = backward(spec, values, jobs=jobs, progress=progress, stats=stats)
+    return grads, diagnose_grad(grads, limits, dtype), label, info

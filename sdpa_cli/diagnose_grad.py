@@ -1,0 +1,427 @@
+"""Gradients → gradient-health findings (data, never exceptions), per-head norms and
+the gradients' range in low-precision formats.
+
+Findings follow the contract of :mod:`sdpa_cli.diagnose` (kind, severity, message,
+hint, index, stage, dtype, count); their kinds are :data:`GRADIENT_KINDS` and their
+stage is the gradient (``dq``, ``dk``, ``dv``, ``dbias``) or ``weights`` for a row.
+Rows are indexed ``[*lead, i]`` as the forward findings are, query heads ``[*lead]``,
+key/value heads by K's own leading axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli import precision
+from sdpa_cli.diagnose import (
+    GRADIENT_KINDS,
+    Diagnosis,
+    Finding,
+    Thresholds,
+    format_index,
+    plural,
+    saturation_hint,
+)
+from sdpa_cli.grad import Gradients
+
+F64 = NDArray[np.float64]
+Index = tuple[int, ...]
+
+RANGE_FORMATS = ("float16", "bfloat16")
+"""Formats every gradient's range is measured against (training keeps gradients in one)."""
+
+WEAK_HEAD = 1e-3
+"""A query head whose ‖dQ‖ is below this fraction of the median head's learns little."""
+
+FLUSH_WARNING = 1e-3
+"""Fraction of a gradient's nonzero values flushing to zero above which it warns."""
+
+LABEL = {"dq": "dQ", "dk": "dK", "dv": "dV", "dbias": "d(bias)"}
+
+
+@dataclass(frozen=True)
+class GradRange:
+    """One gradient's magnitudes against a format: what overflows, what goes subnormal
+    (losing precision), what flushes to zero."""
+
+    name: str
+    dtype: str
+    max_abs: float
+    nonzero: int
+    overflow: int
+    subnormal: int
+    flush: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gradient": self.name,
+            "dtype": self.dtype,
+            "max_abs": self.max_abs,
+            "nonzero": self.nonzero,
+            "overflow": self.overflow,
+            "subnormal": self.subnormal,
+            "flush_to_zero": self.flush,
+        }
+
+
+@dataclass(frozen=True)
+class QueryHeadGrad:
+    """One query head's (one lead position's) gradient."""
+
+    index: Index
+    dq_norm: float
+    rows: int
+    vanishing: int
+    mean_gain: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": list(self.index),
+            "dq_norm": _num(self.dq_norm),
+            "rows": self.rows,
+            "vanishing_rows": self.vanishing,
+            "mean_gain": _num(self.mean_gain),
+        }
+
+
+@dataclass(frozen=True)
+class KVHeadGrad:
+    """One key/value head's gradients, and its keys that receive none."""
+
+    index: Index
+    dk_norm: float
+    dv_norm: float
+    keys: int
+    hidden: int
+    starved: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": list(self.index),
+            "dk_norm": _num(self.dk_norm),
+            "dv_norm": _num(self.dv_norm),
+            "keys": self.keys,
+            "keys_hidden": self.hidden,
+            "keys_starved": self.starved,
+        }
+
+
+@dataclass(frozen=True)
+class GradDiagnosis:
+    """Everything the gradient-health step concluded."""
+
+    findings: tuple[Finding, ...]
+    counts: Mapping[str, int]
+    query_heads: tuple[QueryHeadGrad, ...]
+    kv_heads: tuple[KVHeadGrad, ...]
+    norms: Mapping[str, float]
+    ranges: tuple[GradRange, ...]
+    vanishing: float
+    """The threshold rows were judged against (``Thresholds.vanishing``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "norms": {k: _num(v) for k, v in self.norms.items()},
+            "query_heads": [h.to_dict() for h in self.query_heads],
+            "kv_heads": [h.to_dict() for h in self.kv_heads],
+            "ranges": [r.to_dict() for r in self.ranges],
+        }
+
+
+def _num(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _norm(a: NDArray[Any], axis: tuple[int, ...] | None = None) -> Any:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.sqrt(np.sum(np.square(a), axis=axis))
+
+
+def diagnose_grad(
+    grads: Gradients, thresholds: Thresholds | None = None, dtype: str = "float64"
+) -> GradDiagnosis:
+    """Read the gradients and their records; ``dtype`` is the training format the
+    gradients are judged against (``--dtype``; float64 judges float16 at info level)."""
+    th = thresholds or Thresholds()
+    found: dict[str, list[Finding]] = {k: [] for k in GRADIENT_KINDS}
+    counts: dict[str, int] = {k: 0 for k in GRADIENT_KINDS}
+
+    def add(f: Finding) -> None:
+        counts[f.kind] += 1
+        found[f.kind].append(f)
+
+    for f in _nonfinite(grads):
+        add(f)
+    ranges = tuple(_ranges(grads, dtype))
+    for f in _range_findings(ranges, dtype):
+        add(f)
+    rows = list(_vanishing(grads, th))
+    counts["vanishing_gradient"] = len(rows)
+    found["vanishing_gradient"] = rows[: th.max_findings]
+    query_heads = _query_heads(grads, th)
+    for f in _weak_heads(query_heads, th):
+        add(f)
+    kv_heads, kv_findings = _kv_heads(grads)
+    for f in kv_findings:
+        add(f)
+    return GradDiagnosis(
+        findings=tuple(f for k in GRADIENT_KINDS for f in found[k]),
+        counts={k: n for k, n in counts.items() if n},
+        query_heads=query_heads,
+        kv_heads=kv_heads,
+        norms={n: float(_norm(np.asarray(grads.tensor(n)))) for n in grads.present()},
+        ranges=ranges,
+        vanishing=th.vanishing,
+    )
+
+
+def _first(bad: NDArray[np.bool_]) -> Index:
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+
+
+def _nonfinite(grads: Gradients) -> Iterator[Finding]:
+    for name in grads.present():
+        g = grads.loaded(name)
+        assert g is not None
+        bad = ~np.isfinite(g)
+        n = int(np.count_nonzero(bad))
+        if not n:
+            continue
+        nans = int(np.count_nonzero(np.isnan(g)))
+        yield Finding(
+            "gradient_nonfinite",
+            "error",
+            f"{LABEL[name]} has {plural(n, 'non-finite value')} ({nans} NaN, {n - nans} inf), "
+            f"first at {format_index(_first(bad))}",
+            hint="a NaN or inf in Q, K, V, the bias or dO reaches every gradient it "
+            "touches: see the forward findings for where it enters",
+            index=_first(bad),
+            stage=name,
+            count=n,
+        )
+
+
+def _ranges(grads: Gradients, dtype: str) -> Iterator[GradRange]:
+    narrow = dtype not in ("float64", "float32", *RANGE_FORMATS)
+    formats = (dtype, *RANGE_FORMATS) if narrow else RANGE_FORMATS
+    for name in grads.present():
+        g = grads.tensor(name)
+        assert g is not None
+        mags = np.abs(g[np.isfinite(g)])
+        nonzero = mags[mags > 0]
+        for d in formats:
+            f = precision.fmt(d)
+            yield GradRange(
+                name,
+                d,
+                float(mags.max(initial=0.0)),
+                int(nonzero.size),
+                int(np.count_nonzero(f.overflows(nonzero))),
+                int(np.count_nonzero((nonzero < f.normal) & (nonzero >= f.tiny / 2))),
+                int(np.count_nonzero(nonzero < f.tiny / 2)),
+            )
+
+
+def _range_findings(ranges: tuple[GradRange, ...], dtype: str) -> Iterator[Finding]:
+    for r in ranges:
+        f = precision.fmt(r.dtype)
+        working = r.dtype == dtype
+        if r.overflow:
+            yield Finding(
+                "gradient_range",
+                "error" if working else ("warning" if r.dtype == "float16" else "info"),
+                f"{LABEL[r.name]}: {plural(r.overflow, 'value')} overflow {r.dtype} "
+                f"(max {f.max:.6g}; the largest is {r.max_abs:.4g})",
+                hint="unscale the loss, or keep gradients in float32 or bfloat16",
+                stage=r.name,
+                dtype=r.dtype,
+                count=r.overflow,
+                details={"max_abs": r.max_abs},
+            )
+        if working and r.nonzero and (r.flush or r.subnormal):
+            share = r.flush / r.nonzero
+            yield Finding(
+                "gradient_range",
+                "warning" if share >= FLUSH_WARNING else "info",
+                f"{LABEL[r.name]}: {r.flush} of {r.nonzero} nonzero values ({share:.2%}) "
+                f"flush to zero in {r.dtype} and {r.subnormal} are subnormal, losing bits",
+                hint="scale the loss up (loss scaling) so small gradients stay normal, or "
+                "keep them in float32 or bfloat16",
+                stage=r.name,
+                dtype=r.dtype,
+                count=r.flush,
+                details={"subnormal": r.subnormal, "nonzero": r.nonzero},
+            )
+
+
+def _one_minus(x: float, rest: float) -> str:
+    """A weight near 1 as ``1 − 2.1e-06`` (four decimals would say 1.0000); ``rest``
+    is the weight on the other keys, 1 − x without rounding."""
+    return f"{x:.4f}" if rest >= 1e-3 else f"1 − {rest:.2g}"
+
+
+def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
+    spec = grads.spec
+    with np.errstate(invalid="ignore"):
+        flagged = (grads.n_visible >= 2) & np.isfinite(grads.gain) & (grads.gain < th.vanishing)
+    hint = saturation_hint(spec)
+    for at in np.argwhere(flagged):
+        idx = tuple(int(i) for i in at)
+        gain, mw = float(grads.gain[idx]), float(grads.max_weight[idx])
+        ds, da = float(grads.ds_norm[idx]), float(grads.da_norm[idx])
+        yield Finding(
+            "vanishing_gradient",
+            "warning",
+            f"row {format_index(idx)} passes back at most {gain:.2g} of its gradient: "
+            f"max weight {_one_minus(mw, float(grads.rest[idx]))} on key {int(grads.argmax[idx])} of "
+            f"{int(grads.n_visible[idx])} visible; ‖dS‖ = {ds:.3g} against ‖dA‖ = {da:.3g}",
+            hint=hint,
+            index=idx,
+            stage="weights",
+            details={
+                "jacobian_bound": gain,
+                "ds_norm": ds,
+                "da_norm": da,
+                "max_weight": mw,
+                "key": int(grads.argmax[idx]),
+                "visible": int(grads.n_visible[idx]),
+            },
+        )
+
+
+def _query_heads(grads: Gradients, th: Thresholds) -> tuple[QueryHeadGrad, ...]:
+    spec = grads.spec
+    dq_norms = _norm(grads.dq, axis=(-2, -1))
+    heads = []
+    for lead in np.ndindex(*spec.lead):
+        li = tuple(int(i) for i in lead)
+        eligible = grads.n_visible[li] >= 2
+        gains = grads.gain[li][eligible]
+        with np.errstate(invalid="ignore"):
+            vanishing = int(np.count_nonzero(gains < th.vanishing))
+        heads.append(
+            QueryHeadGrad(
+                li,
+                float(dq_norms[spec.operand_index("q", li)]),
+                int(eligible.sum()),
+                vanishing,
+                float(gains.mean()) if gains.size else math.nan,
+            )
+        )
+    return tuple(heads)
+
+
+def _weak_heads(heads: tuple[QueryHeadGrad, ...], th: Thresholds) -> Iterator[Finding]:
+    norms = np.array([h.dq_norm for h in heads])
+    median = float(np.median(norms)) if len(heads) >= 2 else math.nan
+    for h in heads:
+        if not h.index:
+            continue  # no head axis: the rows' findings say it all
+        if h.rows and h.vanishing >= th.head_fraction * h.rows:
+            yield Finding(
+                "weak_head_gradient",
+                "warning",
+                f"head {format_index(h.index)}: {h.vanishing} of {plural(h.rows, 'row')} "
+                f"pass back less than {th.vanishing:g} of their gradient (‖dQ‖ = "
+                f"{h.dq_norm:.3g})",
+                hint="the head's softmax is saturated: it barely learns until its logits shrink",
+                index=h.index,
+                stage="dq",
+                details={"dq_norm": h.dq_norm, "vanishing_rows": h.vanishing, "rows": h.rows},
+            )
+        elif median > 0 and h.dq_norm < WEAK_HEAD * median:
+            yield Finding(
+                "weak_head_gradient",
+                "warning",
+                f"head {format_index(h.index)} gets {h.dq_norm / median:.2g} of the median "
+                f"head's query gradient (‖dQ‖ = {h.dq_norm:.3g} against {median:.3g})",
+                hint="its rows are saturated or fully masked, or its dO is near zero",
+                index=h.index,
+                stage="dq",
+                details={"dq_norm": h.dq_norm, "median_dq_norm": median},
+            )
+
+
+def _keys_text(keys: NDArray[Any], limit: int = 6) -> str:
+    shown = ", ".join(str(int(j)) for j in keys[:limit])
+    return shown + (" …" if keys.size > limit else "")
+
+
+def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
+    """Each key/value head's norms; its keys hidden from every query reading it, and
+    those visible to some query but weighted 0 by every one (both get no gradient)."""
+    spec = grads.spec
+    k_lead = spec.k.shape[:-2]
+    weight = np.zeros((*k_lead, spec.S))
+    seen = np.zeros((*k_lead, spec.S), np.bool_)
+    for lead in np.ndindex(*spec.lead):
+        li = tuple(int(i) for i in lead)
+        ki = spec.operand_index("k", li)
+        np.fmax(weight[ki], grads.key_weight[li], out=weight[ki])
+        seen[ki] |= grads.key_seen[li]
+    dk_norms = _norm(grads.dk, axis=(-2, -1))
+    dv_norms = _norm(grads.dv, axis=(-2, -1))
+    heads, findings = [], []
+    for lead in np.ndindex(*k_lead):
+        ki = tuple(int(i) for i in lead)
+        hidden = np.flatnonzero(~seen[ki])
+        starved = np.flatnonzero(seen[ki] & (weight[ki] == 0))
+        vi = ki if spec.v.shape[:-2] == k_lead else tuple(0 for _ in ki)
+        heads.append(
+            KVHeadGrad(
+                ki,
+                float(dk_norms[ki]),
+                float(dv_norms[vi]),
+                spec.S,
+                int(hidden.size),
+                int(starved.size),
+            )
+        )
+        where = f"K/V head {format_index(ki)}"
+        if starved.size:
+            findings.append(
+                Finding(
+                    "no_gradient_keys",
+                    "warning",
+                    f"{where}: {starved.size} of {spec.S} keys get no gradient though some "
+                    f"query may see them: every weight on them is 0 (keys "
+                    f"{_keys_text(starved)})",
+                    hint="saturated rows put all their weight elsewhere; the keys' weights "
+                    "underflowed to 0",
+                    index=ki,
+                    stage="dk",
+                    count=int(starved.size),
+                    details={"keys": [int(j) for j in starved[:50]]},
+                )
+            )
+        if hidden.size:
+            findings.append(
+                Finding(
+                    "no_gradient_keys",
+                    "info",
+                    f"{where}: {hidden.size} of {spec.S} keys are hidden from every query "
+                    f"and get no gradient (keys {_keys_text(hidden)})",
+                    hint="expected for padding; otherwise check the mask",
+                    index=ki,
+                    stage="dk",
+                    count=int(hidden.size),
+                    details={"keys": [int(j) for j in hidden[:50]]},
+                )
+            )
+    return tuple(heads), findings
+
+
+def combined(forward: Diagnosis, health: GradDiagnosis) -> Diagnosis:
+    """The forward findings and the gradient findings as one diagnosis (one panel)."""
+    return dataclasses.replace(
+        forward,
+        findings=forward.findings + health.findings,
+        counts={**forward.counts, **health.counts},
+    )

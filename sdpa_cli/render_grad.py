@@ -1,0 +1,336 @@
+"""Gradients → rich renderables: ``sdpa grad``'s tables, head norms, numeric check.
+
+Never prints. Tables show a slice as ``compute`` does (``--batch``, ``--head``,
+``--rows``, ``--keys``, ``--max-rows``), sized to the console's width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+from rich import box
+from rich.console import Group, RenderableType
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from sdpa_cli.diagnose import Diagnosis, format_index
+from sdpa_cli.diagnose_grad import LABEL, GradDiagnosis
+from sdpa_cli.grad import Gradients, NumericCheck
+from sdpa_cli.render import (
+    THEME,
+    View,
+    cell_style,
+    fmt,
+    header,
+    layout,
+    rule,
+    slice_label,
+    slice_positions,
+    titled,
+)
+from sdpa_cli.render_findings import SEVERITY_STYLE, findings_panel
+
+if TYPE_CHECKING:
+    from sdpa_cli.explain import Explanation
+
+PASSED = Style(color="green", bold=True)
+
+FORMULAS = {
+    "dq": "dS · K · scale",
+    "dk": "dSᵀ · Q · scale",
+    "dv": "Aᵀ · dO",
+    "dbias": "dS (the logits' gradient)",
+}
+
+
+def matrix_table(
+    values: NDArray[np.float64],
+    rows: range,
+    cols: range,
+    row_prefix: str,
+    col_prefix: str,
+    view: View,
+    extra: Sequence[tuple[str, Sequence[Text]]] = (),
+    *,
+    row_offset: int = 0,
+) -> RenderableType:
+    """Rows ``rows`` and columns ``cols`` of ``values`` as a heat table, as many
+    columns as fit ``view.width``; ``extra`` adds (header, one cell per row) columns.
+    Rows are labelled from ``row_offset`` (values holding rows 5.. label them q5..)."""
+    shown_rows = rows[: view.max_rows]
+    texts = {j: [fmt(float(values[i, j]), view.precision) for i in shown_rows] for j in cols}
+    label_width = max([len(f"{row_prefix}{i + row_offset}") for i in shown_rows] or [1])
+    used = label_width + sum(
+        max([len(h)] + [len(c.plain) for c in cells]) + 3 for h, cells in extra
+    )
+    fitted: list[int] = []
+    for n, j in enumerate(cols[: view.max_rows]):
+        width = max([len(f"{col_prefix}{j}")] + [len(t) for t in texts[j]])
+        more_follow = n + 1 < len(cols)
+        if used + width + 3 + (4 if more_follow else 0) > view.width and fitted:
+            break
+        used += width + 3
+        fitted.append(j)
+    cut_cols = len(fitted) < len(cols)
+
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+    table.add_column("", style=THEME["label"], no_wrap=True)
+    for j in fitted:
+        table.add_column(f"{col_prefix}{j}", justify="right", no_wrap=True)
+    if cut_cols:
+        table.add_column("…", justify="center", no_wrap=True)
+    for h, _ in extra:
+        table.add_column(h, justify="right", no_wrap=True)
+    block = values[np.ix_(list(shown_rows), fitted)] if fitted and len(shown_rows) else None
+    finite = block[np.isfinite(block)] if block is not None else np.zeros(0)
+    heat = float(np.abs(finite).max()) if finite.size else 0.0
+    for r, i in enumerate(shown_rows):
+        cells = [Text(texts[j][r], cell_style(float(values[i, j]), "grad", heat)) for j in fitted]
+        if cut_cols:
+            cells.append(Text("…", THEME["muted"]))
+        cells.extend(col[r] for _, col in extra)
+        table.add_row(Text(f"{row_prefix}{i + row_offset}"), *cells)
+    if len(shown_rows) < len(rows):
+        table.add_row(*[Text("…", THEME["muted"]) for _ in table.columns])
+    if len(shown_rows) < len(rows) or cut_cols:
+        span = f"{fitted[0]}–{fitted[-1]}" if fitted else "none"
+        note = Text(
+            f"rows {shown_rows.start + row_offset}–{shown_rows.stop - 1 + row_offset} of "
+            f"{values.shape[0] + row_offset}, "
+            f"columns {span} of {values.shape[1]} shown",
+            THEME["muted"],
+        )
+        return Group(table, note)
+    return table
+
+
+def _row_columns(
+    grads: Gradients, lead: tuple[int, ...], rows: range, health: GradDiagnosis, view: View
+) -> list[tuple[str, list[Text]]]:
+    """Per query row: 1 − Σw² (the softmax Jacobian's norm bound), ‖dS‖, and a flag."""
+    flagged = {
+        f.index[-1]
+        for f in health.findings
+        if f.kind == "vanishing_gradient" and f.index is not None and f.index[:-1] == lead
+    }
+    shown = rows[: view.max_rows]
+    gains = [Text(f"{float(grads.gain[(*lead, i)]):.2g}") for i in shown]
+    ds = [Text(f"{float(grads.ds_norm[(*lead, i)]):.3g}") for i in shown]
+    flags = [
+        Text("vanishing", SEVERITY_STYLE["warning"]) if i in flagged else Text("") for i in shown
+    ]
+    columns = [("1−Σw²", gains), ("‖dS‖", ds)]
+    if flagged:
+        columns.append(("flag", flags))
+    return columns
+
+
+def render_grad(
+    grads: Gradients,
+    health: GradDiagnosis,
+    diagnosis: Diagnosis,
+    view: View,
+    dout_label: str,
+    dtype: str,
+    numeric: Sequence[NumericCheck] | None = None,
+    tolerance: float = 0.0,
+) -> RenderableType:
+    """The whole ``grad`` view: header, each chosen slice's dQ, dK, dV (and d(bias)),
+    head norms, the numeric check, then the findings (forward and gradient)."""
+    spec = grads.spec
+    parts: list[RenderableType] = [header(spec, "sdpa grad")]
+    judged = f" · gradients judged against {dtype}" if dtype != "float64" else ""
+    parts.append(
+        Text.assemble(
+            ("dO ", THEME["label"]),
+            f"{dout_label} · loss ℓ = Σ O ⊙ dO · backward in float64{judged}",
+        )
+    )
+    parts.append(Text(""))
+    positions, rows, _ = layout(spec, view)
+    keys = range(spec.S)[view.keys] if view.keys is not None else range(spec.S)
+    for lead in positions:
+        label = slice_label(spec, lead)
+        if label:
+            parts.append(rule(label, view.width))
+        dq = grads.dq[spec.operand_index("q", lead)]
+        parts.append(titled("dQ", FORMULAS["dq"]))
+        parts.append(
+            matrix_table(
+                dq,
+                rows,
+                range(spec.E),
+                "q",
+                "e",
+                view,
+                _row_columns(grads, lead, rows, health, view),
+            )
+        )
+        parts.append(Text(""))
+        group = _group_note(spec.group, lead)
+        for name, cols, prefix in (("dk", spec.E, "e"), ("dv", spec.Ev, "v")):
+            values = grads.tensor(name)
+            assert values is not None
+            parts.append(titled(LABEL[name], FORMULAS[name] + group))
+            at = spec.operand_index(name[1], lead)
+            parts.append(matrix_table(values[at], keys, range(cols), "k", prefix, view))
+            parts.append(Text(""))
+        if grads.dbias is not None:
+            at = spec.operand_index("bias", lead)
+            d = grads.dbias[at]
+            parts.append(titled(LABEL["dbias"], FORMULAS["dbias"] + _broadcast_note(d)))
+            parts.append(
+                matrix_table(
+                    d,
+                    rows if d.shape[0] > 1 else range(1),
+                    keys if d.shape[1] > 1 else range(1),
+                    "q",
+                    "k",
+                    view,
+                )
+            )
+            parts.append(Text(""))
+    n_positions = len(slice_positions(spec, view))
+    if n_positions > view.max_slices:
+        parts.append(
+            Text(
+                f"… {n_positions - view.max_slices} more slices not shown; "
+                "pick one with --batch/--head or raise --max-slices",
+                THEME["note"],
+            )
+        )
+    parts.append(norms_table(health, view))
+    if numeric is not None:
+        parts.append(numeric_table(numeric, tolerance))
+    parts.append(findings_panel(diagnosis))
+    return Group(*parts)
+
+
+def _group_note(group: int, lead: tuple[int, ...]) -> str:
+    if group <= 1 or not lead:
+        return ""
+    first = (lead[-1] // group) * group
+    return f", summed over query heads {first}–{first + group - 1}"
+
+
+def _broadcast_note(d: NDArray[np.float64]) -> str:
+    axes = []
+    if d.shape[0] == 1:
+        axes.append("queries")
+    if d.shape[1] == 1:
+        axes.append("keys")
+    return f", summed over {' and '.join(axes)} (the bias broadcasts)" if axes else ""
+
+
+def norms_table(health: GradDiagnosis, view: View) -> RenderableType:
+    """‖dQ‖ per query head and ‖dK‖, ‖dV‖ per key/value head, with their rows
+    whose gradient vanishes and keys that get none."""
+    norms = " · ".join(f"‖{LABEL[n]}‖ = {v:.4g}" for n, v in health.norms.items())
+    parts: list[RenderableType] = [titled("gradient norms", norms)]
+    if len(health.query_heads) > 1 or len(health.kv_heads) > 1:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for col in ("head", "‖dQ‖", "rows vanishing", "mean 1−Σw²"):
+            table.add_column(col, justify="left" if col == "head" else "right", no_wrap=True)
+        for h in health.query_heads[: view.max_rows]:
+            mean = "—" if math.isnan(h.mean_gain) else f"{h.mean_gain:.3g}"
+            table.add_row(
+                format_index(h.index), f"{h.dq_norm:.4g}", f"{h.vanishing} of {h.rows}", mean
+            )
+        kv = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for col in ("kv head", "‖dK‖", "‖dV‖", "keys without gradient"):
+            kv.add_column(col, justify="left" if col == "kv head" else "right", no_wrap=True)
+        for k in health.kv_heads[: view.max_rows]:
+            kv.add_row(
+                format_index(k.index),
+                f"{k.dk_norm:.4g}",
+                f"{k.dv_norm:.4g}",
+                f"{k.hidden + k.starved} of {k.keys}",
+            )
+        parts.extend([table, kv])
+        if len(health.query_heads) > view.max_rows:
+            parts.append(Text(f"first {view.max_rows} heads shown (--max-rows)", THEME["muted"]))
+    parts.append(Text(""))
+    return Group(*parts)
+
+
+def numeric_table(checks: Sequence[NumericCheck], tolerance: float) -> RenderableType:
+    """Central differences against the analytic gradient, per tensor."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in ("gradient", "samples", "rel. error", "at", "numeric", "analytic", ""):
+        table.add_column(col, justify="left" if col in ("gradient", "at", "") else "right")
+    for c in checks:
+        ok = c.passed(tolerance)
+        table.add_row(
+            LABEL[c.name],
+            str(c.samples),
+            f"{c.max_rel_error:.2e}",
+            format_index(c.worst_at) if c.worst_at is not None else "—",
+            f"{c.numeric:.6g}",
+            f"{c.analytic:.6g}",
+            Text("ok" if ok else "FAIL", PASSED if ok else SEVERITY_STYLE["error"]),
+        )
+    title = titled(
+        "numeric check", f"central differences in float64, tolerance {tolerance:g} (relative)"
+    )
+    return Group(title, table, Text(""))
+
+
+BACKWARD_AXES = {
+    "d_output": ("q", "v"),
+    "d_weights": ("q", "k"),
+    "d_scores": ("q", "k"),
+    "d_scaled": ("q", "k"),
+    "d_query": ("q", "e"),
+    "d_key": ("k", "e"),
+    "d_value": ("k", "v"),
+    "d_bias": ("q", "k"),
+}
+"""Row and column labels of each backward stage's table."""
+
+
+def render_backward(ex: Explanation, view: View) -> list[RenderableType]:
+    """``explain --backward``: each backward stage's formula, note, table and findings,
+    then where the other gradient findings are."""
+    from sdpa_cli.explain_grad import FORMULAS
+    from sdpa_cli.render_explain import note_text, stage_findings
+
+    back = ex.backward
+    assert back is not None
+    parts: list[RenderableType] = [
+        rule(f"backward · ℓ = Σ O ⊙ dO · dO {back.dout_label}", view.width)
+    ]
+    rows = ex.rows
+    for st in back.stages:
+        parts.append(titled(st.name, FORMULAS[st.name]))
+        parts.append(note_text(st.note, view.width))
+        row_prefix, col_prefix = BACKWARD_AXES[st.name]
+        n_rows, n_cols = st.values.shape
+        shown = range(n_rows) if row_prefix == "k" else range(len(rows))
+        cols = range(n_cols)
+        if col_prefix == "k" and view.keys is not None:
+            cols = cols[view.keys]
+        if row_prefix == "k" and view.keys is not None:
+            shown = shown[view.keys]
+        offset = 0 if row_prefix == "k" else rows.start
+        parts.append(
+            matrix_table(st.values, shown, cols, row_prefix, col_prefix, view, row_offset=offset)
+        )
+        if st.findings:
+            parts.extend(stage_findings(st.findings, view.width))
+        parts.append(Text(""))
+    if back.elsewhere:
+        n = len(back.elsewhere)
+        parts.append(
+            Text(
+                f"{n} more gradient finding{'s' if n != 1 else ''} elsewhere in the input "
+                "(sdpa grad lists them all)",
+                THEME["muted"],
+            )
+        )
+        parts.append(Text(""))
+    return parts
