@@ -18,6 +18,8 @@ from sdpa_cli import __version__
 from sdpa_cli.cli.check import check
 from sdpa_cli.cli.compute import compute
 from sdpa_cli.cli.explain import explain
+from sdpa_cli.cli.grad import grad
+from sdpa_cli.cli.inspect import inspect
 from sdpa_cli.cli.options import EXIT_CODES_HELP
 from sdpa_cli.errors import ExitCode, SdpaError
 
@@ -83,12 +85,16 @@ def cli(debug: bool) -> None:
       sdpa compute samples/scorecard.yaml
       sdpa compute q.npy k.npy v.npy --causal --format json
       sdpa explain samples/scorecard.yaml --query 0
+      sdpa grad samples/scorecard.yaml --check-numeric
+      sdpa inspect samples/cross.npz
     """
 
 
 cli.add_command(compute)
 cli.add_command(explain)
 cli.add_command(check)
+cli.add_command(grad)
+cli.add_command(inspect)
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:
