@@ -29,7 +29,7 @@ from sdpa_cli.diagnose import (
     plural,
     saturation_hint,
 )
-from sdpa_cli.grad import Gradients
+from sdpa_cli.grad import Gradients, norm
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]
@@ -139,11 +139,6 @@ def _num(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _norm(a: NDArray[Any], axis: tuple[int, ...] | None = None) -> Any:
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.sqrt(np.sum(np.square(a), axis=axis))
-
-
 def diagnose_grad(
     grads: Gradients, thresholds: Thresholds | None = None, dtype: str = "float64"
 ) -> GradDiagnosis:
@@ -176,7 +171,7 @@ def diagnose_grad(
         counts={k: n for k, n in counts.items() if n},
         query_heads=query_heads,
         kv_heads=kv_heads,
-        norms={n: float(_norm(np.asarray(grads.tensor(n)))) for n in grads.present()},
+        norms={n: float(norm(np.asarray(grads.tensor(n)))) for n in grads.present()},
         ranges=ranges,
         vanishing=th.vanishing,
     )
@@ -276,12 +271,23 @@ def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
         idx = tuple(int(i) for i in at)
         gain, mw = float(grads.gain[idx]), float(grads.max_weight[idx])
         ds, da = float(grads.ds_norm[idx]), float(grads.da_norm[idx])
+        key, n = int(grads.argmax[idx]), int(grads.n_visible[idx])
+        rest = float(grads.rest[idx])
+        if rest == 0:
+            what = (
+                f"passes back nothing: all its weight is on key {key} of {n} visible (the "
+                f"others underflow to 0); ‖dA‖ = {da:.3g}"
+            )
+        else:
+            what = (
+                f"passes back at most {gain:.2g} of its gradient: max weight "
+                f"{_one_minus(mw, rest)} on key {key} of {n} visible; ‖dS‖ = {ds:.3g} "
+                f"against ‖dA‖ = {da:.3g}"
+            )
         yield Finding(
             "vanishing_gradient",
             "warning",
-            f"row {format_index(idx)} passes back at most {gain:.2g} of its gradient: "
-            f"max weight {_one_minus(mw, float(grads.rest[idx]))} on key {int(grads.argmax[idx])} of "
-            f"{int(grads.n_visible[idx])} visible; ‖dS‖ = {ds:.3g} against ‖dA‖ = {da:.3g}",
+            f"row {format_index(idx)} {what}",
             hint=hint,
             index=idx,
             stage="weights",
@@ -298,7 +304,7 @@ def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
 
 def _query_heads(grads: Gradients, th: Thresholds) -> tuple[QueryHeadGrad, ...]:
     spec = grads.spec
-    dq_norms = _norm(grads.dq, axis=(-2, -1))
+    dq_norms = norm(grads.dq, axis=(-2, -1))
     heads = []
     for lead in np.ndindex(*spec.lead):
         li = tuple(int(i) for i in lead)
@@ -350,8 +356,9 @@ def _weak_heads(heads: tuple[QueryHeadGrad, ...], th: Thresholds) -> Iterator[Fi
 
 
 def _keys_text(keys: NDArray[Any], limit: int = 6) -> str:
+    """``key 6`` or ``keys 3, 4, 7 …``."""
     shown = ", ".join(str(int(j)) for j in keys[:limit])
-    return shown + (" …" if keys.size > limit else "")
+    return ("key " if keys.size == 1 else "keys ") + shown + (" …" if keys.size > limit else "")
 
 
 def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
@@ -366,8 +373,8 @@ def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
         ki = spec.operand_index("k", li)
         np.fmax(weight[ki], grads.key_weight[li], out=weight[ki])
         seen[ki] |= grads.key_seen[li]
-    dk_norms = _norm(grads.dk, axis=(-2, -1))
-    dv_norms = _norm(grads.dv, axis=(-2, -1))
+    dk_norms = norm(grads.dk, axis=(-2, -1))
+    dv_norms = norm(grads.dv, axis=(-2, -1))
     heads, findings = [], []
     for lead in np.ndindex(*k_lead):
         ki = tuple(int(i) for i in lead)
@@ -384,15 +391,14 @@ def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
                 int(starved.size),
             )
         )
-        where = f"K/V head {format_index(ki)}"
+        where = f"K/V head {format_index(ki)}" if ki else "K/V"
         if starved.size:
             findings.append(
                 Finding(
                     "no_gradient_keys",
                     "warning",
                     f"{where}: {starved.size} of {spec.S} keys get no gradient though some "
-                    f"query may see them: every weight on them is 0 (keys "
-                    f"{_keys_text(starved)})",
+                    f"query may see them: every weight on them is 0 ({_keys_text(starved)})",
                     hint="saturated rows put all their weight elsewhere; the keys' weights "
                     "underflowed to 0",
                     index=ki,
@@ -406,8 +412,9 @@ def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
                 Finding(
                     "no_gradient_keys",
                     "info",
-                    f"{where}: {hidden.size} of {spec.S} keys are hidden from every query "
-                    f"and get no gradient (keys {_keys_text(hidden)})",
+                    f"{where}: {hidden.size} of {spec.S} keys "
+                    f"{'is' if hidden.size == 1 else 'are'} hidden from every query and get "
+                    f"no gradient ({_keys_text(hidden)})",
                     hint="expected for padding; otherwise check the mask",
                     index=ki,
                     stage="dk",

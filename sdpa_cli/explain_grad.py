@@ -129,7 +129,7 @@ def explain_backward(
             "to dA. It passes back at most 1 − Σ w² of dA per row: 0 for a one-hot row, "
             f"1 − 1/n for a uniform one. In this slice it ranges {_g(float(row_gain.min()))} "
             f"(q{low}) … {_g(float(row_gain.max()))}; {vanishing} of "
-            f"{plural(int(eligible.sum()), 'row')} pass back less than "
+            f"{plural(int(eligible.sum()), 'row')} that see two keys or more pass back less than "
             f"{health.vanishing:g}: their gradient vanishes. Each row of dS sums to 0 "
             f"(shown rows: |Σ| ≤ {_g(worst_sum)}), and hidden keys get none."
         )
@@ -146,12 +146,16 @@ def explain_backward(
             f"softcap's chain rule: dS × (1 − tanh²(scaled / {o.softcap:g})), a factor "
             f"{_span(slope)} on the shown rows; logits near ±{o.softcap:g} pass back little."
         )
+    sqrt_dk = (
+        " The 1/√d_k that keeps the logits O(1) also keeps dQ and dK from growing with √d_k."
+        if o.scale == "sqrt-dk"
+        else ""
+    )
     notes["d_query"] = (
-        f"dQ = dS · K · {factor:.4g}: the factor on the scores ({spec.scale_label}"
+        f"The scores' factor, {spec.scale_label}"
         + (f", ÷ temperature {o.temperature:g}" if o.temperature != 1 else "")
-        + ") multiplies their gradient too, so the 1/√d_k that keeps the logits O(1) also "
-        f"keeps dQ and dK from growing with √d_k. ‖dQ‖ of this head: "
-        f"{_g(_head_norm(health, lead))}."
+        + f", multiplies their gradient too: dQ = dS · K · {factor:.4g}.{sqrt_dk} ‖dQ‖ of "
+        f"this head: {_g(_head_norm(health, lead))}."
     )
     group = (
         f", summed over the {spec.group} query heads that share kv head {kv[-1]}"
@@ -172,8 +176,8 @@ def explain_backward(
     notes["d_value"] = (
         "dV = Aᵀ · dO"
         + (" (the weights after dropout)" if o.dropout > 0 else "")
-        + f": each key's value gets the weight-averaged dO of the rows that attend to it{group}; "
-        "a key no row weighs gets none."
+        + f": each key's value gets the sum of the rows' dO, each times its weight on the "
+        f"key{group}; a key no row weighs gets none."
     )
     if "d_bias" in values:
         notes["d_bias"] = (

@@ -224,8 +224,8 @@ def backward_block(
         # row uniform weights, yet its logits were replaced and pass nothing back.
         da_seen = da if block.all_visible else np.where(attended, da, 0.0)
         ds_seen = ds if block.all_visible else np.where(attended, ds, 0.0)
-        da_norm = np.sqrt(np.sum(da_seen * da_seen, axis=1))
-        ds_norm = np.sqrt(np.sum(ds_seen * ds_seen, axis=1))
+        da_norm = norm(da_seen, axis=1)
+        ds_norm = norm(ds_seen, axis=1)
         max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
         rest, gain = _off_top(a, top, max_weight)
         n_visible = attended.sum(axis=1)
@@ -251,9 +251,7 @@ def backward_block(
         key_weight,
         key_seen,
         records,
-        {"weights": a, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
-        if keep_steps
-        else None,
+        _steps(block.scaled, da, ds, dscaled) if keep_steps else None,
     )
 
 
@@ -278,6 +276,18 @@ def _off_top(a: F64, top: NDArray[np.intp], max_weight: F64) -> tuple[F64, F64]:
         rest[close] = others.sum(axis=1)
         gain[close] = max_weight[close] * rest[close] + np.sum(others * (1.0 - others), axis=1)
     return rest, gain
+
+
+def norm(x: NDArray[Any], axis: int | tuple[int, ...] | None = None) -> Any:
+    """The 2-norm along ``axis``, scaled by the largest magnitude first: the squares of
+    a vanishing row's dS (~1e-200) would underflow to 0 and hide it."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        mags = np.abs(x)
+        top = np.max(mags, axis=axis, keepdims=True, initial=0.0)
+        safe = np.where((top > 0) & np.isfinite(top), top, 1.0)
+        total = np.sqrt(np.sum(np.square(mags / safe), axis=axis, keepdims=True)) * safe
+        total = np.where(np.isfinite(top), total, top)  # inf stays inf, NaN NaN
+        return np.squeeze(total, axis=axis) if axis is not None else total.reshape(())[()]
 
 
 def _steps(scaled: F64, da: F64, ds: F64, dscaled: F64) -> dict[str, F64]:

@@ -31,7 +31,7 @@ from sdpa_cli.render import (
     stage_title,
     titled,
 )
-from sdpa_cli.render_findings import MUTED, SEVERITY_STYLE, UNITS, severity_counts
+from sdpa_cli.render_findings import MUTED, NOTHING_FOUND, SEVERITY_STYLE, UNITS, severity_counts
 from sdpa_cli.scales import ScaleRun
 from sdpa_cli.scorecard import KeyScore, Scorecard
 
@@ -489,8 +489,7 @@ def _closing(ex: Explanation, walk: bool, width: int) -> list[RenderableType]:
     """One line on the findings: how many in all, how many here, where the others are."""
     if not ex.diagnosis.findings:
         line = note_text(
-            "findings  none: no saturated, uniform or fully masked rows, no non-finite "
-            "values, no overflow or underflow",
+            "findings  none: " + NOTHING_FOUND,
             width,
             2,
             first=0,

@@ -95,8 +95,14 @@ def _unlisted(diagnosis: Diagnosis) -> str | None:
     return f"counted, none listed (--max-findings 0): {', '.join(parts)}" if parts else None
 
 
-def findings_panel(diagnosis: Diagnosis) -> RenderableType:
-    """Findings grouped by kind, format and stage, worst first, with counts and hints."""
+NOTHING_FOUND = (
+    "no saturated, uniform or fully masked rows, no non-finite values, no overflow or underflow"
+)
+
+
+def findings_panel(diagnosis: Diagnosis, nothing: str = NOTHING_FOUND) -> RenderableType:
+    """Findings grouped by kind, format and stage, worst first, with counts and hints;
+    ``nothing`` says what was looked for when nothing was found."""
     unlisted = _unlisted(diagnosis)
     if not diagnosis.findings:
         if unlisted:
@@ -104,11 +110,7 @@ def findings_panel(diagnosis: Diagnosis) -> RenderableType:
         return Text.assemble(
             ("findings  ", Style(bold=True)),
             ("none: ", Style(color="green", bold=True)),
-            (
-                "no saturated, uniform or fully masked rows, no non-finite values, "
-                "no overflow or underflow",
-                MUTED,
-            ),
+            (nothing, MUTED),
         )
     order = sorted(
         _groups(diagnosis),

@@ -33,10 +33,12 @@ from sdpa_cli.render import (
     slice_positions,
     titled,
 )
-from sdpa_cli.render_findings import SEVERITY_STYLE, findings_panel
+from sdpa_cli.render_findings import NOTHING_FOUND, SEVERITY_STYLE, findings_panel
 
 if TYPE_CHECKING:
     from sdpa_cli.explain import Explanation
+
+GRADIENT_FOUND = ", no vanishing gradients, no keys without gradient"
 
 PASSED = Style(color="green", bold=True)
 
@@ -97,34 +99,34 @@ def matrix_table(
         table.add_row(Text(f"{row_prefix}{i + row_offset}"), *cells)
     if len(shown_rows) < len(rows):
         table.add_row(*[Text("…", THEME["muted"]) for _ in table.columns])
-    if len(shown_rows) < len(rows) or cut_cols:
+    cut = []
+    if len(shown_rows) < len(rows):
+        first, last = shown_rows.start + row_offset, shown_rows.stop - 1 + row_offset
+        cut.append(f"rows {first}–{last} of {values.shape[0] + row_offset}")
+    if cut_cols:
         span = f"{fitted[0]}–{fitted[-1]}" if fitted else "none"
-        note = Text(
-            f"rows {shown_rows.start + row_offset}–{shown_rows.stop - 1 + row_offset} of "
-            f"{values.shape[0] + row_offset}, "
-            f"columns {span} of {values.shape[1]} shown",
-            THEME["muted"],
-        )
-        return Group(table, note)
+        cut.append(f"columns {span} of {values.shape[1]}")
+    if cut:
+        return Group(table, Text(", ".join(cut) + " shown", THEME["muted"]))
     return table
 
 
 def _row_columns(
     grads: Gradients, lead: tuple[int, ...], rows: range, health: GradDiagnosis, view: View
 ) -> list[tuple[str, list[Text]]]:
-    """Per query row: 1 − Σw² (the softmax Jacobian's norm bound), ‖dS‖, and a flag."""
+    """Per query row: 1 − Σw² (the softmax Jacobian's norm bound) and a flag (the
+    finding gives ‖dS‖: the columns leave room for the gradient's own)."""
     flagged = {
         f.index[-1]
         for f in health.findings
         if f.kind == "vanishing_gradient" and f.index is not None and f.index[:-1] == lead
     }
     shown = rows[: view.max_rows]
-    gains = [Text(f"{float(grads.gain[(*lead, i)]):.2g}") for i in shown]
-    ds = [Text(f"{float(grads.ds_norm[(*lead, i)]):.3g}") for i in shown]
+    gains = [Text(f"{float(grads.gain[(*lead, i)]):.3g}") for i in shown]
     flags = [
         Text("vanishing", SEVERITY_STYLE["warning"]) if i in flagged else Text("") for i in shown
     ]
-    columns = [("1−Σw²", gains), ("‖dS‖", ds)]
+    columns = [("1−Σw²", gains)]
     if flagged:
         columns.append(("flag", flags))
     return columns
@@ -207,7 +209,7 @@ def render_grad(
     parts.append(norms_table(health, view))
     if numeric is not None:
         parts.append(numeric_table(numeric, tolerance))
-    parts.append(findings_panel(diagnosis))
+    parts.append(findings_panel(diagnosis, NOTHING_FOUND + GRADIENT_FOUND))
     return Group(*parts)
 
 
@@ -234,16 +236,23 @@ def norms_table(health: GradDiagnosis, view: View) -> RenderableType:
     parts: list[RenderableType] = [titled("gradient norms", norms)]
     if len(health.query_heads) > 1 or len(health.kv_heads) > 1:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for col in ("head", "‖dQ‖", "rows vanishing", "mean 1−Σw²"):
+        for col in ("slice", "‖dQ‖", "vanishing rows", "mean 1−Σw²"):
             table.add_column(col, justify="left" if col == "head" else "right", no_wrap=True)
         for h in health.query_heads[: view.max_rows]:
             mean = "—" if math.isnan(h.mean_gain) else f"{h.mean_gain:.3g}"
             table.add_row(
                 format_index(h.index), f"{h.dq_norm:.4g}", f"{h.vanishing} of {h.rows}", mean
             )
+        parts.append(table)
+        parts.append(
+            Text(
+                "vanishing rows: of the rows that see ≥ 2 keys (one key always gets weight 1)",
+                THEME["muted"],
+            )
+        )
         kv = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for col in ("kv head", "‖dK‖", "‖dV‖", "keys without gradient"):
-            kv.add_column(col, justify="left" if col == "kv head" else "right", no_wrap=True)
+        for col in ("K/V slice", "‖dK‖", "‖dV‖", "keys without gradient"):
+            kv.add_column(col, justify="left" if col == "K/V slice" else "right", no_wrap=True)
         for k in health.kv_heads[: view.max_rows]:
             kv.add_row(
                 format_index(k.index),
@@ -251,7 +260,7 @@ def norms_table(health: GradDiagnosis, view: View) -> RenderableType:
                 f"{k.dv_norm:.4g}",
                 f"{k.hidden + k.starved} of {k.keys}",
             )
-        parts.extend([table, kv])
+        parts.append(kv)
         if len(health.query_heads) > view.max_rows:
             parts.append(Text(f"first {view.max_rows} heads shown (--max-rows)", THEME["muted"]))
     parts.append(Text(""))

@@ -222,11 +222,15 @@ def grad_payload(
     dout: dict[str, Any],
     numeric: list[NumericCheck] | None,
     tolerance: float,
+    dtype: str,
     for_json: bool,
 ) -> dict[str, Any]:
     """``sdpa grad --format json|yaml``: the setup, dO's source, every gradient (full,
-    in its operand's shape as loaded), norms, ranges, the numeric check, findings."""
+    in its operand's shape as loaded), norms, ranges, the numeric check, findings.
+    ``options.dtype`` is the format the gradients were judged against (``--dtype``);
+    the backward pass itself is float64."""
     data = setup_payload(grads.spec, for_json=for_json)
+    data["options"]["dtype"] = dtype
     data["dout"] = dout
     data["gradients"] = {n: _nested(np.asarray(grads.loaded(n)), for_json) for n in grads.present()}
     data.update(_clean(health.to_dict(), for_json))

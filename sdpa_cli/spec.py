@@ -356,6 +356,19 @@ class AttentionSpec:
             return arr.reshape(shape)
         return arr
 
+    def in_float64(self) -> AttentionSpec:
+        """The same computation in float64 throughout (``--dtype`` and its formats dropped)."""
+        if not self.options.emulated:
+            return self
+        wide = dataclasses.replace(
+            self.options,
+            dtype="float64",
+            accumulate="float64",
+            softmax_dtype="float64",
+            logits_dtype="float64",
+        )
+        return dataclasses.replace(self, options=wide)
+
     def operand_index(self, name: str, lead_index: tuple[int, ...]) -> tuple[int, ...]:
         """The index into operand ``name`` for one position of the broadcast lead.
 

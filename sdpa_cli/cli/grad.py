@@ -146,7 +146,7 @@ def grad(
     row_slice = parse_rows(rows, spec.L)
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
     dtype = spec.options.dtype
-    stats = Stats.empty(float64(spec))
+    stats = Stats.empty(spec.in_float64())
     with progress_bar(spec, "gradients") as progress:
         grads, health, dout_label, dout_info = gradients(
             spec, dout, limits, jobs=threads, stats=stats, progress=progress
@@ -166,6 +166,7 @@ def grad(
             dout=dout_info,
             numeric=numeric,
             tolerance=tolerance,
+            dtype=dtype,
             for_json=fmt == "json",
         )
         text = to_json(data) + "\n" if fmt == "json" else to_yaml(data)
@@ -196,16 +197,6 @@ def grad(
     return ExitCode.CHECK_FAILED if failed else ExitCode.OK
 
 
-def float64(spec: AttentionSpec) -> AttentionSpec:
-    """The spec computed in float64: the backward pass always is (``--dtype`` names the
-    format the gradients' range is judged against)."""
-    import dataclasses
-
-    if not spec.options.emulated:
-        return spec
-    return dataclasses.replace(spec, options=dataclasses.replace(spec.options, dtype="float64"))
-
-
 def gradients(
     spec: AttentionSpec,
     dout: str,
@@ -222,7 +213,7 @@ def gradients(
     from sdpa_cli.loaders import load_array
 
     dtype = spec.options.dtype
-    spec = float64(spec)
+    spec = spec.in_float64()  # the backward pass is float64; --dtype judges the range
     seed = spec.options.seed
     info: dict[str, Any]
     if dout in DOUT_SOURCES:
@@ -230,6 +221,12 @@ def gradients(
         info = {"source": dout, "seed": seed if dout == "random" else None}
         label = f"standard normal, seed {seed}" if dout == "random" else "all ones"
     else:
+        from sdpa_cli.errors import SpecError
+        from sdpa_cli.loaders import Source
+
+        path = Source.parse(dout).path
+        if not path.exists() and not path.suffix:  # a word, not a file name
+            raise SpecError("--dout", f"expected a file, ones or random, got {dout!r}")
         values = make_dout(spec, load_array(dout, name="dout"), seed, dout)
         info = {"source": "file", "path": dout}
         label = dout
