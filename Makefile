@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint fmt golden bench bench-quick clean
+.PHONY: install demo test lint fmt golden bench bench-quick bench-grad clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ bench: $(VENV)/.dev-installed
 bench-quick: $(VENV)/.dev-installed
 	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
 	$(BIN)/python bench/bench.py --quick
+
+# `sdpa grad` beside PyTorch's float64 autograd: times, peak RSS, the memory target.
+bench-grad: $(VENV)/.dev-installed
+	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
+	$(BIN)/python bench/bench_grad.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
