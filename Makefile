@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint fmt golden bench bench-quick bench-grad clean
+.PHONY: install demo test lint fmt golden bench bench-quick bench-grad fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,21 @@ bench: $(VENV)/.dev-installed
 bench-quick: $(VENV)/.dev-installed
 	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
 	$(BIN)/python bench/bench.py --quick
+
+# Fuzz the command line (tests/test_fuzz.py) for FUZZ_SECONDS: rounds of FUZZ_EXAMPLES
+# fresh random examples per test until the time is spent (the last round may run a
+# minute over). Stops at the first failure; hypothesis keeps it in .hypothesis/ and
+# replays it first next time. `make test` runs a small fixed set of the same tests.
+FUZZ_SECONDS  ?= 600
+FUZZ_EXAMPLES ?= 500
+fuzz: $(VENV)/.dev-installed
+	@end=$$(( $$(date +%s) + $(FUZZ_SECONDS) )); round=1; \
+	while [ $$(date +%s) -lt $$end ]; do \
+		echo "fuzz round $$round: $$(( end - $$(date +%s) )) s left"; \
+		SDPA_FUZZ=1 SDPA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q \
+			-p no:cacheprovider tests/test_fuzz.py || exit 1; \
+		round=$$((round + 1)); \
+	done; echo "fuzz: $$((round - 1)) rounds, no failure"
 
 # `sdpa grad` beside PyTorch's float64 autograd: times, peak RSS, the memory target.
 bench-grad: $(VENV)/.dev-installed

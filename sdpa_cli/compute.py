@@ -453,19 +453,24 @@ def available_memory() -> int | None:
     return None
 
 
+ROW_STATS_BYTES = 64
+"""What the statistics keep per query row (a few float64 and int64 arrays)."""
+
+
 def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
     """Refuse, before allocating, a trace that cannot fit in memory (rather than be killed)."""
     scores = math.prod(spec.weights_shape)
     need = scores if keep - {"output"} else 0  # the boolean visibility
+    need += ROW_STATS_BYTES * math.prod((*spec.lead, spec.L))  # always gathered
     need += sum(8 * (math.prod(spec.output_shape) if s == "output" else scores) for s in keep)
     available = available_memory()
     if available is not None and need > available:
         gib = 2.0**30
         raise SpecError(
             f"scores {spec.weights_shape}",
-            f"keeping {len(keep)} stage(s) whole in float64 needs {need / gib:.1f} GiB, "
-            f"but {available / gib:.1f} GiB of memory is available; "
-            "ask for fewer --stages, or slice the inputs",
+            f"keeping {len(keep)} stage(s) whole in float64, with the per-row statistics, "
+            f"needs {need / gib:.1f} GiB, but {available / gib:.1f} GiB of memory is "
+            "available; ask for fewer --stages, or slice the inputs",
         )
 
 

@@ -17,25 +17,32 @@ from typing import Any
 
 from sdpa_cli.diagnose import KINDS, SEVERITIES, THRESHOLD_NAMES, Thresholds
 from sdpa_cli.errors import InputError, SpecError
-from sdpa_cli.spec import parse_number
+from sdpa_cli.loaders import printable
+from sdpa_cli.spec import parse_number, shown
 
 CONFIG_FILES = ("sdpa.yaml", "pyproject.toml")
+
+
+def _as_typed(value: Any) -> str:
+    """A value as typed (``0.5``, not ``'0.5'``), on one short line."""
+    text = printable(str(value))
+    return text if len(text) <= 60 else text[:40] + "..."
 
 
 def _fraction(value: Any, where: str, low: float) -> float:
     x = parse_number(value, where)
     if not (math.isfinite(x) and low < x <= 1):
-        raise SpecError(where, f"must be in ({low:g}, 1], got {value!r}")
+        raise SpecError(where, f"must be in ({low:g}, 1], got {shown(value)}")
     return x
 
 
 def _count(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise SpecError(where, f"expected a whole number, got {value!r}")
+        raise SpecError(where, f"expected a whole number, got {shown(value)}")
     try:
         n = int(value)
     except ValueError:
-        raise SpecError(where, f"expected a whole number, got {value!r}") from None
+        raise SpecError(where, f"expected a whole number, got {shown(value)}") from None
     if n < 0:
         raise SpecError(where, f"must be ≥ 0, got {n}")
     return n
@@ -106,7 +113,7 @@ def thresholds(
             continue  # sdpa check's own section
         if name not in THRESHOLD_NAMES:
             raise SpecError(
-                f"{source}: {key}",
+                f"{source}: {printable(str(key))}",
                 f"unknown setting; expected {', '.join(n.replace('_', '-') for n in THRESHOLD_NAMES)} "
                 "or a check section",
             )
@@ -142,40 +149,42 @@ def _kinds(value: Any, where: str) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)):
         items = [str(v).strip() for v in value]
     else:
-        raise SpecError(where, f"expected finding kinds, comma-separated, got {value!r}")
+        raise SpecError(where, f"expected finding kinds, comma-separated, got {shown(value)}")
     kinds = tuple(k for k in items if k)
     if kinds in ((), ("none",)):
         return ()
     for kind in kinds:
         if kind not in KINDS:
-            raise SpecError(where, f"unknown finding kind {kind!r}; choose from {', '.join(KINDS)}")
+            raise SpecError(
+                where, f"unknown finding kind {shown(kind)}; choose from {', '.join(KINDS)}"
+            )
     return kinds
 
 
 def _flag(value: Any, where: str) -> bool:
     if isinstance(value, bool):
         return value
-    raise SpecError(where, f"expected true or false, got {value!r}")
+    raise SpecError(where, f"expected true or false, got {shown(value)}")
 
 
 def _tolerance(value: Any, where: str) -> float:
     x = parse_number(value, where)
     if not (math.isfinite(x) and x >= 0):
-        raise SpecError(where, f"must be a finite number ≥ 0, got {value}")
+        raise SpecError(where, f"must be a finite number ≥ 0, got {_as_typed(value)}")
     return x
 
 
 def _fudge(value: Any, where: str) -> float:
     x = parse_number(value, where)
     if not (math.isfinite(x) and x >= 1):
-        raise SpecError(where, f"must be a finite number ≥ 1, got {value}")
+        raise SpecError(where, f"must be a finite number ≥ 1, got {_as_typed(value)}")
     return x
 
 
 def _one_of(choices: tuple[str, ...]) -> Any:
     def parse(value: Any, where: str) -> str:
         if not isinstance(value, str) or value not in choices:
-            raise SpecError(where, f"must be {' or '.join(choices)}, got {value!r}")
+            raise SpecError(where, f"must be {' or '.join(choices)}, got {shown(value)}")
         return value
 
     return parse
@@ -203,7 +212,9 @@ def check_values(raw: Mapping[str, Any], where: str | None = None) -> dict[str, 
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")
-        label = "--" + name.replace("_", "-") if where is None else f"{where}: {key}"
+        label = (
+            "--" + name.replace("_", "-") if where is None else f"{where}: {printable(str(key))}"
+        )
         if name not in CHECK_NAMES:
             raise SpecError(
                 label,

@@ -581,28 +581,29 @@ def _row_findings(
     yield "near_uniform", rows
 
     rows = []
-    if spec.S:
-        finite_mv = math.isfinite(spec.options.effective_mask_value)
-        returns = (
-            f"sdpa returns uniform weights over all {spec.S} keys (the mean of V), "
-            f"as the finite mask value {spec.options.mask_value_label} makes it"
-            if finite_mv
-            else "sdpa returns zeros for it"
-        )
-        for idx in _rows(stats, n == 0):
-            rows.append(
-                Finding(
-                    "fully_masked",
-                    "warning",
-                    f"row {format_index(idx)} has no visible key: {returns}",
-                    hint="PyTorch ≥ 2.5 and FlashAttention return zeros; JAX (mask value "
-                    "−0.7·finfo.max) returns the mean of V; a plain softmax over all −inf "
-                    "(PyTorch < 2.5, unguarded kernels, ONNX graphs) returns NaN. Check the "
-                    "mask: causal lower-right with L > S, a key length of 0, an inverted mask",
-                    index=idx,
-                    stage="masked",
-                )
+    # S = 0 included: every row then has no key at all.
+    finite_mv = math.isfinite(spec.options.effective_mask_value)
+    returns = (
+        f"sdpa returns uniform weights over all {spec.S} keys (the mean of V), "
+        f"as the finite mask value {spec.options.mask_value_label} makes it"
+        if finite_mv and spec.S
+        else "sdpa returns zeros for it"
+        + (" (there are no keys at all: S = 0)" if not spec.S else "")
+    )
+    for idx in _rows(stats, n == 0):
+        rows.append(
+            Finding(
+                "fully_masked",
+                "warning",
+                f"row {format_index(idx)} has no visible key: {returns}",
+                hint="PyTorch ≥ 2.5 and FlashAttention return zeros; JAX (mask value "
+                "−0.7·finfo.max) returns the mean of V; a plain softmax over all −inf "
+                "(PyTorch < 2.5, unguarded kernels, ONNX graphs) returns NaN. Check the "
+                "mask: causal lower-right with L > S, a key length of 0, an inverted mask",
+                index=idx,
+                stage="masked",
             )
+        )
     yield "fully_masked", rows
 
     rows = []

@@ -25,7 +25,7 @@ def load_spec(
     ``flag_where`` names where a flag's value came from (a manifest entry) for
     messages; by default a flag is named by its spelling, ``--causal-align``.
     """
-    from sdpa_cli.loaders import is_case_file, load_array, load_case
+    from sdpa_cli.loaders import is_case_file, load_array, load_case, printable
     from sdpa_cli.spec import OPTION_NAMES, build_spec, parse_options
 
     tensors: dict[str, Any] = {}
@@ -36,7 +36,7 @@ def load_spec(
     if len(inputs) == 1:
         if not is_case_file(inputs[0]):
             raise SpecError(
-                inputs[0],
+                printable(inputs[0]),
                 "one input must be a case file (.yaml or .json holding q, k, v); otherwise give Q K V",
             )
         case = load_case(inputs[0], OPTION_NAMES)
@@ -50,16 +50,16 @@ def load_spec(
     elif len(inputs) == 3:
         for key, path in zip(("q", "k", "v"), inputs, strict=True):
             tensors[key] = load_array(path, name=key)
-            names[key] = path
+            names[key] = printable(path)
     else:
         raise SpecError(
-            " ".join(inputs),
+            printable(" ".join(inputs)),
             f"expected Q K V (three files) or one case file, got {len(inputs)} inputs",
         )
     for key, extra in (("bias", bias_path), ("mask", mask_path)):
         if extra is not None:
             tensors[key] = load_array(extra, name=key)
-            names[key] = extra
+            names[key] = printable(extra)
     for name, value in flags.items():
         if value is not None:
             raw[name] = value
@@ -82,10 +82,10 @@ def load_spec(
 def load_expected(paths: Mapping[str, str | None]) -> list[Expected]:
     """``{"output": "out.npy", ...}`` → the exported tensors, loaded (not cast)."""
     from sdpa_cli.check import Expected
-    from sdpa_cli.loaders import load_array
+    from sdpa_cli.loaders import load_array, printable
 
     return [
-        Expected(name, load_array(path, name=name), path)
+        Expected(name, load_array(path, name=name), printable(path))
         for name, path in paths.items()
         if path is not None
     ]

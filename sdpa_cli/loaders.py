@@ -17,6 +17,7 @@ import json
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,14 @@ MEMBER_SUFFIXES = (".npz", SAFETENSORS_SUFFIX)
 """Formats that hold several arrays, one picked with ``file:name``."""
 
 
+def printable(text: str) -> str:
+    """``text`` (a path, a key) as it reads in a one-line message: control characters,
+    a newline in a file name among them, escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclass(frozen=True)
 class Source:
     """Where an array comes from: ``path`` and, for ``.npz`` and ``.safetensors``, a
@@ -82,11 +91,8 @@ class Source:
         path = Path(path_text).expanduser()
         if base is not None and not path.is_absolute():
             path = base / path
-        return cls(
-            path=path,
-            member=member,
-            label=text if base is None else str(path) + (f":{member}" if member else ""),
-        )
+        label = text if base is None else str(path) + (f":{member}" if member else "")
+        return cls(path=path, member=member, label=printable(label))
 
 
 @contextlib.contextmanager
@@ -100,6 +106,10 @@ def _reading(label: str) -> Iterator[None]:
         raise InputError(label, "permission denied") from None
     except OSError as exc:
         raise InputError(label, f"cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # os.stat and open refuse a path holding a NUL
+        if "null" not in str(exc):
+            raise
+        raise InputError(label, "is not a usable file name: it holds a NUL character") from None
 
 
 def _sniff(path: Path, label: str) -> str:
@@ -158,6 +168,24 @@ def _check_dtype(dtype: np.dtype[Any], label: str) -> None:
         )
 
 
+MAX_DIM = int(np.iinfo(np.intp).max)
+"""The longest axis numpy can index."""
+
+
+def _check_shape(shape: tuple[int, ...], label: str) -> None:
+    """A header's shape: at most MAX_DEPTH axes, each 0..MAX_DIM (numpy's header parser
+    lets (-1,) and (2**64, 0) through)."""
+    if len(shape) > MAX_DEPTH:
+        raise InputError(label, f"has {len(shape)} axes; sdpa reads up to {MAX_DEPTH}")
+    bad = [n for n in shape if not 0 <= n <= MAX_DIM]
+    if bad:
+        raise InputError(
+            label,
+            f"has a corrupt header: shape {shape!r:.60} has an axis of {bad[0]}; "
+            f"expected 0 to {MAX_DIM}",
+        )
+
+
 def _load_npy(path: Path, label: str) -> NDArray[Any]:
     """Read the header, check the declared size against the file, then memory-map."""
     try:
@@ -174,9 +202,10 @@ def _load_npy(path: Path, label: str) -> NDArray[Any]:
         raise
     except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, TokenError...
         raise InputError(
-            label, f"has a corrupt .npy header ({type(exc).__name__}: {exc})"
+            label, f"has a corrupt .npy header ({type(exc).__name__}: {_one_line(exc)})"
         ) from None
     _check_dtype(dtype, label)
+    _check_shape(shape, label)
     count = 1
     for n in shape:
         count *= int(n)
@@ -193,7 +222,7 @@ def _load_npy(path: Path, label: str) -> NDArray[Any]:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
     except (ValueError, OSError) as exc:
-        raise InputError(label, f"cannot be read as .npy ({exc})") from None
+        raise InputError(label, f"cannot be read as .npy ({_one_line(exc)})") from None
 
 
 def _pick_member(label: str, names: list[str], member: str | None, noun: str) -> tuple[str, str]:
@@ -201,16 +230,35 @@ def _pick_member(label: str, names: list[str], member: str | None, noun: str) ->
     label naming it (``label`` already ends in ``:member`` when one was given)."""
     if not names:
         raise InputError(label, f"holds no {noun}s")
+    listed = ", ".join(printable(n) for n in names)
     if member is None:
         if len(names) != 1:
             raise InputError(
                 label,
-                f"holds {len(names)} {noun}s; pick one with {label}:NAME (names: {', '.join(names)})",
+                f"holds {len(names)} {noun}s; pick one with {label}:NAME (names: {listed})",
             )
-        return names[0], f"{label}:{names[0]}"
+        return names[0], f"{label}:{printable(names[0])}"
     if member not in names:
-        raise InputError(label, f"has no {noun} {member!r} (names: {', '.join(names)})")
+        raise InputError(label, f"has no {noun} {member!r} (names: {listed})")
     return member, label
+
+
+_LZMA_ERRORS: tuple[type[Exception], ...] = ()
+with contextlib.suppress(ImportError):  # Python built without lzma: no such members either
+    import lzma
+
+    _LZMA_ERRORS = (lzma.LZMAError,)
+_DECOMPRESS_ERRORS: tuple[type[Exception], ...] = (zlib.error, *_LZMA_ERRORS)
+"""A damaged compressed stream."""
+_ARCHIVE_ERRORS: tuple[type[Exception], ...] = (
+    zipfile.BadZipFile,
+    *_DECOMPRESS_ERRORS,
+    NotImplementedError,
+    RuntimeError,
+    OSError,
+    EOFError,
+)
+"""What reading a damaged, encrypted or exotic archive member raises: not a header's fault."""
 
 
 def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
@@ -227,26 +275,62 @@ def _load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
                         shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
                     else:
                         shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+                except _ARCHIVE_ERRORS:
+                    raise
                 except Exception as exc:  # ValueError, SyntaxError, TokenError...
                     raise InputError(
-                        member_label, f"has a corrupt .npy header ({type(exc).__name__}: {exc})"
+                        member_label,
+                        f"has a corrupt .npy header ({type(exc).__name__}: {_one_line(exc)})",
                     ) from None
                 _check_dtype(dtype, member_label)
-                count = int(np.prod(shape, dtype=np.float64))
+                _check_shape(shape, member_label)
+                count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
                 declared = count * dtype.itemsize
                 if declared > infos[member].file_size:
                     raise InputError(
                         member_label,
                         f"is truncated: declares {shape} {dtype} ({declared} bytes) in a {infos[member].file_size}-byte member",
                     )
+                _check_expansion(member_label, shape, dtype, declared, infos[member].compress_size)
             with zf.open(infos[member]) as fh:  # read_array reads the header again
                 return np.lib.format.read_array(fh, allow_pickle=False)
     except InputError:
         raise
+    except MemoryError:
+        raise InputError(
+            member_label, "does not fit in memory once decompressed; save it with np.save"
+        ) from None
     except zipfile.BadZipFile as exc:
-        raise InputError(label, f"is not a valid .npz archive ({exc})") from None
+        raise InputError(label, f"is not a valid .npz archive ({_one_line(exc)})") from None
+    except _DECOMPRESS_ERRORS as exc:
+        raise InputError(
+            member_label, f"is corrupt: it does not decompress ({_one_line(exc)})"
+        ) from None
+    except NotImplementedError as exc:  # a compression method zipfile does not know
+        raise InputError(member_label, f"cannot be read: {_one_line(exc)}") from None
+    except RuntimeError as exc:  # zipfile's word for a password-protected member
+        problem = "is encrypted" if "encrypted" in str(exc) else f"cannot be read: {_one_line(exc)}"
+        raise InputError(member_label, problem) from None
     except (ValueError, OSError, EOFError, zipfile.LargeZipFile) as exc:
-        raise InputError(label, f"cannot be read as .npz ({exc})") from None
+        raise InputError(label, f"cannot be read as .npz ({_one_line(exc)})") from None
+
+
+def _check_expansion(
+    label: str, shape: tuple[int, ...], dtype: np.dtype[Any], declared: int, stored: int
+) -> None:
+    """Refuse, before allocating, a compressed member that would not fit in memory once
+    read (a zip bomb): unlike ``.npy`` and ``.safetensors``, it cannot be memory-mapped."""
+    from sdpa_cli.compute import available_memory  # one reading of /proc/meminfo for all
+
+    available = available_memory()
+    if available is not None and declared > available:
+        gib = 2.0**30
+        raise InputError(
+            label,
+            f"expands to {declared / gib:.1f} GiB ({shape} {dtype}) from {stored} bytes stored, "
+            f"but {available / gib:.1f} GiB of memory is available; save it with np.save "
+            "(memory-mapped) instead",
+        )
 
 
 def _read_safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
@@ -316,7 +400,7 @@ def _safetensors_dtype(code: Any, label: str) -> np.dtype[Any]:
             label, f"has a corrupt .safetensors header: dtype must be a string, got {code!r:.40}"
         )
     if code.startswith("C"):  # C64: numpy's complex64
-        raise InputError(label, f"has complex dtype {code}; expected real numbers")
+        raise InputError(label, f"has complex dtype {printable(code)}; expected real numbers")
     if code not in SAFETENSORS_DTYPES:
         raise InputError(
             label,
@@ -357,8 +441,7 @@ def _load_safetensors(path: Path, member: str | None, label: str) -> NDArray[Any
             member_label,
             f"{corrupt}: shape {shape!r:.60} is not a list of non-negative integers",
         )
-    if len(shape) > MAX_DEPTH:
-        raise InputError(member_label, f"has {len(shape)} axes; sdpa reads up to {MAX_DEPTH}")
+    _check_shape(tuple(shape), member_label)
     offsets = entry["data_offsets"]
     buffer = path.stat().st_size - start
     if not (
@@ -415,16 +498,45 @@ def parse_text(path: Path, fmt: str, label: str) -> Any:
             ) from None
         except RecursionError:
             raise InputError(label, "is nested too deeply") from None
+        except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits()
+            raise InputError(label, f"invalid JSON: {_value_problem(exc)}") from None
     try:
         return yaml.load(text, Loader=_SafeNoAliasLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise InputError(label, f"invalid YAML{where}: {exc.problem or exc}") from None
+        raise InputError(label, f"invalid YAML{where}: {_one_line(exc.problem or exc)}") from None
+    except yaml.reader.ReaderError as exc:  # its str() takes two lines
+        char = exc.character
+        what = f"byte #x{char[0]:02x}" if isinstance(char, bytes) else f"character #x{char:04x}"
+        raise InputError(
+            label, f"invalid YAML at character {exc.position + 1}: {what}: {exc.reason}"
+        ) from None
     except yaml.YAMLError as exc:
-        raise InputError(label, f"invalid YAML: {exc}") from None
+        raise InputError(label, f"invalid YAML: {_one_line(exc)}") from None
     except RecursionError:
         raise InputError(label, "is nested too deeply") from None
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        # The safe loader's constructors, on a value they cannot build: a 5000-digit
+        # integer, a date 2024-13-45, a tagged scalar such as !!bool x or !!timestamp 1.
+        raise InputError(label, f"invalid YAML: {_value_problem(exc)}") from None
+
+
+def _one_line(problem: object, limit: int = 200) -> str:
+    """A parser's message on one short line (PyYAML's may take several; numpy's quote
+    a header of up to 10,000 characters)."""
+    text = " ".join(str(problem).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _value_problem(exc: Exception) -> str:
+    """What a value the parser could not construct is, in words."""
+    text = str(exc)
+    if "integer string conversion" in text:
+        import sys
+
+        return f"an integer has more than {sys.get_int_max_str_digits()} digits"
+    return f"a value cannot be read as its type ({type(exc).__name__}: {_one_line(text)})"
 
 
 class _SafeNoAliasLoader(yaml.SafeLoader):
@@ -434,6 +546,10 @@ class _SafeNoAliasLoader(yaml.SafeLoader):
         raise yaml.constructor.ConstructorError(
             None, None, "YAML aliases (*name) are not accepted", self.get_mark()
         )
+
+
+_FLOAT_LIMIT = 2**1024 - 2**970
+"""Integers this large or larger round past float64's largest number: float() overflows."""
 
 
 def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:
@@ -463,7 +579,14 @@ def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:
         if depth == len(shape):
             if isinstance(node, bool):
                 has_bool = True
-            elif isinstance(node, (int, float)):
+            elif isinstance(node, float):
+                has_number = True
+            elif isinstance(node, int):
+                if not -_FLOAT_LIMIT < node < _FLOAT_LIMIT:
+                    raise InputError(
+                        label,
+                        f"{path}: {len(str(abs(node)))}-digit integer is too large for a float",
+                    )
                 has_number = True
             elif isinstance(node, list):
                 raise InputError(label, f"{path}: rows are ragged: expected a number, got a list")
@@ -643,7 +766,7 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
         key = str(raw_key).replace("-", "_")
         if key not in known:
             raise InputError(
-                src.label, f"unknown key {raw_key!r} (known: {', '.join(sorted(known))})"
+                src.label, f"unknown key {raw_key!r:.60} (known: {', '.join(sorted(known))})"
             )
         if key in TENSOR_KEYS:
             if isinstance(value, str):

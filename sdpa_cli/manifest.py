@@ -31,7 +31,7 @@ from sdpa_cli.check import CheckReport, CheckSettings, run_checks
 from sdpa_cli.config import CHECK_NAMES, check_values, merge_check_settings
 from sdpa_cli.diagnose import Thresholds
 from sdpa_cli.errors import InputError, SdpaError
-from sdpa_cli.spec import OPTION_NAMES
+from sdpa_cli.spec import OPTION_NAMES, shown
 
 INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask")
 EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
@@ -79,14 +79,16 @@ def _entries(
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
+            from sdpa_cli.loaders import printable
+
             raise InputError(
-                f"{where}: {raw_key}",
+                f"{where}: {printable(str(raw_key))}",
                 "unknown key; expected name, case or q/k/v, bias, mask, expect-output, "
                 "expect-weights, expect-lse, an option of compute or a setting of check",
             )
         if key in INPUT_KEYS or key in EXPECT_KEYS:
             if not isinstance(value, str):
-                raise InputError(f"{where}: {raw_key}", f"expected a file path, got {value!r}")
+                raise InputError(f"{where}: {raw_key}", f"expected a file path, got {shown(value)}")
             paths[key] = str(base / Path(value).expanduser())
         elif key in TEXT_KEYS:
             paths[key] = str(value)
@@ -104,9 +106,10 @@ def load_manifest(path: str) -> list[ManifestCase]:
     Raises:
         InputError: naming the manifest (and the entry) when it is not well formed.
     """
-    from sdpa_cli.loaders import TEXT_SUFFIXES, parse_text
+    from sdpa_cli.loaders import TEXT_SUFFIXES, parse_text, printable
 
     file = Path(path)
+    path = printable(path)  # as messages name it
     fmt = TEXT_SUFFIXES.get(file.suffix.lower())
     if fmt is None:
         raise InputError(path, "a manifest is a .yaml, .yml or .json file")
@@ -115,7 +118,7 @@ def load_manifest(path: str) -> list[ManifestCase]:
         raise InputError(path, "a manifest is a mapping with a list of cases under 'cases'")
     unknown = [str(k) for k in data if k not in ("cases", "defaults")]
     if unknown:
-        raise InputError(path, f"unknown key {unknown[0]!r}; expected cases and defaults")
+        raise InputError(path, f"unknown key {shown(unknown[0])}; expected cases and defaults")
     if not data["cases"]:
         raise InputError(path, "lists no cases")
     base = file.parent
@@ -131,7 +134,7 @@ def load_manifest(path: str) -> list[ManifestCase]:
             raise InputError(where, "must be a mapping (q, k, v or case, expect-..., options)")
         paths, options, option_where, check = _entries(entry, where, base)
         paths = {**d_paths, **paths}
-        name = str(paths.pop("name", f"case-{n}"))
+        name = printable(str(paths.pop("name", f"case-{n}")))  # it heads error lines
         paths.pop("description", None)
         if name in names:
             raise InputError(where, f"the name {name!r} is used twice")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,6 +32,8 @@ SCALE_NAMES = ("sqrt-dk", "dk", "none")
 FINFO_MIN = float(np.finfo(np.float64).min)
 """How ``finfo-min`` is stored: resolved against the working format when used."""
 MASK_TRUE_MEANS = ("attend", "masked")
+MAX_SEED = 2**128 - 1
+"""Dropout's Philox key is 128 bits."""
 
 
 @dataclass(frozen=True)
@@ -97,14 +100,26 @@ OPTION_NAMES = tuple(Options.__dataclass_fields__)
 
 # --- parsing option values (from the command line as text, or a case file as data) ---
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlong = 40
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut short: a 5000-digit number or a list nested 900 deep read
+    from a case file still makes one short line (and no RecursionError)."""
+    return _REPR.repr(value)
+
 
 def parse_number(value: Any, where: str) -> float:
     if isinstance(value, bool):
-        raise SpecError(where, f"expected a number, got {value!r}")
+        raise SpecError(where, f"expected a number, got {shown(value)}")
     try:
         x = float(value)
+    except OverflowError:  # an integer beyond float64's range: as far as a float goes
+        x = math.inf if value > 0 else -math.inf
     except (TypeError, ValueError):
-        raise SpecError(where, f"expected a number, got {value!r}") from None
+        raise SpecError(where, f"expected a number, got {shown(value)}") from None
     if math.isnan(x):
         raise SpecError(where, "expected a number, got NaN")
     return x
@@ -113,24 +128,26 @@ def parse_number(value: Any, where: str) -> float:
 def _positive(value: Any, where: str) -> float:
     x = parse_number(value, where)
     if not (math.isfinite(x) and x > 0):
-        raise SpecError(where, f"must be a positive finite number, got {value!r}")
+        raise SpecError(where, f"must be a positive finite number, got {shown(value)}")
     return x
 
 
-def _int(value: Any, where: str, *, minimum: int = 0) -> int:
+def _int(value: Any, where: str, *, minimum: int = 0, maximum: int | None = None) -> int:
     if isinstance(value, bool):
-        raise SpecError(where, f"expected an integer, got {value!r}")
+        raise SpecError(where, f"expected an integer, got {shown(value)}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, str):
         try:
             value = int(value.strip())
         except ValueError:
-            raise SpecError(where, f"expected an integer, got {value!r}") from None
+            raise SpecError(where, f"expected an integer, got {shown(value)}") from None
     if not isinstance(value, int):
-        raise SpecError(where, f"expected an integer, got {value!r}")
+        raise SpecError(where, f"expected an integer, got {shown(value)}")
     if value < minimum:
-        raise SpecError(where, f"must be ≥ {minimum}, got {value}")
+        raise SpecError(where, f"must be ≥ {minimum}, got {shown(value)}")
+    if maximum is not None and value > maximum:
+        raise SpecError(where, f"must be ≤ {maximum}, got {shown(value)}")
     return value
 
 
@@ -138,7 +155,7 @@ def _int_list(value: Any, where: str) -> tuple[int, ...]:
     if isinstance(value, str):
         parts: list[Any] = [p for p in value.split(",")]
         if any(not p.strip() for p in parts):
-            raise SpecError(where, f"expected integers separated by commas, got {value!r}")
+            raise SpecError(where, f"expected integers separated by commas, got {shown(value)}")
     elif isinstance(value, (list, tuple)):
         parts = list(value)
     else:
@@ -150,14 +167,14 @@ def _int_list(value: Any, where: str) -> tuple[int, ...]:
 
 def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
-        raise SpecError(where, f"expected one of {', '.join(choices)}, got {value!r}")
+        raise SpecError(where, f"expected one of {', '.join(choices)}, got {shown(value)}")
     return str(value)
 
 
 def _bool(value: Any, where: str) -> bool:
     if isinstance(value, bool):
         return value
-    raise SpecError(where, f"expected true or false, got {value!r}")
+    raise SpecError(where, f"expected true or false, got {shown(value)}")
 
 
 def parse_scale(value: Any, where: str = "--scale") -> str | float:
@@ -168,7 +185,7 @@ def parse_scale(value: Any, where: str = "--scale") -> str | float:
         return _positive(value, where)
     except SpecError:
         raise SpecError(
-            where, f"expected sqrt-dk, dk, none or a positive number, got {value!r}"
+            where, f"expected sqrt-dk, dk, none or a positive number, got {shown(value)}"
         ) from None
 
 
@@ -179,7 +196,7 @@ def parse_window(value: Any, where: str = "--window") -> tuple[int, int]:
         return sizes[0], sizes[0]
     if len(sizes) == 2:
         return sizes[0], sizes[1]
-    raise SpecError(where, f"expected W or LEFT,RIGHT, got {value!r}")
+    raise SpecError(where, f"expected W or LEFT,RIGHT, got {shown(value)}")
 
 
 def parse_mask_value(value: Any, where: str = "--mask-value") -> float:
@@ -188,14 +205,16 @@ def parse_mask_value(value: Any, where: str = "--mask-value") -> float:
         return FINFO_MIN
     x = parse_number(value, where)
     if not x < 0:
-        raise SpecError(where, f"must be negative (-inf, finfo-min or e.g. -1e9), got {value!r}")
+        raise SpecError(
+            where, f"must be negative (-inf, finfo-min or e.g. -1e9), got {shown(value)}"
+        )
     return x
 
 
 def _dropout(value: Any, where: str) -> float:
     p = parse_number(value, where)
     if not 0.0 <= p < 1.0:
-        raise SpecError(where, f"must be in [0, 1), got {value!r}")
+        raise SpecError(where, f"must be in [0, 1), got {shown(value)}")
     return p
 
 
@@ -211,7 +230,7 @@ _PARSERS: dict[str, Any] = {
     "window": parse_window,
     "mask_value": parse_mask_value,
     "dropout": _dropout,
-    "seed": lambda v, w: _int(v, w),
+    "seed": lambda v, w: _int(v, w, maximum=MAX_SEED),
     "heads": lambda v, w: _int(v, w, minimum=1),
     "dtype": lambda v, w: _choice(v, w, FORMATS),
     "accumulate": lambda v, w: _choice(v, w, (*FORMATS, "same")),
@@ -256,7 +275,7 @@ def _working_format(name: str, chosen: str | None, dtype: str, label: str) -> st
         chosen = dtype
     if chosen not in ("float64", "float32", dtype):
         raise SpecError(
-            label, f"must be float64, float32 or the --dtype format ({dtype}), got {chosen!r}"
+            label, f"must be float64, float32 or the --dtype format ({dtype}), got {shown(chosen)}"
         )
     return chosen
 

@@ -630,8 +630,9 @@ def test_a_trace_that_cannot_fit_in_memory_is_refused_before_allocating(
 
     x = np.ones((1, 2, 64, 8))
     spec = build_spec(x, x, x)
-    # Two stages of (1, 2, 64, 64) float64 plus the boolean mask: 2·65536 + 8192 bytes.
-    need = 2 * 8 * 2 * 64 * 64 + 2 * 64 * 64
+    # Two stages of (1, 2, 64, 64) float64, the boolean mask, and the statistics of the
+    # 2 · 64 rows: 2·65536 + 8192 + 128·ROW_STATS_BYTES bytes.
+    need = 2 * 8 * 2 * 64 * 64 + 2 * 64 * 64 + 2 * 64 * compute.ROW_STATS_BYTES
     monkeypatch.setattr(compute, "available_memory", lambda: need - 1)
     with pytest.raises(SpecError) as info:
         trace(spec, stages=("weights", "raw"))

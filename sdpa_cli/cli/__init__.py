@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,9 @@ class SdpaGroup(click.Group):
         **extra: Any,
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        # Overflow, NaN and inf are what the findings report, with where they happened;
+        # numpy's RuntimeWarnings would say it again on stderr, without the where.
+        warnings.simplefilter("ignore", RuntimeWarning)
         code: int
         try:
             result = super().main(
