@@ -7,12 +7,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sdpa_cli.cli.options import (
+    BATCH_OPTION,
     COLOR_OPTION,
     EXIT_CODES_HELP,
     FORMAT_OPTION,
+    HEAD_OPTION,
     JOBS_OPTION,
     KEYS_OPTION,
     MAX_ROWS_OPTION,
+    MAX_SLICES_OPTION,
     PRECISION_OPTION,
     attention_options,
     check_index,
@@ -70,19 +73,12 @@ if TYPE_CHECKING:
     help="Flag a row whose softmax passes back at most this fraction of its gradient, 1 − Σ w² (default 1e-3).",
 )
 @diagnostic_options
-@click.option("--batch", type=int, metavar="B", help="Show only batch item B.")
-@click.option("--head", type=int, metavar="H", help="Show only head H.")
+@BATCH_OPTION
+@HEAD_OPTION
 @click.option("--rows", metavar="I|START:STOP", help="Query rows of dQ to show.")
 @KEYS_OPTION
 @MAX_ROWS_OPTION
-@click.option(
-    "--max-slices",
-    metavar="N",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Most (batch, head) slices shown.",
-)
+@MAX_SLICES_OPTION
 @PRECISION_OPTION
 @COLOR_OPTION
 @FORMAT_OPTION

@@ -157,6 +157,18 @@ FORMAT_OPTION = click.option(
 )
 
 
+BATCH_OPTION = click.option("--batch", type=int, metavar="B", help="Show only batch item B.")
+HEAD_OPTION = click.option("--head", type=int, metavar="H", help="Show only head H.")
+MAX_SLICES_OPTION = click.option(
+    "--max-slices",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Most (batch, head) slices shown.",
+)
+
+
 def display_options(f: F) -> F:
     """Which part of the computation to show, and how."""
     for option in reversed(
@@ -166,19 +178,12 @@ def display_options(f: F) -> F:
                 metavar="LIST",
                 help="Stages to show, comma-separated: raw,scaled,capped,biased,masked,weights,dropped,output (default all that apply).",
             ),
-            click.option("--batch", type=int, metavar="B", help="Show only batch item B."),
-            click.option("--head", type=int, metavar="H", help="Show only head H."),
+            BATCH_OPTION,
+            HEAD_OPTION,
             click.option("--rows", metavar="I|START:STOP", help="Query rows to show."),
             KEYS_OPTION,
             MAX_ROWS_OPTION,
-            click.option(
-                "--max-slices",
-                metavar="N",
-                type=click.IntRange(min=1),
-                default=1,
-                show_default=True,
-                help="Most (batch, head) slices shown.",
-            ),
+            MAX_SLICES_OPTION,
             PRECISION_OPTION,
             COLOR_OPTION,
         ]
