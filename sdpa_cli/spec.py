@@ -416,7 +416,7 @@ def _split_heads(a: NDArray[Any], n: int, name: str, label: str) -> NDArray[Any]
     D = a.shape[-1]
     if D % n:
         raise SpecError(
-            "--heads", f"{name}'s last axis ({D}, from {label}) is not divisible by {n}"
+            "--heads", f"{name}'s last axis ({D}, from {label}) is not divisible by {shown(n)}"
         )
     parts = a.reshape(*a.shape[:-1], n, D // n)
     return np.moveaxis(parts, -2, -3)
@@ -568,7 +568,9 @@ def build_spec(
             )
         too_long = [n for n in opts.key_lengths if n > S]
         if too_long:
-            raise SpecError("--key-lengths", f"{too_long[0]} exceeds the number of keys, S = {S}")
+            raise SpecError(
+                "--key-lengths", f"{shown(too_long[0])} exceeds the number of keys, S = {S}"
+            )
 
     return AttentionSpec(
         q=_pad(q, len(lead)),
