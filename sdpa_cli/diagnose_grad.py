@@ -264,8 +264,7 @@ def _one_minus(x: float, rest: float) -> str:
 
 def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
     spec = grads.spec
-    with np.errstate(invalid="ignore"):
-        flagged = (grads.n_visible >= 2) & np.isfinite(grads.gain) & (grads.gain < th.vanishing)
+    flagged = grads.vanishing(th.vanishing)
     hint = saturation_hint(spec)
     for at in np.argwhere(flagged):
         idx = tuple(int(i) for i in at)
@@ -305,13 +304,13 @@ def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
 def _query_heads(grads: Gradients, th: Thresholds) -> tuple[QueryHeadGrad, ...]:
     spec = grads.spec
     dq_norms = norm(grads.dq, axis=(-2, -1))
+    flagged = grads.vanishing(th.vanishing)
     heads = []
     for lead in np.ndindex(*spec.lead):
         li = tuple(int(i) for i in lead)
         eligible = grads.n_visible[li] >= 2
         gains = grads.gain[li][eligible]
-        with np.errstate(invalid="ignore"):
-            vanishing = int(np.count_nonzero(gains < th.vanishing))
+        vanishing = int(np.count_nonzero(flagged[li]))
         heads.append(
             QueryHeadGrad(
                 li,
@@ -368,9 +367,11 @@ def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
     k_lead = spec.k.shape[:-2]
     weight = np.zeros((*k_lead, spec.S))
     seen = np.zeros((*k_lead, spec.S), np.bool_)
+    v_of: dict[Index, Index] = {}  # K's head → the V head read beside it
     for lead in np.ndindex(*spec.lead):
         li = tuple(int(i) for i in lead)
         ki = spec.operand_index("k", li)
+        v_of.setdefault(ki, spec.operand_index("v", li))
         np.fmax(weight[ki], grads.key_weight[li], out=weight[ki])
         seen[ki] |= grads.key_seen[li]
     dk_norms = norm(grads.dk, axis=(-2, -1))
@@ -380,7 +381,7 @@ def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
         ki = tuple(int(i) for i in lead)
         hidden = np.flatnonzero(~seen[ki])
         starved = np.flatnonzero(seen[ki] & (weight[ki] == 0))
-        vi = ki if spec.v.shape[:-2] == k_lead else tuple(0 for _ in ki)
+        vi = v_of.get(ki, ki)
         heads.append(
             KVHeadGrad(
                 ki,

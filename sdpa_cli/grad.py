@@ -27,6 +27,7 @@ trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from sdpa_cli.compute import (
     dropout_keep,
     full_keys,
     key_range,
+    operands,
     sweep,
 )
 from sdpa_cli.errors import SpecError
@@ -116,6 +118,18 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape[i:])
 
 
+ROW_RECORDS: dict[str, type[np.generic]] = {
+    "da_norm": np.float64,
+    "ds_norm": np.float64,
+    "gain": np.float64,
+    "max_weight": np.float64,
+    "rest": np.float64,
+    "argmax": np.int64,
+    "n_visible": np.int64,
+}
+"""The per-row records a block gives and :class:`Gradients` keeps ``(*lead, L)``."""
+
+
 @dataclass(frozen=True)
 class BlockGrad:
     """One block's share of the gradients, and its rows' and keys' records.
@@ -173,12 +187,10 @@ def backward_block(
     """
     o = spec.options
     keys = keys if keys is not None else full_keys(spec)
+    if inputs is None:
+        inputs = operands(spec, lead_index, emulate=False)
     block = attend_block(spec, lead_index, rows, emulate=False, keys=keys, inputs=inputs)
     records = stats.measure(block, block) if stats is not None else None
-    if inputs is None:
-        from sdpa_cli.compute import operands
-
-        inputs = operands(spec, lead_index, emulate=False)
     q = np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=np.float64)
     k, v = inputs.k[keys], inputs.v[keys]
     a = block.weights
@@ -234,24 +246,26 @@ def backward_block(
         key_weight = a_seen.max(axis=0) if n_rows else np.zeros(n_keys)
         key_seen = np.asarray(attended.any(axis=0), dtype=np.bool_)
     return BlockGrad(
-        lead_index,
-        rows,
-        keys,
-        dq,
-        dk,
-        dv,
-        dbias,
-        da_norm,
-        ds_norm,
-        np.where(n_visible > 0, gain, 0.0),
-        max_weight,
-        rest,
-        argmax.astype(np.int64),
-        n_visible.astype(np.int64),
-        key_weight,
-        key_seen,
-        records,
-        _steps(block.scaled, da, ds, dscaled) if keep_steps else None,
+        lead_index=lead_index,
+        rows=rows,
+        keys=keys,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        dbias=dbias,
+        da_norm=da_norm,
+        ds_norm=ds_norm,
+        gain=np.where(n_visible > 0, gain, 0.0),
+        max_weight=max_weight,
+        rest=rest,
+        argmax=argmax.astype(np.int64),
+        n_visible=n_visible.astype(np.int64),
+        key_weight=key_weight,
+        key_seen=key_seen,
+        records=records,
+        steps={"scaled": block.scaled, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
+        if keep_steps
+        else None,
     )
 
 
@@ -290,10 +304,6 @@ def norm(x: NDArray[Any], axis: int | tuple[int, ...] | None = None) -> Any:
         return np.squeeze(total, axis=axis) if axis is not None else total.reshape(())[()]
 
 
-def _steps(scaled: F64, da: F64, ds: F64, dscaled: F64) -> dict[str, F64]:
-    return {"scaled": scaled, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
-
-
 @dataclass(frozen=True)
 class Gradients:
     """The gradients of ``Σ O ⊙ dO`` and what the health findings read.
@@ -318,6 +328,13 @@ class Gradients:
     n_visible: NDArray[np.int64]
     key_weight: F64
     key_seen: NDArray[np.bool_]
+
+    def vanishing(self, threshold: float) -> NDArray[np.bool_]:
+        """``(*lead, L)``: the rows whose softmax passes back less than ``threshold`` of
+        their gradient (1 − Σ w²), among those that see two keys or more (one key always
+        gets weight 1)."""
+        with np.errstate(invalid="ignore"):
+            return (self.n_visible >= 2) & np.isfinite(self.gain) & (self.gain < threshold)
 
     def tensor(self, name: str) -> F64 | None:
         """``dq``, ``dk``, ``dv`` or ``dbias`` in the engine's layout."""
@@ -362,17 +379,13 @@ def backward(
         stats: gathers the forward pass's statistics (``Stats.empty(spec)``), so that
             one pass gives the forward findings too; ``spec`` must then be float64.
     """
-    lead = spec.lead
     dq = np.zeros(spec.q.shape)
     dk = np.zeros(spec.k.shape)
     dv = np.zeros(spec.v.shape)
     dbias = np.zeros(spec.bias.shape) if spec.bias is not None else None
-    row_shape = (*lead, spec.L)
-    da_norm, ds_norm, gain, max_weight, rest = (np.zeros(row_shape) for _ in range(5))
-    argmax = np.zeros(row_shape, np.int64)
-    n_visible = np.zeros(row_shape, np.int64)
-    key_weight = np.zeros((*lead, spec.S))
-    key_seen = np.zeros((*lead, spec.S), np.bool_)
+    per_row = {n: np.zeros((*spec.lead, spec.L), dt) for n, dt in ROW_RECORDS.items()}
+    key_weight = np.zeros((*spec.lead, spec.S))
+    key_seen = np.zeros((*spec.lead, spec.S), np.bool_)
     cache = SliceInputs(keep=jobs + 1)
 
     def visit(lead_index: Index, r: slice) -> BlockGrad:
@@ -394,29 +407,22 @@ def backward(
             at_keys = ks if target.shape[1] > 1 else slice(0, 1)
             target[at_rows, at_keys] += g.dbias
         at: tuple[int | slice, ...] = (*li, r)
-        da_norm[at], ds_norm[at], gain[at] = g.da_norm, g.ds_norm, g.gain
-        max_weight[at], rest[at] = g.max_weight, g.rest
-        argmax[at], n_visible[at] = g.argmax, g.n_visible
+        for name, values in per_row.items():
+            values[at] = getattr(g, name)
         np.maximum(key_weight[li][ks], g.key_weight, out=key_weight[li][ks])
         key_seen[li][ks] |= g.key_seen
     if stats is not None:
         stats.add_all_moments()
     return Gradients(
-        spec,
-        dout,
-        dq,
-        dk,
-        dv,
-        dbias,
-        da_norm,
-        ds_norm,
-        gain,
-        max_weight,
-        rest,
-        argmax,
-        n_visible,
-        key_weight,
-        key_seen,
+        spec=spec,
+        dout=dout,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        dbias=dbias,
+        key_weight=key_weight,
+        key_seen=key_seen,
+        **per_row,
     )
 
 
@@ -478,7 +484,7 @@ def numeric_check(
             continue
         picked = rng.choice(values.size, size=min(samples, values.size), replace=False)
         probe = _probe(spec, operand, values, grads.dout)
-        worst = NumericCheck(name, len(picked), 0.0, None, 0.0, 0.0)
+        worst: tuple[float, Index, float, float] | None = None  # error, where, values
         for flat in sorted(int(i) for i in picked):
             idx = tuple(int(i) for i in np.unravel_index(flat, values.shape))
             x0 = float(values[idx])
@@ -498,10 +504,12 @@ def numeric_check(
                     err = abs(numeric - exact) / largest
                 if not math.isfinite(err):
                     err = 0.0 if numeric == exact else math.inf
-            if worst.worst_at is None or err > worst.max_rel_error:
-                at = _loaded_index(spec, operand, values.shape, idx)
-                worst = NumericCheck(name, len(picked), err, at, numeric, exact)
-        checks.append(worst)
+            if worst is None or err > worst[0]:
+                worst = (err, idx, numeric, exact)
+        assert worst is not None
+        err, idx, numeric, exact = worst
+        at = _loaded_index(spec, operand, values.shape, idx)
+        checks.append(NumericCheck(name, len(picked), err, at, numeric, exact))
     return checks
 
 
@@ -509,8 +517,6 @@ def _probe(spec: AttentionSpec, operand: str, values: F64, dout: F64) -> Any:
     """A function (index, x₊, x₋) → (Σ dO ⊙ (O(x₊) − O(x₋)), Σ |dO| ⊙ (|O(x₊)| + |O(x₋)|))
     for entry ``index`` of ``operand``, which ``values`` (a float64 copy) holds: the
     loss's difference, and the size of the terms whose rounding it carries."""
-    import dataclasses
-
     changes: dict[str, Any] = {operand: values}
     perturbed = dataclasses.replace(spec, **changes)  # reads ``values`` as it changes
 

@@ -116,18 +116,14 @@ def _row_columns(
 ) -> list[tuple[str, list[Text]]]:
     """Per query row: 1 − Σw² (the softmax Jacobian's norm bound) and a flag (the
     finding gives ‖dS‖: the columns leave room for the gradient's own)."""
-    flagged = {
-        f.index[-1]
-        for f in health.findings
-        if f.kind == "vanishing_gradient" and f.index is not None and f.index[:-1] == lead
-    }
+    flagged = grads.vanishing(health.vanishing)[lead]
     shown = rows[: view.max_rows]
     gains = [Text(f"{float(grads.gain[(*lead, i)]):.3g}") for i in shown]
     flags = [
-        Text("vanishing", SEVERITY_STYLE["warning"]) if i in flagged else Text("") for i in shown
+        Text("vanishing", SEVERITY_STYLE["warning"]) if flagged[i] else Text("") for i in shown
     ]
     columns = [("1−Σw²", gains)]
-    if flagged:
+    if any(flagged[i] for i in shown):
         columns.append(("flag", flags))
     return columns
 

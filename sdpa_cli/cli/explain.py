@@ -122,16 +122,21 @@ def explain(
       sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116 --format json
     """
     threads = start_engine(jobs)
+    import dataclasses
+
+    from sdpa_cli.cli.grad import gradients
     from sdpa_cli.compute import trace
     from sdpa_cli.config import thresholds
     from sdpa_cli.diagnose import diagnose
     from sdpa_cli.explain import explain as build
     from sdpa_cli.explain import slice_at
+    from sdpa_cli.explain_grad import explain_backward
     from sdpa_cli.inputs import load_spec
     from sdpa_cli.loaders import write_all_atomic
     from sdpa_cli.render import View
     from sdpa_cli.render_explain import render_explain
     from sdpa_cli.report import explain_payload, to_json, to_yaml
+    from sdpa_cli.stats import Stats
 
     limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
@@ -160,12 +165,20 @@ def explain(
     plotter = _plotter(plot) if plot is not None else None
 
     # The whole input's statistics and findings; the slice's values come from the engine.
+    run = None  # with --backward: the gradients, their diagnosis, dO's label
     with progress_bar(spec, "diagnosing") as progress:
-        result = trace(spec, stages=(), jobs=threads, progress=progress)
-    diagnosis = diagnose(result, limits)
+        if backward and not spec.options.emulated:
+            # One pass gives the gradients and the forward statistics both.
+            stats = Stats.empty(spec)
+            run = gradients(spec, dout, limits, jobs=threads, stats=stats, progress=progress)
+        else:
+            stats = trace(spec, stages=(), jobs=threads, progress=progress).stats
+            if backward:  # the emulated forward pass's statistics, the float64 gradients
+                run = gradients(spec, dout, limits, jobs=threads)
+    diagnosis = diagnose(stats, limits)
     ex = build(
         spec,
-        result.stats,
+        stats,
         diagnosis,
         slice_at(spec, batch, head),
         shown,
@@ -173,14 +186,8 @@ def explain(
         scales=compare_scales,
         key_limit=max_rows,
     )
-    if backward:
-        import dataclasses
-
-        from sdpa_cli.cli.grad import gradients
-
-        grads, health, dout_label, _ = gradients(spec, dout, limits, jobs=threads)
-        from sdpa_cli.explain_grad import explain_backward
-
+    if run is not None:
+        grads, health, dout_label, _ = run
         ex = dataclasses.replace(
             ex, backward=explain_backward(grads, health, ex.lead, shown, dout_label)
         )
