@@ -387,6 +387,21 @@ def layout(spec: AttentionSpec, view: View) -> tuple[list[tuple[int, ...]], rang
     return slice_positions(spec, view)[: view.max_slices], rows, cut_rows
 
 
+def more_slices(n_positions: int, view: View) -> list[RenderableType]:
+    """A note on the slices ``--max-slices`` left out (none when none were)."""
+    hidden = n_positions - view.max_slices
+    if hidden <= 0:
+        return []
+    return [
+        Text(
+            f"… {hidden} more {'slice' if hidden == 1 else 'slices'} not shown; "
+            "pick one with --batch/--head or raise --max-slices",
+            THEME["note"],
+        ),
+        Text(""),
+    ]
+
+
 def render_compute(
     trace: Trace,
     view: View,
@@ -421,14 +436,7 @@ def render_compute(
                 )
             )
             parts.append(Text(""))
-    if n_positions > view.max_slices:
-        parts.append(
-            Text(
-                f"… {n_positions - view.max_slices} more slices not shown; "
-                "pick one with --batch/--head or raise --max-slices",
-                THEME["note"],
-            )
-        )
+    parts.extend(more_slices(n_positions, view))
     if diagnosis is not None:
         parts.extend(diagnosis_parts(diagnosis, view, working))
     return Group(*parts)

@@ -28,6 +28,7 @@ from sdpa_cli.render import (
     fmt,
     header,
     layout,
+    more_slices,
     rule,
     slice_label,
     slice_positions,
@@ -193,15 +194,7 @@ def render_grad(
                 )
             )
             parts.append(Text(""))
-    n_positions = len(slice_positions(spec, view))
-    if n_positions > view.max_slices:
-        parts.append(
-            Text(
-                f"… {n_positions - view.max_slices} more slices not shown; "
-                "pick one with --batch/--head or raise --max-slices",
-                THEME["note"],
-            )
-        )
+    parts.extend(more_slices(len(slice_positions(spec, view)), view))
     parts.append(norms_table(health, view))
     if numeric is not None:
         parts.append(numeric_table(numeric, tolerance))
