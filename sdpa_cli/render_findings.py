@@ -141,7 +141,7 @@ def findings_panel(diagnosis: Diagnosis, nothing: str = NOTHING_FOUND) -> Render
         lines.append(Text(f" also {unlisted}", MUTED))
     title = f"findings: {severity_counts(diagnosis)}"
     if diagnosis.truncated:
-        title += " (some rows not listed; see --max-findings)"
+        title += " (not all listed: --max-findings)"
     return Panel(Group(*lines), title=title, title_align="left", box=box.ROUNDED)
 
 
