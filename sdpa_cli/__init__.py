@@ -29,15 +29,15 @@ __all__ = [
 ]
 
 _LAZY = {
-    "AttentionSpec": "sdpa_cli.spec",
-    "build_spec": "sdpa_cli.spec",
-    "Trace": "sdpa_cli.compute",
-    "trace": "sdpa_cli.compute",
-    "load_array": "sdpa_cli.loaders",
-    "diagnose": "sdpa_cli.diagnose",
-    "Diagnosis": "sdpa_cli.diagnose",
-    "Finding": "sdpa_cli.diagnose",
-    "Thresholds": "sdpa_cli.diagnose",
+    "AttentionSpec": "sdpa_cli.engine.spec",
+    "build_spec": "sdpa_cli.engine.spec",
+    "Trace": "sdpa_cli.engine.block",
+    "trace": "sdpa_cli.engine.block",
+    "load_array": "sdpa_cli.files.loaders",
+    "diagnose": "sdpa_cli.diagnose.rules",
+    "Diagnosis": "sdpa_cli.diagnose.rules",
+    "Finding": "sdpa_cli.diagnose.rules",
+    "Thresholds": "sdpa_cli.diagnose.rules",
     "assert_attention_close": "sdpa_cli.testing",
     "SdpaError": "sdpa_cli.errors",
     "InputError": "sdpa_cli.errors",
@@ -45,11 +45,11 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from sdpa_cli.compute import Trace, trace
-    from sdpa_cli.diagnose import Diagnosis, Finding, Thresholds, diagnose
+    from sdpa_cli.engine.block import Trace, trace
+    from sdpa_cli.diagnose.rules import Diagnosis, Finding, Thresholds, diagnose
     from sdpa_cli.errors import InputError, SdpaError, SpecError
-    from sdpa_cli.loaders import load_array
-    from sdpa_cli.spec import AttentionSpec, build_spec
+    from sdpa_cli.files.loaders import load_array
+    from sdpa_cli.engine.spec import AttentionSpec, build_spec
     from sdpa_cli.testing import assert_attention_close
 
 

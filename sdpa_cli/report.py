@@ -17,19 +17,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
-from sdpa_cli.check import Check, CheckReport
-from sdpa_cli.compare import Mismatch, Tolerance, ceil_sig, percent
-from sdpa_cli.compute import STAGES, Trace, applicable_stages
-from sdpa_cli.diagnose import Diagnosis, plural
+from sdpa_cli.check.run import Check, CheckReport
+from sdpa_cli.check.compare import Mismatch, Tolerance, ceil_sig, percent
+from sdpa_cli.engine.block import STAGES, Trace, applicable_stages
+from sdpa_cli.diagnose.rules import Diagnosis, plural
 from sdpa_cli.errors import ExitCode
-from sdpa_cli.loaders import write_atomic
+from sdpa_cli.files.loaders import write_atomic
 
 if TYPE_CHECKING:
-    from sdpa_cli.diagnose_grad import GradDiagnosis
-    from sdpa_cli.explain import Explanation
-    from sdpa_cli.grad import Gradients, NumericCheck
-    from sdpa_cli.manifest import CaseResult
-    from sdpa_cli.spec import AttentionSpec
+    from sdpa_cli.diagnose.grad import GradDiagnosis
+    from sdpa_cli.diagnose.explain import Explanation
+    from sdpa_cli.engine.grad import Gradients, NumericCheck
+    from sdpa_cli.check.manifest import CaseResult
+    from sdpa_cli.engine.spec import AttentionSpec
 
 
 def _json_number(x: float) -> float | str:
@@ -251,7 +251,7 @@ def save_grad_npz(grads: Gradients, path: str) -> None:
     """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
     loaded, and the ``dout`` used, to ``path``, atomically."""
     arrays = {n: np.asarray(grads.loaded(n)) for n in grads.present()}
-    from sdpa_cli.compute import merge_heads
+    from sdpa_cli.engine.block import merge_heads
 
     arrays["dout"] = merge_heads(grads.spec, grads.dout)
 

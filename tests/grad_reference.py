@@ -13,7 +13,7 @@ of reference, both differentiated by autograd:
   mask value (``masked_fill``, whose backward gives the replaced logits no gradient).
 
 The boolean masks are built here from their definitions (visible when
-j ≤ i + offset, −left ≤ j − i − offset ≤ right, j < n), not from ``sdpa_cli.masks``.
+j ≤ i + offset, −left ≤ j − i − offset ≤ right, j < n), not from ``sdpa_cli.engine.masks``.
 """
 
 from __future__ import annotations

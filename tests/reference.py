@@ -106,7 +106,7 @@ def attention(
     window: tuple[int, int] | None = None,
     mask_value: float = -math.inf,
 ) -> Stages:
-    """Every stage of attention by loops; keyword names follow ``sdpa_cli.spec.Options``."""
+    """Every stage of attention by loops; keyword names follow ``sdpa_cli.engine.spec.Options``."""
     q, k, v = (a.reshape(1, -1) if a.ndim == 1 else a for a in (q, k, v))
     lead = _lead_shape([q.shape[:-2], k.shape[:-2], v.shape[:-2]])
     L, E = q.shape[-2:]

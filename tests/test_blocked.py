@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 from reference import paper_alibi_slopes
 
-import sdpa_cli.compare
-import sdpa_cli.compute
-from sdpa_cli.check import CheckReport, Expected, block_lse, run_checks, v_range
-from sdpa_cli.compare import Mismatch, compare
-from sdpa_cli.compute import (
+import sdpa_cli.check.compare
+import sdpa_cli.engine.block
+from sdpa_cli.check.run import CheckReport, Expected, block_lse, run_checks, v_range
+from sdpa_cli.check.compare import Mismatch, compare
+from sdpa_cli.engine.block import (
     Trace,
     attend_block,
     block_rows,
@@ -40,10 +40,10 @@ from sdpa_cli.compute import (
     trace,
     visibility,
 )
-from sdpa_cli.diagnose import diagnose
+from sdpa_cli.diagnose.rules import diagnose
 from sdpa_cli.errors import ExitCode
-from sdpa_cli.spec import AttentionSpec, Options, build_spec
-from sdpa_cli.stats import Stats, product_moments
+from sdpa_cli.engine.spec import AttentionSpec, Options, build_spec
+from sdpa_cli.engine.stats import Stats, product_moments
 
 F64 = NDArray[np.float64]
 RTOL = 1e-12
@@ -458,7 +458,7 @@ def test_padded_nan_keys_poison_the_output_when_skipped_as_when_computed(
 
 
 def test_padded_nan_sample_file_gives_an_output_finding() -> None:
-    from sdpa_cli.inputs import load_spec
+    from sdpa_cli.engine.inputs import load_spec
 
     spec, _ = load_spec((str(ROOT / "samples" / "padded_nan.yaml"),), None, None, {})
     skipped, dense = trace(spec, stages=(), rows=1), trace(spec)
@@ -608,7 +608,7 @@ def check_report(spec: AttentionSpec, jobs: int) -> CheckReport:
 
 def test_threads_give_the_check_results_of_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = spread_out_trouble()
-    monkeypatch.setattr(sdpa_cli.compute, "BLOCK_ELEMENTS", 3 * spec.S)  # 3 rows per block
+    monkeypatch.setattr(sdpa_cli.engine.block, "BLOCK_ELEMENTS", 3 * spec.S)  # 3 rows per block
     assert block_rows(spec) == 3
     one, two = check_report(spec, jobs=1), check_report(spec, jobs=2)
     assert not one.passed
@@ -654,7 +654,7 @@ def test_denormal_guard_changes_nothing_a_format_can_resolve(
     spec = build_spec(q.astype(dtype), k.astype(dtype), v.astype(dtype), options=options)
     assert native_dtype(spec) == np.dtype(dtype)
     guarded = trace(spec, rows=5)
-    monkeypatch.setattr(sdpa_cli.compute, "DENORMAL_FLOOR", {})
+    monkeypatch.setattr(sdpa_cli.engine.block, "DENORMAL_FLOOR", {})
     bare = trace(spec, rows=5)
     assert guarded.weights is not None
     assert bare.weights is not None
@@ -705,11 +705,11 @@ def test_peaky_logits_span_the_denormal_floor() -> None:
 def test_regression_denormal_guard_never_zeroes_a_normal_weight(dtype: str) -> None:
     """The floor is log(smallest normal): just above it exp is a normal number and
     the weight is kept; just below, exp is subnormal and the weight is 0."""
-    floor = sdpa_cli.compute.DENORMAL_FLOOR[np.dtype(dtype)]
+    floor = sdpa_cli.engine.block.DENORMAL_FLOOR[np.dtype(dtype)]
     tiny = float(np.finfo(dtype).tiny)
     logits = np.array([[0.0, floor + 0.05], [0.0, floor - 0.05]], dtype=dtype)
     assert float(np.exp(logits[0, 1])) > tiny > float(np.exp(logits[1, 1])) > 0
-    weights = sdpa_cli.compute.softmax(logits, native=True)
+    weights = sdpa_cli.engine.block.softmax(logits, native=True)
     assert weights[0, 1] != 0
     assert weights[1, 1] == 0
 
@@ -861,9 +861,9 @@ def compare_chunked(
 ) -> tuple[Mismatch, Mismatch]:
     """``compare`` in one chunk, then in chunks of 7 elements."""
     with monkeypatch.context() as m:
-        m.setattr(sdpa_cli.compare, "CHUNK", 1 << 40)
+        m.setattr(sdpa_cli.check.compare, "CHUNK", 1 << 40)
         whole = compare(actual, reference, rtol, atol)
-        m.setattr(sdpa_cli.compare, "CHUNK", 7)
+        m.setattr(sdpa_cli.check.compare, "CHUNK", 7)
         chunked = compare(actual, reference, rtol, atol)
     return whole, chunked
 
@@ -937,9 +937,9 @@ def test_chunks_agree_on_random_arrays(
         for _ in range(n_bad):
             got.reshape(-1)[rng.integers(got.size)] = rng.choice([np.nan, np.inf, -np.inf])
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(sdpa_cli.compare, "CHUNK", 1 << 40)
+        m.setattr(sdpa_cli.check.compare, "CHUNK", 1 << 40)
         whole = compare(got, ref, 1e-4, 1e-6)
-        m.setattr(sdpa_cli.compare, "CHUNK", 7)
+        m.setattr(sdpa_cli.check.compare, "CHUNK", 7)
         chunked = compare(got, ref, 1e-4, 1e-6)
     same_mismatch(chunked, whole)
     bad = (np.isnan(got) | np.isnan(ref) | (np.isinf(got) & (got != ref))).reshape(-1)
@@ -1010,7 +1010,7 @@ def test_cli_jobs_2_prints_exactly_what_jobs_1_prints(
     monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
     """Every sample, one query row per block (so that two threads interleave blocks)."""
-    monkeypatch.setattr(sdpa_cli.compute, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(sdpa_cli.engine.block, "BLOCK_ELEMENTS", 1)
     for args in CLI_RUNS:
         one = invoke(command, *args, "--jobs", "1")
         two = invoke(command, *args, "--jobs", "2")

@@ -1165,9 +1165,9 @@ def test_npz_bomb_of_honest_size_is_refused_before_reading(
 ) -> None:
     """64 MiB of zeros stored in 64 KiB, on a machine with 16 MiB free: refused from the
     sizes in the archive, before a byte is decompressed."""
-    import sdpa_cli.compute
+    import sdpa_cli.engine.block
 
-    monkeypatch.setattr(sdpa_cli.compute, "available_memory", lambda: 16 << 20)
+    monkeypatch.setattr(sdpa_cli.engine.block, "available_memory", lambda: 16 << 20)
     buf = io.BytesIO()
     np.save(buf, np.zeros((2, 4096, 1024)))
     npz("bomb.npz", {"q.npy": buf.getvalue()})(base)
@@ -1293,7 +1293,7 @@ def within(seconds: float) -> Iterator[None]:
 @pytest.mark.xfail(
     strict=True,
     raises=Hung,
-    reason="sdpa_cli/compute.py:trace (sweep → visit → stats.measure) walks every (batch, "
+    reason="sdpa_cli/engine/block.py:trace (sweep → visit → stats.measure) walks every (batch, "
     "head) slice one by one, ~0.2 ms each even when it is empty: a 128-byte .npy declaring "
     "K (100000, 0, 4) takes ~20 s, (10**6, 0, 4) minutes; fix: short-circuit L = 0 / S = 0 "
     "(no scores: zero outputs and row stats set in one vectorized step), or refuse in "
@@ -1320,9 +1320,9 @@ def test_empty_keys_with_absurd_heads_are_refused(base: Path) -> None:
 # --- internal errors and interruptions ---------------------------------------------------
 
 TARGETS = {
-    "compute": ("sdpa_cli.compute", "trace"),
-    "explain": ("sdpa_cli.compute", "trace"),
-    "check": ("sdpa_cli.check", "run_checks"),
+    "compute": ("sdpa_cli.engine.block", "trace"),
+    "explain": ("sdpa_cli.engine.block", "trace"),
+    "check": ("sdpa_cli.check.run", "run_checks"),
 }
 
 

@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 from reference import Stages, attention
 
 from sdpa_cli import assert_attention_close
-from sdpa_cli.check import (
+from sdpa_cli.check.run import (
     Check,
     CheckReport,
     CheckSettings,
@@ -37,10 +37,10 @@ from sdpa_cli.check import (
     logsumexp,
     run_checks,
 )
-from sdpa_cli.compare import DTYPE_TOLERANCES, compare, measured_tolerance
-from sdpa_cli.diagnose import KINDS, Thresholds
+from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
+from sdpa_cli.diagnose.rules import KINDS, Thresholds
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import build_spec, parse_options
+from sdpa_cli.engine.spec import build_spec, parse_options
 
 F64 = NDArray[np.float64]
 BOUNDED = settings(max_examples=30, deadline=None)

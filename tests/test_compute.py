@@ -14,9 +14,9 @@ import pytest
 from numpy.typing import NDArray
 from reference import Stages, attention, mix
 
-from sdpa_cli.compute import STAGES, Trace, attend_block, softmax, trace
+from sdpa_cli.engine.block import STAGES, Trace, attend_block, softmax, trace
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import Options, build_spec
+from sdpa_cli.engine.spec import Options, build_spec
 
 F64 = NDArray[np.float64]
 RTOL = 1e-12
@@ -626,7 +626,7 @@ def test_trace_keeps_only_the_stages_asked_for() -> None:
 def test_a_trace_that_cannot_fit_in_memory_is_refused_before_allocating(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import sdpa_cli.compute as compute
+    import sdpa_cli.engine.block as compute
 
     x = np.ones((1, 2, 64, 8))
     spec = build_spec(x, x, x)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from sdpa_cli.config import check_config, check_values, read_config, thresholds
-from sdpa_cli.diagnose import Thresholds
+from sdpa_cli.files.config import check_config, check_values, read_config, thresholds
+from sdpa_cli.diagnose.rules import Thresholds
 from sdpa_cli.errors import InputError, SpecError
 
 DEFAULTS = Thresholds(saturation=0.99, uniform=0.98, head_fraction=0.9, max_findings=50)

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sdpa_cli.compute import trace
-from sdpa_cli.diagnose import Diagnosis, Finding, Thresholds, diagnose, row_flags
-from sdpa_cli.spec import build_spec, parse_options
+from sdpa_cli.engine.block import trace
+from sdpa_cli.diagnose.rules import Diagnosis, Finding, Thresholds, diagnose, row_flags
+from sdpa_cli.engine.spec import build_spec, parse_options
 
 F64 = NDArray[np.float64]
 

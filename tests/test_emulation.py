@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sdpa_cli.compute import Trace, attend_block, iter_blocks, softmax, trace
-from sdpa_cli.diagnose import Emulation, diagnose
+from sdpa_cli.engine.block import Trace, attend_block, iter_blocks, softmax, trace
+from sdpa_cli.diagnose.rules import Emulation, diagnose
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import Options, build_spec, parse_options
+from sdpa_cli.engine.spec import Options, build_spec, parse_options
 
 F64 = NDArray[np.float64]
 F32 = np.float32

@@ -38,18 +38,18 @@ from hypothesis.extra.numpy import arrays
 from numpy.typing import NDArray
 from reference import attention
 
-from sdpa_cli.compute import Trace, applicable_stages, trace
-from sdpa_cli.diagnose import Diagnosis, Thresholds, diagnose
-from sdpa_cli.explain import (
+from sdpa_cli.engine.block import Trace, applicable_stages, trace
+from sdpa_cli.diagnose.rules import Diagnosis, Thresholds, diagnose
+from sdpa_cli.diagnose.explain import (
     Explanation,
     StageExplained,
     elsewhere_summary,
     explain,
     slice_at,
 )
-from sdpa_cli.loaders import load_case
+from sdpa_cli.files.loaders import load_case
 from sdpa_cli.report import explain_payload
-from sdpa_cli.spec import OPTION_NAMES, AttentionSpec, build_spec, parse_options
+from sdpa_cli.engine.spec import OPTION_NAMES, AttentionSpec, build_spec, parse_options
 
 F64 = NDArray[np.float64]
 ROOT = Path(__file__).resolve().parent.parent

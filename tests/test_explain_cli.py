@@ -426,7 +426,7 @@ def hide_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    monkeypatch.delitem(sys.modules, "sdpa_cli.plot", raising=False)
+    monkeypatch.delitem(sys.modules, "sdpa_cli.render.plot", raising=False)
 
 
 def test_plot_without_matplotlib_is_one_line_and_writes_nothing(
@@ -453,12 +453,12 @@ def test_plot_without_matplotlib_is_one_line_and_writes_nothing(
 def test_internal_error_is_one_line_and_exit_3(
     qkv: dict[str, F64], workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sdpa_cli.explain
+    import sdpa_cli.diagnose.explain
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(sdpa_cli.explain, "explain", broken)
+    monkeypatch.setattr(sdpa_cli.diagnose.explain, "explain", broken)
     line = assert_one_error_line(explain(*QKV, "--export-svg", "new.svg"), code=ExitCode.INTERNAL)
     assert line.startswith("sdpa: error: internal error: RuntimeError: boom")
     assert not (workdir / "new.svg").exists()

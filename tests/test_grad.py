@@ -1,10 +1,10 @@
-"""The backward pass (``sdpa_cli.grad``): dQ, dK, dV and d(bias) of ℓ = Σ O ⊙ dO.
+"""The backward pass (``sdpa_cli.engine.grad``): dQ, dK, dV and d(bias) of ℓ = Σ O ⊙ dO.
 
 Four witnesses, each able to catch what the others miss:
 
 1. PyTorch autograd in float64 — ``scaled_dot_product_attention`` itself where it
    has the option, a plain torch graph otherwise (``grad_reference``) — on every
-   option of :class:`~sdpa_cli.spec.Options`; skipped where torch is absent.
+   option of :class:`~sdpa_cli.engine.spec.Options`; skipped where torch is absent.
 2. Central finite differences (``numeric_check``), which need no torch; and a
    corrupted gradient, to show the check can fail.
 3. The engine against itself: any blocking and any number of threads give the same
@@ -40,17 +40,17 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from numpy.typing import NDArray
 
-from sdpa_cli import masks
-from sdpa_cli.compute import dropout_keep, key_range, trace
+from sdpa_cli.engine import masks
+from sdpa_cli.engine.block import dropout_keep, key_range, trace
 from sdpa_cli.errors import SpecError
-from sdpa_cli.grad import (
+from sdpa_cli.engine.grad import (
     Gradients,
     backward,
     backward_block,
     make_dout,
     numeric_check,
 )
-from sdpa_cli.spec import FINFO_MIN, AttentionSpec, Options, build_spec
+from sdpa_cli.engine.spec import FINFO_MIN, AttentionSpec, Options, build_spec
 
 RTOL = 1e-10
 ATOL = 1e-12
@@ -121,7 +121,7 @@ def qkv(
 
 
 def alibi_bias(heads: int, L: int, S: int) -> F64:
-    """(heads, L, S): ALiBi's bias from ``sdpa_cli.masks``, to hand torch as a float mask."""
+    """(heads, L, S): ALiBi's bias from ``sdpa_cli.engine.masks``, to hand torch as a float mask."""
     slopes = masks.alibi_slopes(heads)
     return np.stack([masks.alibi(0, L, L, S, float(s)) for s in slopes])
 

@@ -21,7 +21,7 @@ from clirunner import ANSI, assert_one_error_line, invoke, strict_json
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import ExitCode, InputError
-from sdpa_cli.inspect import (
+from sdpa_cli.diagnose.inspect import (
     CHUNK,
     FileReport,
     Headroom,
@@ -30,8 +30,8 @@ from sdpa_cli.inspect import (
     inspect_array,
     inspect_file,
 )
-from sdpa_cli.loaders import load_array, load_case
-from sdpa_cli.spec import OPTION_NAMES
+from sdpa_cli.files.loaders import load_array, load_case
+from sdpa_cli.engine.spec import OPTION_NAMES
 
 F64 = NDArray[np.float64]
 FP16_MAX = 65504.0
@@ -561,7 +561,7 @@ def test_tables_fit_the_width_without_folding_short_cells(workdir: Path, width: 
 
     from rich.console import Console
 
-    from sdpa_cli.render_inspect import render_inspect
+    from sdpa_cli.render.inspect import render_inspect
 
     long_name = "model.layers.17.self_attn.q_proj.weight"
     arrays: dict[str, NDArray[Any]] = {long_name: np.full((64, 64), -1.5e5, np.float32)}

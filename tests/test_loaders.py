@@ -1,4 +1,4 @@
-"""Tests of sdpa_cli.loaders: every input format, the safety checks, case files, atomic writes."""
+"""Tests of sdpa_cli.files.loaders: every input format, the safety checks, case files, atomic writes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
-from sdpa_cli.loaders import Source, load_array, load_case, nested_to_array, write_atomic
-from sdpa_cli.spec import OPTION_NAMES
+from sdpa_cli.files.loaders import Source, load_array, load_case, nested_to_array, write_atomic
+from sdpa_cli.engine.spec import OPTION_NAMES
 
 
 def write_text(path: Path, text: str) -> Path:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from reference import paper_alibi_slopes
 
-from sdpa_cli import masks
+from sdpa_cli.engine import masks
 
 T, F = True, False
 

@@ -1,4 +1,4 @@
-"""Format limits, rounding and the emulated arithmetic of ``sdpa_cli.precision``.
+"""Format limits, rounding and the emulated arithmetic of ``sdpa_cli.engine.precision``.
 
 Every expectation comes from a direct cast (numpy for float16/float32, ml_dtypes for
 bfloat16 and float8), from the formats' published limits, or from a loop written here
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
+from sdpa_cli.engine import precision
 
 F64 = NDArray[np.float64]
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from numpy.typing import NDArray
 
-from sdpa_cli.compute import Trace, trace
-from sdpa_cli.spec import Options, build_spec
+from sdpa_cli.engine.block import Trace, trace
+from sdpa_cli.engine.spec import Options, build_spec
 
 F64 = NDArray[np.float64]
 BOUNDED = settings(max_examples=50, deadline=None)

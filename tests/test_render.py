@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from sdpa_cli.compute import applicable_stages, shown_blocks, trace
-from sdpa_cli.diagnose import diagnose
-from sdpa_cli.loaders import load_case
-from sdpa_cli.render import View, fmt, layout, render_compute
-from sdpa_cli.spec import OPTION_NAMES, AttentionSpec, Options, build_spec, parse_options
+from sdpa_cli.engine.block import applicable_stages, shown_blocks, trace
+from sdpa_cli.diagnose.rules import diagnose
+from sdpa_cli.files.loaders import load_case
+from sdpa_cli.render.compute import View, fmt, layout, render_compute
+from sdpa_cli.engine.spec import OPTION_NAMES, AttentionSpec, Options, build_spec, parse_options
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

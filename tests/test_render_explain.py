@@ -19,13 +19,13 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from sdpa_cli.compute import trace
-from sdpa_cli.diagnose import diagnose
-from sdpa_cli.explain import Explanation, explain, slice_at
-from sdpa_cli.loaders import load_case
-from sdpa_cli.render import View
-from sdpa_cli.render_explain import BARS, bar, diverging_bar, note_text, render_explain
-from sdpa_cli.spec import OPTION_NAMES, AttentionSpec, build_spec, parse_options
+from sdpa_cli.engine.block import trace
+from sdpa_cli.diagnose.rules import diagnose
+from sdpa_cli.diagnose.explain import Explanation, explain, slice_at
+from sdpa_cli.files.loaders import load_case
+from sdpa_cli.render.compute import View
+from sdpa_cli.render.explain import BARS, bar, diverging_bar, note_text, render_explain
+from sdpa_cli.engine.spec import OPTION_NAMES, AttentionSpec, build_spec, parse_options
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -19,7 +19,7 @@ import pytest
 from clirunner import assert_one_error_line, invoke, strict_json
 from numpy.typing import NDArray
 
-from sdpa_cli.loaders import Source, load_array
+from sdpa_cli.files.loaders import Source, load_array
 
 QKV = ("f.safetensors:q", "f.safetensors:k", "f.safetensors:v")
 

@@ -10,7 +10,7 @@ import pytest
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import Options, build_spec, parse_options
+from sdpa_cli.engine.spec import Options, build_spec, parse_options
 
 
 def z(*shape: int, dtype: Any = np.float64) -> NDArray[Any]:

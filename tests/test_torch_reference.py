@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sdpa_cli.compute import trace
-from sdpa_cli.spec import Options, build_spec
+from sdpa_cli.engine.block import trace
+from sdpa_cli.engine.spec import Options, build_spec
 
 torch = pytest.importorskip("torch")
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402

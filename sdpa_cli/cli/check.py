@@ -133,16 +133,16 @@ def check(
       sdpa check --manifest checks.yaml --junit report.xml
     """
     threads = start_engine(jobs)
-    from sdpa_cli.check import CheckSettings, run_checks
-    from sdpa_cli.config import (
+    from sdpa_cli.check.run import CheckSettings, run_checks
+    from sdpa_cli.files.config import (
         check_config,
         check_values,
         merge_check_settings,
         read_config,
         thresholds,
     )
-    from sdpa_cli.loaders import write_all_atomic
-    from sdpa_cli.manifest import (
+    from sdpa_cli.files.loaders import write_all_atomic
+    from sdpa_cli.check.manifest import (
         CaseResult,
         Overrides,
         case_settings,
@@ -198,7 +198,7 @@ def check(
         results = run_cases(cases, over, threads)
         title = None
     else:
-        from sdpa_cli.inputs import load_expected, load_spec
+        from sdpa_cli.engine.inputs import load_expected, load_spec
 
         if not inputs:
             raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
@@ -229,11 +229,11 @@ def check(
     if fmt == "json":
         click.echo(json_text, nl=False)
     elif manifest is not None:
-        from sdpa_cli.render_check import render_cases
+        from sdpa_cli.render.check import render_cases
 
         print_all(console, [render_cases(results, manifest)])
     else:
-        from sdpa_cli.render_check import render_report
+        from sdpa_cli.render.check import render_report
 
         assert results[0].report is not None
         print_all(console, [render_report(results[0].report, title)])
@@ -241,5 +241,5 @@ def check(
 
 
 def _writes(data: bytes) -> Callable[[BinaryIO], object]:
-    """A writer of ``data``, for :func:`~sdpa_cli.loaders.write_all_atomic`."""
+    """A writer of ``data``, for :func:`~sdpa_cli.files.loaders.write_all_atomic`."""
     return lambda fh: fh.write(data)

@@ -125,18 +125,18 @@ def explain(
     import dataclasses
 
     from sdpa_cli.cli.grad import gradients
-    from sdpa_cli.compute import trace
-    from sdpa_cli.config import thresholds
-    from sdpa_cli.diagnose import diagnose
-    from sdpa_cli.explain import explain as build
-    from sdpa_cli.explain import slice_at
-    from sdpa_cli.explain_grad import explain_backward
-    from sdpa_cli.inputs import load_spec
-    from sdpa_cli.loaders import write_all_atomic
-    from sdpa_cli.render import View
-    from sdpa_cli.render_explain import render_explain
+    from sdpa_cli.engine.block import trace
+    from sdpa_cli.files.config import thresholds
+    from sdpa_cli.diagnose.rules import diagnose
+    from sdpa_cli.diagnose.explain import explain as build
+    from sdpa_cli.diagnose.explain import slice_at
+    from sdpa_cli.diagnose.explain_grad import explain_backward
+    from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.files.loaders import write_all_atomic
+    from sdpa_cli.render.compute import View
+    from sdpa_cli.render.explain import render_explain
     from sdpa_cli.report import explain_payload, to_json, to_yaml
-    from sdpa_cli.stats import Stats
+    from sdpa_cli.engine.stats import Stats
 
     limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
@@ -253,7 +253,7 @@ def _plotter(path: str) -> Any:
     if not path.lower().endswith(".png"):
         raise SpecError("--plot", f"writes PNG; name the file *.png, not {path!r}")
     try:
-        from sdpa_cli.plot import heatmaps
+        from sdpa_cli.render.plot import heatmaps
     except ImportError:
         raise SpecError(
             "--plot", "needs matplotlib, which is not installed: pip install 'sdpa-cli[plot]'"

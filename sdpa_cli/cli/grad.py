@@ -29,11 +29,11 @@ from sdpa_cli.cli.options import (
 from sdpa_cli.errors import ExitCode
 
 if TYPE_CHECKING:
-    from sdpa_cli.diagnose import Thresholds
-    from sdpa_cli.diagnose_grad import GradDiagnosis
-    from sdpa_cli.grad import Gradients
-    from sdpa_cli.spec import AttentionSpec
-    from sdpa_cli.stats import Stats
+    from sdpa_cli.diagnose.rules import Thresholds
+    from sdpa_cli.diagnose.grad import GradDiagnosis
+    from sdpa_cli.engine.grad import Gradients
+    from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.engine.stats import Stats
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -125,15 +125,15 @@ def grad(
       sdpa grad q.npy k.npy v.npy --dout dout.npy --save grads.npz --format json
     """
     threads = start_engine(jobs)
-    from sdpa_cli.config import thresholds
-    from sdpa_cli.diagnose import diagnose
-    from sdpa_cli.diagnose_grad import combined
-    from sdpa_cli.grad import numeric_check
-    from sdpa_cli.inputs import load_spec
-    from sdpa_cli.render import View
-    from sdpa_cli.render_grad import render_grad
+    from sdpa_cli.files.config import thresholds
+    from sdpa_cli.diagnose.rules import diagnose
+    from sdpa_cli.diagnose.grad import combined
+    from sdpa_cli.engine.grad import numeric_check
+    from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.render.compute import View
+    from sdpa_cli.render.grad import render_grad
     from sdpa_cli.report import grad_payload, save_grad_npz, to_json, to_yaml
-    from sdpa_cli.stats import Stats
+    from sdpa_cli.engine.stats import Stats
 
     limits = thresholds({**given_thresholds, "vanishing": vanishing})
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
@@ -204,9 +204,9 @@ def gradients(
 ) -> tuple[Gradients, GradDiagnosis, str, dict[str, Any]]:
     """``--dout`` read, the backward pass run in float64 and its health diagnosed:
     the gradients, their diagnosis, how dO reads (a label, a JSON record)."""
-    from sdpa_cli.diagnose_grad import diagnose_grad
-    from sdpa_cli.grad import DOUT_SOURCES, backward, make_dout
-    from sdpa_cli.loaders import load_array
+    from sdpa_cli.diagnose.grad import diagnose_grad
+    from sdpa_cli.engine.grad import DOUT_SOURCES, backward, make_dout
+    from sdpa_cli.files.loaders import load_array
 
     dtype = spec.options.dtype
     spec = spec.in_float64()  # the backward pass is float64; --dtype judges the range
@@ -218,7 +218,7 @@ def gradients(
         label = f"standard normal, seed {seed}" if dout == "random" else "all ones"
     else:
         from sdpa_cli.errors import SpecError
-        from sdpa_cli.loaders import Source
+        from sdpa_cli.files.loaders import Source
 
         path = Source.parse(dout).path
         if not path.exists() and not path.suffix:  # a word, not a file name

@@ -37,7 +37,7 @@ def inspect(files: tuple[str, ...], fmt: str, color: bool | None) -> int:
       sdpa inspect samples/cross.npz samples/scorecard.yaml
       sdpa inspect model.safetensors:layers.0.attn.q --format json
     """
-    from sdpa_cli.inspect import FileReport, errors, inspect_files, payload
+    from sdpa_cli.diagnose.inspect import FileReport, errors, inspect_files, payload
 
     results = inspect_files(files)
     failed = errors(results)
@@ -46,7 +46,7 @@ def inspect(files: tuple[str, ...], fmt: str, color: bool | None) -> int:
 
         click.echo(to_json(payload(results)))
     else:
-        from sdpa_cli.render_inspect import render_inspect
+        from sdpa_cli.render.inspect import render_inspect
 
         console = make_console(color)
         read = [r for r in results if isinstance(r, FileReport)]

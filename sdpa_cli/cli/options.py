@@ -17,7 +17,7 @@ from sdpa_cli.errors import SpecError
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from sdpa_cli.spec import AttentionSpec
+    from sdpa_cli.engine.spec import AttentionSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -360,7 +360,7 @@ def parse_rows(
 
 
 def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...]:
-    from sdpa_cli.compute import STAGES
+    from sdpa_cli.engine.block import STAGES
 
     if text is None:
         return available

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.compute import attend_block, block_rows
-from sdpa_cli.diagnose import Thresholds, classify_rows
-from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import Index, Moments, Stats
+from sdpa_cli.engine.block import attend_block, block_rows
+from sdpa_cli.diagnose.rules import Thresholds, classify_rows
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Index, Moments, Stats
 
 F64 = NDArray[np.float64]
 
@@ -66,7 +66,7 @@ def _scale_run(
     current: bool,
 ) -> ScaleRun:
     """The slice under one scale: every row's max weight and entropy over its visible
-    keys, judged by the findings' rules (:func:`~sdpa_cli.diagnose.classify_rows`)."""
+    keys, judged by the findings' rules (:func:`~sdpa_cli.diagnose.rules.classify_rows`)."""
     run = spec if current else spec.with_scale(rule)
     # The row statistics and rules of the findings, gathered over this slice only.
     stats = Stats.empty(run)

@@ -17,7 +17,7 @@ Every block recomputes its weights (as FlashAttention's backward does) rather th
 reading stored ones, so nothing score-sized outlives a block; dK, dV and d(bias)
 are summed over blocks in block order, so the result does not depend on ``--jobs``.
 The backward pass runs in float64 whatever ``--dtype`` says: the format is what
-the gradients' range is judged against (:mod:`sdpa_cli.diagnose_grad`).
+the gradients' range is judged against (:mod:`sdpa_cli.diagnose.grad`).
 
 Per row the pass keeps what the gradient-health findings read: ‖dA‖, ‖dS‖, the
 largest weight and 1 − Σ A², which bounds the softmax Jacobian's norm (the
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.compute import (
+from sdpa_cli.engine.block import (
     Operands,
     Progress,
     SliceInputs,
@@ -48,11 +48,11 @@ from sdpa_cli.compute import (
     sweep,
 )
 from sdpa_cli.errors import SpecError
-from sdpa_cli.precision import is_float
-from sdpa_cli.spec import AttentionSpec
+from sdpa_cli.engine.precision import is_float
+from sdpa_cli.engine.spec import AttentionSpec
 
 if TYPE_CHECKING:
-    from sdpa_cli.stats import Records, Stats
+    from sdpa_cli.engine.stats import Records, Stats
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]

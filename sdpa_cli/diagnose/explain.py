@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.compute import (
+from sdpa_cli.engine.block import (
     STAGES,
     applicable_stages,
     attend_block,
     block_rows,
     softmax,
 )
-from sdpa_cli.diagnose import (
+from sdpa_cli.diagnose.rules import (
     Diagnosis,
     Finding,
     RowClasses,
@@ -36,13 +36,13 @@ from sdpa_cli.diagnose import (
     plural,
     row_flags,
 )
-from sdpa_cli.scales import ScaleRun, compare_scales
-from sdpa_cli.scorecard import Scorecard, scorecard
-from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import Index, Moments, Stats, finite_std, working_formats
+from sdpa_cli.diagnose.scales import ScaleRun, compare_scales
+from sdpa_cli.diagnose.scorecard import Scorecard, scorecard
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Index, Moments, Stats, finite_std, working_formats
 
 if TYPE_CHECKING:
-    from sdpa_cli.explain_grad import Backward
+    from sdpa_cli.diagnose.explain_grad import Backward
 
 F64 = NDArray[np.float64]
 
@@ -223,7 +223,7 @@ class Explanation:
     scales: tuple[ScaleRun, ...] = ()
     scales_verdict: str | None = None
     backward: Backward | None = None
-    """With ``--backward``: the gradient's stages (:mod:`sdpa_cli.explain_grad`)."""
+    """With ``--backward``: the gradient's stages (:mod:`sdpa_cli.diagnose.explain_grad`)."""
 
     def stage(self, name: str) -> StageExplained | None:
         return next((s for s in self.stages if s.name == name), None)

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
-from sdpa_cli.compute import attend_block
-from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import Index
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.block import attend_block
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Index
 
 F64 = NDArray[np.float64]
 

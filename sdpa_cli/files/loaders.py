@@ -320,7 +320,7 @@ def _check_expansion(
 ) -> None:
     """Refuse, before allocating, a compressed member that would not fit in memory once
     read (a zip bomb): unlike ``.npy`` and ``.safetensors``, it cannot be memory-mapped."""
-    from sdpa_cli.compute import available_memory  # one reading of /proc/meminfo for all
+    from sdpa_cli.engine.block import available_memory  # one reading of /proc/meminfo for all
 
     available = available_memory()
     if available is not None and declared > available:

@@ -1,4 +1,4 @@
-"""Files and flags → a validated :class:`~sdpa_cli.spec.AttentionSpec`: shared by commands."""
+"""Files and flags → a validated :class:`~sdpa_cli.engine.spec.AttentionSpec`: shared by commands."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import AttentionSpec
+from sdpa_cli.engine.spec import AttentionSpec
 
 if TYPE_CHECKING:
-    from sdpa_cli.check import Expected
+    from sdpa_cli.check.run import Expected
 
 
 def load_spec(
@@ -25,8 +25,8 @@ def load_spec(
     ``flag_where`` names where a flag's value came from (a manifest entry) for
     messages; by default a flag is named by its spelling, ``--causal-align``.
     """
-    from sdpa_cli.loaders import is_case_file, load_array, load_case, printable
-    from sdpa_cli.spec import OPTION_NAMES, build_spec, parse_options
+    from sdpa_cli.files.loaders import is_case_file, load_array, load_case, printable
+    from sdpa_cli.engine.spec import OPTION_NAMES, build_spec, parse_options
 
     tensors: dict[str, Any] = {}
     names: dict[str, str] = {}
@@ -81,8 +81,8 @@ def load_spec(
 
 def load_expected(paths: Mapping[str, str | None]) -> list[Expected]:
     """``{"output": "out.npy", ...}`` → the exported tensors, loaded (not cast)."""
-    from sdpa_cli.check import Expected
-    from sdpa_cli.loaders import load_array, printable
+    from sdpa_cli.check.run import Expected
+    from sdpa_cli.files.loaders import load_array, printable
 
     return [
         Expected(name, load_array(path, name=name), printable(path))

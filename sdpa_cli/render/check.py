@@ -12,9 +12,9 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.check import Check, CheckReport
-from sdpa_cli.diagnose import plural
-from sdpa_cli.manifest import CaseResult
+from sdpa_cli.check.run import Check, CheckReport
+from sdpa_cli.diagnose.rules import plural
+from sdpa_cli.check.manifest import CaseResult
 from sdpa_cli.report import failure_lines
 
 STATUS_STYLE = {

@@ -15,9 +15,9 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose import Finding, format_index, plural
-from sdpa_cli.explain import Explanation, elsewhere_summary
-from sdpa_cli.render import (
+from sdpa_cli.diagnose.rules import Finding, format_index, plural
+from sdpa_cli.diagnose.explain import Explanation, elsewhere_summary
+from sdpa_cli.render.compute import (
     NEGATIVE,
     POSITIVE,
     THEME,
@@ -31,9 +31,9 @@ from sdpa_cli.render import (
     stage_title,
     titled,
 )
-from sdpa_cli.render_findings import MUTED, NOTHING_FOUND, SEVERITY_STYLE, UNITS, severity_counts
-from sdpa_cli.scales import ScaleRun
-from sdpa_cli.scorecard import KeyScore, Scorecard
+from sdpa_cli.render.findings import MUTED, NOTHING_FOUND, SEVERITY_STYLE, UNITS, severity_counts
+from sdpa_cli.diagnose.scales import ScaleRun
+from sdpa_cli.diagnose.scorecard import KeyScore, Scorecard
 
 FINDINGS_PER_KIND = 3
 """Findings of one kind listed under a stage; the others are counted."""
@@ -466,7 +466,7 @@ def render_explain(ex: Explanation, view: View, *, walk: bool = True) -> Rendera
     if walk:
         parts.extend(render_walk(ex, view))
     if ex.backward is not None:
-        from sdpa_cli.render_grad import render_backward
+        from sdpa_cli.render.grad import render_backward
 
         parts.extend(render_backward(ex, view))
     if ex.scorecard is not None:

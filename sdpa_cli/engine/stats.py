@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
-from sdpa_cli.compute import Block, applicable_stages, native_dtype
-from sdpa_cli.spec import AttentionSpec
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.block import Block, applicable_stages, native_dtype
+from sdpa_cli.engine.spec import AttentionSpec
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]

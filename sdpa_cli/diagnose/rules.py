@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
-from sdpa_cli.compare import argmax_index
-from sdpa_cli.compute import STAGES, Trace
-from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import F64, OVERFLOW_STAGES, Index, Stats, finite_std, working_formats
+from sdpa_cli.engine import precision
+from sdpa_cli.check.compare import argmax_index
+from sdpa_cli.engine.block import STAGES, Trace
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import F64, OVERFLOW_STAGES, Index, Stats, finite_std, working_formats
 
 KINDS = (
     "nonfinite",
@@ -44,7 +44,7 @@ GRADIENT_KINDS = (
     "weak_head_gradient",
     "no_gradient_keys",
 )
-"""The kinds ``sdpa grad`` adds (:mod:`sdpa_cli.diagnose_grad`), listed after the rest."""
+"""The kinds ``sdpa grad`` adds (:mod:`sdpa_cli.diagnose.grad`), listed after the rest."""
 
 ALL_KINDS = KINDS + GRADIENT_KINDS
 

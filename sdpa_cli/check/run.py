@@ -4,7 +4,7 @@ Pure data in, data out: a validated spec, the exported arrays and the settings g
 a :class:`CheckReport` (a list of :class:`Check` records, the findings) comes out.
 Rendering, JSON, JUnit and exit codes are the command line's business.
 
-Element-wise comparison and tolerances live in :mod:`sdpa_cli.compare`.
+Element-wise comparison and tolerances live in :mod:`sdpa_cli.check.compare`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
-from sdpa_cli.compare import (
+from sdpa_cli.engine import precision
+from sdpa_cli.check.compare import (
     DTYPE_TOLERANCES,
     Mismatch,
     Tolerance,
@@ -28,7 +28,7 @@ from sdpa_cli.compare import (
     measured_tolerance,
     mismatch_summary,
 )
-from sdpa_cli.compute import (
+from sdpa_cli.engine.block import (
     Block,
     Progress,
     SliceInputs,
@@ -42,11 +42,11 @@ from sdpa_cli.compute import (
     sweep,
     trace,
 )
-from sdpa_cli.config import CHECK_NAMES, check_values
-from sdpa_cli.diagnose import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
+from sdpa_cli.files.config import CHECK_NAMES, check_values
+from sdpa_cli.diagnose.rules import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
 from sdpa_cli.errors import SpecError
-from sdpa_cli.spec import AttentionSpec, scale_factor
-from sdpa_cli.stats import Index, Records, Stats, input_dtypes, working_formats
+from sdpa_cli.engine.spec import AttentionSpec, scale_factor
+from sdpa_cli.engine.stats import Index, Records, Stats, input_dtypes, working_formats
 
 F64 = NDArray[np.float64]
 

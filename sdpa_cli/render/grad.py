@@ -18,10 +18,10 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose import Diagnosis, format_index
-from sdpa_cli.diagnose_grad import LABEL, GradDiagnosis
-from sdpa_cli.grad import Gradients, NumericCheck
-from sdpa_cli.render import (
+from sdpa_cli.diagnose.rules import Diagnosis, format_index
+from sdpa_cli.diagnose.grad import LABEL, GradDiagnosis
+from sdpa_cli.engine.grad import Gradients, NumericCheck
+from sdpa_cli.render.compute import (
     THEME,
     View,
     cell_style,
@@ -34,10 +34,10 @@ from sdpa_cli.render import (
     slice_positions,
     titled,
 )
-from sdpa_cli.render_findings import NOTHING_FOUND, SEVERITY_STYLE, findings_panel
+from sdpa_cli.render.findings import NOTHING_FOUND, SEVERITY_STYLE, findings_panel
 
 if TYPE_CHECKING:
-    from sdpa_cli.explain import Explanation
+    from sdpa_cli.diagnose.explain import Explanation
 
 GRADIENT_FOUND = ", no vanishing gradients, no keys without gradient"
 
@@ -294,8 +294,8 @@ BACKWARD_AXES = {
 def render_backward(ex: Explanation, view: View) -> list[RenderableType]:
     """``explain --backward``: each backward stage's formula, note, table and findings,
     then where the other gradient findings are."""
-    from sdpa_cli.explain_grad import FORMULAS
-    from sdpa_cli.render_explain import note_text, stage_findings
+    from sdpa_cli.diagnose.explain_grad import FORMULAS
+    from sdpa_cli.render.explain import note_text, stage_findings
 
     back = ex.backward
     assert back is not None

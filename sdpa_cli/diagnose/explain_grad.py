@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnose import Finding, plural
-from sdpa_cli.diagnose_grad import GradDiagnosis
-from sdpa_cli.explain import StageExplained
-from sdpa_cli.grad import Gradients, backward_block
-from sdpa_cli.stats import Index, Moments
+from sdpa_cli.diagnose.rules import Finding, plural
+from sdpa_cli.diagnose.grad import GradDiagnosis
+from sdpa_cli.diagnose.explain import StageExplained
+from sdpa_cli.engine.grad import Gradients, backward_block
+from sdpa_cli.engine.stats import Index, Moments
 
 F64 = NDArray[np.float64]
 

@@ -19,11 +19,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.compute import Block, Trace, applicable_stages
-from sdpa_cli.diagnose import Diagnosis, row_flags
-from sdpa_cli.render_findings import SEVERITY_STYLE, findings_panel, heads_table, precision_panel
-from sdpa_cli.spec import AttentionSpec
-from sdpa_cli.stats import Moments, working_formats
+from sdpa_cli.engine.block import Block, Trace, applicable_stages
+from sdpa_cli.diagnose.rules import Diagnosis, row_flags
+from sdpa_cli.render.findings import SEVERITY_STYLE, findings_panel, heads_table, precision_panel
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Moments, working_formats
 
 THEME = {
     "title": Style(bold=True),

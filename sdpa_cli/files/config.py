@@ -3,8 +3,8 @@
 The first found wins, in this order: a flag; ``sdpa.yaml`` in the working
 directory; ``[tool.sdpa]`` in ``pyproject.toml`` in the working directory; the
 defaults. The top level holds the thresholds of the findings
-(:class:`~sdpa_cli.diagnose.Thresholds`); a ``check`` section (``[tool.sdpa.check]``)
-holds the settings of ``sdpa check`` (:class:`~sdpa_cli.check.CheckSettings`).
+(:class:`~sdpa_cli.diagnose.rules.Thresholds`); a ``check`` section (``[tool.sdpa.check]``)
+holds the settings of ``sdpa check`` (:class:`~sdpa_cli.check.run.CheckSettings`).
 Keys are spelled as the flags (``head-fraction``) or with underscores.
 """
 
@@ -15,10 +15,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from sdpa_cli.diagnose import KINDS, SEVERITIES, THRESHOLD_NAMES, Thresholds
+from sdpa_cli.diagnose.rules import KINDS, SEVERITIES, THRESHOLD_NAMES, Thresholds
 from sdpa_cli.errors import InputError, SpecError
-from sdpa_cli.loaders import printable
-from sdpa_cli.spec import parse_number, shown
+from sdpa_cli.files.loaders import printable
+from sdpa_cli.engine.spec import parse_number, shown
 
 CONFIG_FILES = ("sdpa.yaml", "pyproject.toml")
 
@@ -71,7 +71,7 @@ def read_config(directory: str = ".") -> ConfigFile:
     if os.path.isfile(yaml_path):
         from pathlib import Path
 
-        from sdpa_cli.loaders import parse_text
+        from sdpa_cli.files.loaders import parse_text
 
         data = parse_text(Path(yaml_path), "yaml", yaml_path)
         if data is None:

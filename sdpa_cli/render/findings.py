@@ -18,8 +18,8 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli import precision
-from sdpa_cli.diagnose import (
+from sdpa_cli.engine import precision
+from sdpa_cli.diagnose.rules import (
     ALL_KINDS,
     SEVERITIES,
     Diagnosis,

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdpa_cli.check import CheckReport, CheckSettings, run_checks
-from sdpa_cli.config import CHECK_NAMES, check_values, merge_check_settings
-from sdpa_cli.diagnose import Thresholds
+from sdpa_cli.check.run import CheckReport, CheckSettings, run_checks
+from sdpa_cli.files.config import CHECK_NAMES, check_values, merge_check_settings
+from sdpa_cli.diagnose.rules import Thresholds
 from sdpa_cli.errors import InputError, SdpaError
-from sdpa_cli.spec import OPTION_NAMES, shown
+from sdpa_cli.engine.spec import OPTION_NAMES, shown
 
 INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask")
 EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
@@ -79,7 +79,7 @@ def _entries(
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
-            from sdpa_cli.loaders import printable
+            from sdpa_cli.files.loaders import printable
 
             raise InputError(
                 f"{where}: {printable(str(raw_key))}",
@@ -106,7 +106,7 @@ def load_manifest(path: str) -> list[ManifestCase]:
     Raises:
         InputError: naming the manifest (and the entry) when it is not well formed.
     """
-    from sdpa_cli.loaders import TEXT_SUFFIXES, parse_text, printable
+    from sdpa_cli.files.loaders import TEXT_SUFFIXES, parse_text, printable
 
     file = Path(path)
     path = printable(path)  # as messages name it
@@ -181,7 +181,7 @@ def case_settings(case: ManifestCase, over: Overrides) -> dict[str, Any]:
 
 def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
     """Load, compute and judge one case; never raises for a bad case."""
-    from sdpa_cli.inputs import load_expected, load_spec
+    from sdpa_cli.engine.inputs import load_expected, load_spec
 
     try:
         flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
+from sdpa_cli.engine import precision
 from sdpa_cli.errors import SpecError
-from sdpa_cli.masks import ALIGNMENTS, alibi_slopes
-from sdpa_cli.precision import FORMATS
+from sdpa_cli.engine.masks import ALIGNMENTS, alibi_slopes
+from sdpa_cli.engine.precision import FORMATS
 
 SCALE_NAMES = ("sqrt-dk", "dk", "none")
 FINFO_MIN = float(np.finfo(np.float64).min)

@@ -1,7 +1,7 @@
 """What a tensor file holds: every tensor's shape, dtype, range, moments, non-finite
 counts, and headroom in float16 and bfloat16. Numpy only; never prints.
 
-Every read goes through :mod:`sdpa_cli.loaders`, so every safety check of an input
+Every read goes through :mod:`sdpa_cli.files.loaders`, so every safety check of an input
 applies here too: the format is sniffed from the first bytes, ``.npy`` headers are
 checked against the file before it is memory-mapped and never unpickled, safetensors
 headers are checked before allocation, YAML aliases are refused, text is capped. A file
@@ -14,7 +14,7 @@ What a file holds:
 - ``.safetensors``: every tensor, in name order (the loader re-reads the JSON header
   for each, a few KiB in practice); ``file.safetensors:name`` one tensor.
 - ``.json``/``.yaml``: a mapping is a case file, read by
-  :func:`~sdpa_cli.loaders.load_case` (so it is refused as ``sdpa compute`` would
+  :func:`~sdpa_cli.files.loaders.load_case` (so it is refused as ``sdpa compute`` would
   refuse it) and reported tensor by tensor (``q``, ``k``, ``v``, ``bias``, ``mask``,
   inline or from the files they name); anything else is one nested list, named
   after the file.
@@ -28,9 +28,9 @@ format it claims, a corrupt safetensors header, no tensors at all) raise.
 Statistics are over the finite values, in float64, gathered block by block over the
 flat array (:data:`CHUNK` elements at a time), so a memory-mapped file of gigabytes is
 never converted whole. Blocks are merged with Chan et al.'s pairwise update
-(:class:`~sdpa_cli.stats.Moments`), so a large common offset does not cancel the
+(:class:`~sdpa_cli.engine.stats.Moments`), so a large common offset does not cancel the
 spread. Overflow and underflow are decided by the cast itself
-(:func:`~sdpa_cli.precision.round_to`), as everywhere else in sdpa.
+(:func:`~sdpa_cli.engine.precision.round_to`), as everywhere else in sdpa.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
+from sdpa_cli.engine import precision
 from sdpa_cli.errors import InputError
-from sdpa_cli.loaders import (
+from sdpa_cli.files.loaders import (
     Source,
     _load_npy,
     _load_npz,
@@ -58,7 +58,7 @@ from sdpa_cli.loaders import (
     nested_to_array,
     parse_text,
 )
-from sdpa_cli.stats import Moments
+from sdpa_cli.engine.stats import Moments
 
 CHUNK = 1 << 20
 """Elements converted to float64 at a time: 8 MiB of working memory, whatever the file."""
@@ -217,7 +217,7 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
     else:
         data = parse_text(src.path, fmt, src.label)
         if isinstance(data, dict):
-            from sdpa_cli.spec import OPTION_NAMES
+            from sdpa_cli.engine.spec import OPTION_NAMES
 
             case = True
             del data  # freed first: load_case parses again, as the owner of a case file's rules
@@ -233,7 +233,7 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
 
 
 def _npz_names(src: Source) -> list[str]:
-    """The members of an archive, as :func:`~sdpa_cli.loaders._load_npz` names them.
+    """The members of an archive, as :func:`~sdpa_cli.files.loaders._load_npz` names them.
 
     Raises:
         InputError: a broken archive, or one holding no arrays (the loader's words).

@@ -1,7 +1,7 @@
 """Gradients → gradient-health findings (data, never exceptions), per-head norms and
 the gradients' range in low-precision formats.
 
-Findings follow the contract of :mod:`sdpa_cli.diagnose` (kind, severity, message,
+Findings follow the contract of :mod:`sdpa_cli.diagnose.rules` (kind, severity, message,
 hint, index, stage, dtype, count); their kinds are :data:`GRADIENT_KINDS` and their
 stage is the gradient (``dq``, ``dk``, ``dv``, ``dbias``) or ``weights`` for a row.
 Rows are indexed ``[*lead, i]`` as the forward findings are, query heads ``[*lead]``,
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import precision
-from sdpa_cli.diagnose import (
+from sdpa_cli.engine import precision
+from sdpa_cli.diagnose.rules import (
     GRADIENT_KINDS,
     Diagnosis,
     Finding,
@@ -29,7 +29,7 @@ from sdpa_cli.diagnose import (
     plural,
     saturation_hint,
 )
-from sdpa_cli.grad import Gradients, norm
+from sdpa_cli.engine.grad import Gradients, norm
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]

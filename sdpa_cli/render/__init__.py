@@ -1,0 +1,1 @@
+"""Rich renderables only: one theme, tables, panels and plots for every command."""
