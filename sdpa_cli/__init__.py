@@ -45,11 +45,11 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from sdpa_cli.engine.block import Trace, trace
     from sdpa_cli.diagnose.rules import Diagnosis, Finding, Thresholds, diagnose
+    from sdpa_cli.engine.block import Trace, trace
+    from sdpa_cli.engine.spec import AttentionSpec, build_spec
     from sdpa_cli.errors import InputError, SdpaError, SpecError
     from sdpa_cli.files.loaders import load_array
-    from sdpa_cli.engine.spec import AttentionSpec, build_spec
     from sdpa_cli.testing import assert_attention_close
 
 

@@ -10,32 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
+from sdpa_cli.check.compare import Mismatch, Tolerance
 from sdpa_cli.check.run import Check, CheckReport
-from sdpa_cli.check.compare import Mismatch, Tolerance, ceil_sig, percent
+from sdpa_cli.diagnose.rules import Diagnosis
 from sdpa_cli.engine.block import STAGES, Trace, applicable_stages
-from sdpa_cli.diagnose.rules import Diagnosis, plural
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.files.loaders import write_atomic
+from sdpa_cli.text import ceil_sig, json_number, percent, plural
 
 if TYPE_CHECKING:
-    from sdpa_cli.diagnose.grad import GradDiagnosis
-    from sdpa_cli.diagnose.explain import Explanation
-    from sdpa_cli.engine.grad import Gradients, NumericCheck
     from sdpa_cli.check.manifest import CaseResult
+    from sdpa_cli.diagnose.explain import Explanation
+    from sdpa_cli.diagnose.grad import GradDiagnosis
+    from sdpa_cli.engine.grad import Gradients, NumericCheck
     from sdpa_cli.engine.spec import AttentionSpec
-
-
-def _json_number(x: float) -> float | str:
-    if math.isfinite(x):
-        return x
-    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
 
 def _nested(a: NDArray[Any], for_json: bool) -> Any:
@@ -44,7 +38,7 @@ def _nested(a: NDArray[Any], for_json: bool) -> Any:
         return lists
 
     def fix(node: Any) -> Any:
-        return [fix(n) for n in node] if isinstance(node, list) else _json_number(node)
+        return [fix(n) for n in node] if isinstance(node, list) else json_number(node)
 
     return fix(lists)
 
@@ -69,7 +63,7 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
             "window": list(o.window) if o.window else None,
             "key_lengths": list(o.key_lengths) if o.key_lengths else None,
             "mask_true_means": o.mask_true_means,
-            "mask_value": _json_number(o.mask_value) if for_json else o.mask_value,
+            "mask_value": json_number(o.mask_value) if for_json else o.mask_value,
             "dropout": o.dropout,
             "seed": o.seed,
             "heads": o.heads,
@@ -161,7 +155,7 @@ def explain_payload(ex: Explanation, *, for_json: bool) -> dict[str, Any]:
 def _clean(value: Any, for_json: bool) -> Any:
     """Non-finite floats as JSON strings (or kept for YAML), recursively."""
     if isinstance(value, float):
-        return _json_number(value) if for_json else value
+        return json_number(value) if for_json else value
     if isinstance(value, dict):
         return {k: _clean(v, for_json) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -19,8 +19,8 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.run import CheckReport, CheckSettings, Expected, run_checks
 from sdpa_cli.diagnose.rules import Thresholds
-from sdpa_cli.report import failure_lines
 from sdpa_cli.engine.spec import build_spec, parse_options
+from sdpa_cli.report import failure_lines
 
 
 def _as_array(x: Any, name: str) -> tuple[NDArray[Any], str]:

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from sdpa_cli.engine.block import applicable_stages, shown_blocks, trace
 from sdpa_cli.diagnose.rules import diagnose
-from sdpa_cli.files.loaders import load_case
-from sdpa_cli.render.compute import View, fmt, layout, render_compute
+from sdpa_cli.engine.block import applicable_stages, shown_blocks, trace
 from sdpa_cli.engine.spec import OPTION_NAMES, AttentionSpec, Options, build_spec, parse_options
+from sdpa_cli.files.loaders import load_case
+from sdpa_cli.render.compute import View, layout, render_compute
+from sdpa_cli.text import decimals
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -122,7 +123,7 @@ def test_header_names_the_alignment_when_lengths_differ() -> None:
     ],
 )
 def test_fmt_keeps_tiny_weights_visible(x: float, precision: int, expected: str) -> None:
-    assert fmt(x, precision) == expected
+    assert decimals(x, precision) == expected
 
 
 def test_a_finite_mask_value_shows_the_uniform_weight_it_leaks_not_masked() -> None:

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.text import percent
+
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]
 
@@ -294,23 +296,6 @@ def measured_tolerance(reference: F64, naive: F64, export_dtype: str, fudge: flo
     if rtol > 1e30:
         rtol = rtol0
     return Tolerance(rtol, atol, f"measured ×{fudge:g} (naive {export_dtype})")
-
-
-def ceil_sig(x: float, digits: int = 3) -> str:
-    """``x`` to ``digits`` significant digits, rounded up: a tolerance that passes."""
-    if not math.isfinite(x) or x <= 0:
-        return f"{x:g}"
-    step = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
-    k = math.ceil(x / step)
-    while float(f"{k * step:.{digits}g}") < x:  # decimal rounding fell below x
-        k += 1
-    return f"{k * step:.{digits}g}"
-
-
-def percent(fraction: float) -> str:
-    """``0.90%``, ``84.84%``; two significant digits below 0.01 %: ``0.0061%``."""
-    x = 100 * fraction
-    return f"{x:.2f}%" if x == 0 or x >= 0.01 else f"{x:.2g}%"
 
 
 def mismatch_summary(m: Mismatch, tol: Tolerance) -> str:

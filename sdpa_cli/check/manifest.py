@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from sdpa_cli.check.run import CheckReport, CheckSettings, run_checks
-from sdpa_cli.files.config import CHECK_NAMES, check_values, merge_check_settings
 from sdpa_cli.diagnose.rules import Thresholds
+from sdpa_cli.engine.spec import OPTION_NAMES
 from sdpa_cli.errors import InputError, SdpaError
-from sdpa_cli.engine.spec import OPTION_NAMES, shown
+from sdpa_cli.files.config import CHECK_NAMES, check_values, merge_check_settings
+from sdpa_cli.text import shown
 
 INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask")
 EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
@@ -79,7 +80,7 @@ def _entries(
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
-            from sdpa_cli.files.loaders import printable
+            from sdpa_cli.text import printable
 
             raise InputError(
                 f"{where}: {printable(str(raw_key))}",
@@ -106,7 +107,8 @@ def load_manifest(path: str) -> list[ManifestCase]:
     Raises:
         InputError: naming the manifest (and the entry) when it is not well formed.
     """
-    from sdpa_cli.files.loaders import TEXT_SUFFIXES, parse_text, printable
+    from sdpa_cli.files.loaders import TEXT_SUFFIXES, parse_text
+    from sdpa_cli.text import printable
 
     file = Path(path)
     path = printable(path)  # as messages name it

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import precision
 from sdpa_cli.check.compare import (
     DTYPE_TOLERANCES,
     Mismatch,
@@ -28,6 +27,8 @@ from sdpa_cli.check.compare import (
     measured_tolerance,
     mismatch_summary,
 )
+from sdpa_cli.diagnose.rules import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose
+from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import (
     Block,
     Progress,
@@ -42,11 +43,11 @@ from sdpa_cli.engine.block import (
     sweep,
     trace,
 )
-from sdpa_cli.files.config import CHECK_NAMES, check_values
-from sdpa_cli.diagnose.rules import KINDS, SEVERITIES, Diagnosis, Thresholds, diagnose, plural
-from sdpa_cli.errors import SpecError
 from sdpa_cli.engine.spec import AttentionSpec, scale_factor
 from sdpa_cli.engine.stats import Index, Records, Stats, input_dtypes, working_formats
+from sdpa_cli.errors import SpecError
+from sdpa_cli.files.config import CHECK_NAMES, check_values
+from sdpa_cli.text import plural
 
 F64 = NDArray[np.float64]
 

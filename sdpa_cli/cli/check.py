@@ -133,6 +133,13 @@ def check(
       sdpa check --manifest checks.yaml --junit report.xml
     """
     threads = start_engine(jobs)
+    from sdpa_cli.check.manifest import (
+        CaseResult,
+        Overrides,
+        case_settings,
+        load_manifest,
+        run_cases,
+    )
     from sdpa_cli.check.run import CheckSettings, run_checks
     from sdpa_cli.files.config import (
         check_config,
@@ -142,13 +149,6 @@ def check(
         thresholds,
     )
     from sdpa_cli.files.loaders import write_all_atomic
-    from sdpa_cli.check.manifest import (
-        CaseResult,
-        Overrides,
-        case_settings,
-        load_manifest,
-        run_cases,
-    )
     from sdpa_cli.report import (
         check_document,
         check_exit_code,

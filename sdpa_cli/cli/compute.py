@@ -62,10 +62,10 @@ def compute(
       sdpa compute q.npy k.npy v.npy --dtype float16
     """
     threads = start_engine(jobs)
-    from sdpa_cli.engine.block import applicable_stages, shown_blocks, trace
-    from sdpa_cli.files.config import thresholds
     from sdpa_cli.diagnose.rules import diagnose
+    from sdpa_cli.engine.block import applicable_stages, shown_blocks, trace
     from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.files.config import thresholds
     from sdpa_cli.render.compute import View, layout, render_compute
     from sdpa_cli.report import payload, save_npz, to_json, to_yaml
 

@@ -125,18 +125,18 @@ def explain(
     import dataclasses
 
     from sdpa_cli.cli.grad import gradients
-    from sdpa_cli.engine.block import trace
-    from sdpa_cli.files.config import thresholds
-    from sdpa_cli.diagnose.rules import diagnose
     from sdpa_cli.diagnose.explain import explain as build
     from sdpa_cli.diagnose.explain import slice_at
     from sdpa_cli.diagnose.explain_grad import explain_backward
+    from sdpa_cli.diagnose.rules import diagnose
+    from sdpa_cli.engine.block import trace
     from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.engine.stats import Stats
+    from sdpa_cli.files.config import thresholds
     from sdpa_cli.files.loaders import write_all_atomic
     from sdpa_cli.render.compute import View
     from sdpa_cli.render.explain import render_explain
     from sdpa_cli.report import explain_payload, to_json, to_yaml
-    from sdpa_cli.engine.stats import Stats
 
     limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)

@@ -29,8 +29,8 @@ from sdpa_cli.cli.options import (
 from sdpa_cli.errors import ExitCode
 
 if TYPE_CHECKING:
-    from sdpa_cli.diagnose.rules import Thresholds
     from sdpa_cli.diagnose.grad import GradDiagnosis
+    from sdpa_cli.diagnose.rules import Thresholds
     from sdpa_cli.engine.grad import Gradients
     from sdpa_cli.engine.spec import AttentionSpec
     from sdpa_cli.engine.stats import Stats
@@ -125,15 +125,15 @@ def grad(
       sdpa grad q.npy k.npy v.npy --dout dout.npy --save grads.npz --format json
     """
     threads = start_engine(jobs)
-    from sdpa_cli.files.config import thresholds
-    from sdpa_cli.diagnose.rules import diagnose
     from sdpa_cli.diagnose.grad import combined
+    from sdpa_cli.diagnose.rules import diagnose
     from sdpa_cli.engine.grad import numeric_check
     from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.engine.stats import Stats
+    from sdpa_cli.files.config import thresholds
     from sdpa_cli.render.compute import View
     from sdpa_cli.render.grad import render_grad
     from sdpa_cli.report import grad_payload, save_grad_npz, to_json, to_yaml
-    from sdpa_cli.engine.stats import Stats
 
     limits = thresholds({**given_thresholds, "vanishing": vanishing})
     spec, description = load_spec(inputs, bias_path, mask_path, flags)

@@ -19,13 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import (
-    STAGES,
-    applicable_stages,
-    attend_block,
-    block_rows,
-    softmax,
-)
 from sdpa_cli.diagnose.rules import (
     Diagnosis,
     Finding,
@@ -38,8 +31,16 @@ from sdpa_cli.diagnose.rules import (
 )
 from sdpa_cli.diagnose.scales import ScaleRun, compare_scales
 from sdpa_cli.diagnose.scorecard import Scorecard, scorecard
+from sdpa_cli.engine.block import (
+    STAGES,
+    applicable_stages,
+    attend_block,
+    block_rows,
+    softmax,
+)
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Index, Moments, Stats, finite_std, working_formats
+from sdpa_cli.text import prose, share
 
 if TYPE_CHECKING:
     from sdpa_cli.diagnose.explain_grad import Backward
@@ -232,27 +233,14 @@ class Explanation:
 # --- the notes -----------------------------------------------------------------------------
 
 
-def _g(x: float) -> str:
-    """A number in 4 significant digits, with a true minus sign."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "∞" if x > 0 else "−∞"
-    return f"{x:.4g}".replace("-", "−")
-
-
 def _span(m: Moments) -> str:
     """``−1 … 5``, with the values that are not finite counted."""
-    span = f"{_g(m.lo)} … {_g(m.hi)}" if m.count else "no finite value"
+    span = f"{prose(m.lo)} … {prose(m.hi)}" if m.count else "no finite value"
     return span + (f" ({m.nonfinite:,} not finite)" if m.nonfinite and m.count else "")
 
 
 def _change(before: Moments, after: Moments) -> str:
     return f"range {_span(before)} → {_span(after)}"
-
-
-def _pct(part: float, whole: float) -> str:
-    return f"{100 * part / whole:.3g}%" if whole else "0%"
 
 
 def _variance(spec: AttentionSpec, lead: Index, gathered: _SlicePass) -> Variance | None:
@@ -303,13 +291,13 @@ def _notes(
     else:
         notes["raw"] = (
             f"Each query's dot product with each key, a sum of d_k = {spec.E} products: "
-            f"{_span(m['raw'])}, mean {_g(m['raw'].mean)}, std {_g(m['raw'].std)} over the "
+            f"{_span(m['raw'])}, mean {prose(m['raw'].mean)}, std {prose(m['raw'].std)} over the "
             f"slice's {per_slice} scores."
         )
     temp = f" and ÷ temperature {o.temperature:g}" if o.temperature != 1 else ""
     scaled = (
         f"× scale {spec.scale_label}{temp}: {_change(m['raw'], m['scaled'])}; "
-        f"std {_g(m['raw'].std)} → {_g(m['scaled'].std)}."
+        f"std {prose(m['raw'].std)} → {prose(m['scaled'].std)}."
     )
     if o.prescale:
         scaled = "The same values as the raw scores: the scale went into Q and K (--prescale)."
@@ -317,10 +305,10 @@ def _notes(
         v = variance
         scaled += (
             f" Why 1/√d_k: for independent components qᵀk has std √d_k·σ_q·σ_k = "
-            f"√{v.E}·{_g(v.sigma_q)}·{_g(v.sigma_k)} = {_g(v.predicted_raw_std)} (here "
-            f"{_g(v.raw_std)}), which grows with d_k; dividing by √d_k = "
-            f"{_g(math.sqrt(v.E))} leaves σ_q·σ_k whatever d_k is (here "
-            f"{_g(v.sqrt_dk_std)}), so the softmax neither saturates nor flattens as "
+            f"√{v.E}·{prose(v.sigma_q)}·{prose(v.sigma_k)} = {prose(v.predicted_raw_std)} (here "
+            f"{prose(v.raw_std)}), which grows with d_k; dividing by √d_k = "
+            f"{prose(math.sqrt(v.E))} leaves σ_q·σ_k whatever d_k is (here "
+            f"{prose(v.sqrt_dk_std)}), so the softmax neither saturates nor flattens as "
             "heads get wider."
         )
     notes["scaled"] = scaled
@@ -358,9 +346,9 @@ def _notes(
         ent = classes.normalized[rows_ok]
         weights += (
             f" Over the {plural(int(rows_ok.sum()), 'row')} with ≥ 2 visible keys: max "
-            f"weight {_g(float(mw.min()))} … {_g(float(mw.max()))} (mean "
-            f"{_g(float(mw.mean()))}); entropy {_g(float(ent.min()))} … "
-            f"{_g(float(ent.max()))} of its maximum log(keys). "
+            f"weight {prose(float(mw.min()))} … {prose(float(mw.max()))} (mean "
+            f"{prose(float(mw.mean()))}); entropy {prose(float(ent.min()))} … "
+            f"{prose(float(ent.max()))} of its maximum log(keys). "
             f"{int(classes.saturated.sum())} one-hot (max ≥ {th.saturation:g}), "
             f"{int(classes.uniform.sum())} near uniform (entropy ≥ {th.uniform:g})."
         )
@@ -378,13 +366,15 @@ def _notes(
         notes["dropped"] = (
             f"Dropout p = {o.dropout:g} (seed {o.seed}): zeroed "
             f"{gathered.dropped_zeroed:,} of {kept:,} nonzero weights "
-            f"({_pct(gathered.dropped_zeroed, kept)}); the kept ones × 1/(1 − p) = "
+            f"({share(gathered.dropped_zeroed, kept)}); the kept ones × 1/(1 − p) = "
             f"{1 / (1 - o.dropout):.4g}, so row sums now run {_span(gathered.dropped_sums)} "
             "(1 only on average)."
         )
     values = np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64)
     finite_v = values[np.isfinite(values)]
-    v_span = f"{_g(float(finite_v.min()))} … {_g(float(finite_v.max()))}" if finite_v.size else "—"
+    v_span = (
+        f"{prose(float(finite_v.min()))} … {prose(float(finite_v.max()))}" if finite_v.size else "—"
+    )
     if "dropped" in m:
         notes["output"] = (
             "Each output row is its weights after dropout · V: a sum of V's rows whose "
@@ -443,7 +433,7 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass, lead: Index) -> str:
     empty = sum(1 for c in counts if c == 0)
     note = (
         f"{_first_upper(' + '.join(rules)) or 'The mask'} hid {gathered.hidden:,} of "
-        f"{gathered.cells:,} scores ({_pct(gathered.hidden, gathered.cells)}), set to "
+        f"{gathered.cells:,} scores ({share(gathered.hidden, gathered.cells)}), set to "
         f"{o.mask_value_label}{added}; rows see {min(counts)} … {max(counts)} keys"
     )
     note += f", {plural(empty, 'row')} none." if empty else "."
@@ -455,8 +445,8 @@ def _mask_note(spec: AttentionSpec, gathered: _SlicePass, lead: Index) -> str:
         )
     elif (known >= 0).any():
         note += (
-            f" Unmasked, the hidden keys would have taken {_pct(float(np.nanmean(mass)), 1)} of a "
-            f"row's weight on average (at most {_pct(float(mass[worst]), 1)}, row q{worst})."
+            f" Unmasked, the hidden keys would have taken {share(float(np.nanmean(mass)), 1)} of a "
+            f"row's weight on average (at most {share(float(mass[worst]), 1)}, row q{worst})."
         )
     return note
 

@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnose.rules import Finding, plural
-from sdpa_cli.diagnose.grad import GradDiagnosis
 from sdpa_cli.diagnose.explain import StageExplained
+from sdpa_cli.diagnose.grad import GradDiagnosis
+from sdpa_cli.diagnose.rules import Finding
 from sdpa_cli.engine.grad import Gradients, backward_block
 from sdpa_cli.engine.stats import Index, Moments
+from sdpa_cli.text import plural, prose
 
 F64 = NDArray[np.float64]
 
@@ -63,16 +64,10 @@ class Backward:
         return {"dout": self.dout_label, **self.health.to_dict()}
 
 
-def _g(x: float) -> str:
-    if math.isnan(x):
-        return "nan"
-    return f"{x:.3g}".replace("-", "−")
-
-
 def _span(values: F64) -> str:
     m = Moments()
     m.add(values)
-    return f"{_g(m.lo)} … {_g(m.hi)}" if m.count else "no finite values"
+    return f"{prose(m.lo, 3)} … {prose(m.hi, 3)}" if m.count else "no finite values"
 
 
 def explain_backward(
@@ -127,11 +122,11 @@ def explain_backward(
         notes["d_scores"] = (
             "dS = A ⊙ (dA − Σ A ⊙ dA): the softmax's Jacobian, diag(A) − A Aᵀ, applied "
             "to dA. It passes back at most 1 − Σ w² of dA per row: 0 for a one-hot row, "
-            f"1 − 1/n for a uniform one. In this slice it ranges {_g(float(row_gain.min()))} "
-            f"(q{low}) … {_g(float(row_gain.max()))}; {vanishing} of "
+            f"1 − 1/n for a uniform one. In this slice it ranges {prose(float(row_gain.min()), 3)} "
+            f"(q{low}) … {prose(float(row_gain.max()), 3)}; {vanishing} of "
             f"{plural(int(eligible.sum()), 'row')} that see two keys or more pass back less than "
             f"{health.vanishing:g}: their gradient vanishes. Each row of dS sums to 0 "
-            f"(shown rows: |Σ| ≤ {_g(worst_sum)}), and hidden keys get none."
+            f"(shown rows: |Σ| ≤ {prose(worst_sum, 3)}), and hidden keys get none."
         )
     else:
         notes["d_scores"] = (
@@ -155,7 +150,7 @@ def explain_backward(
         f"The scores' factor, {spec.scale_label}"
         + (f", ÷ temperature {o.temperature:g}" if o.temperature != 1 else "")
         + f", multiplies their gradient too: dQ = dS · K · {factor:.4g}.{sqrt_dk} ‖dQ‖ of "
-        f"this head: {_g(_head_norm(health, lead))}."
+        f"this head: {prose(_head_norm(health, lead), 3)}."
     )
     group = (
         f", summed over the {spec.group} query heads that share kv head {kv[-1]}"

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import precision
 from sdpa_cli.diagnose.rules import (
     GRADIENT_KINDS,
     Diagnosis,
@@ -29,7 +28,9 @@ from sdpa_cli.diagnose.rules import (
     plural,
     saturation_hint,
 )
+from sdpa_cli.engine import precision
 from sdpa_cli.engine.grad import Gradients, norm
+from sdpa_cli.text import finite_or_none
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]
@@ -84,10 +85,10 @@ class QueryHeadGrad:
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": list(self.index),
-            "dq_norm": _num(self.dq_norm),
+            "dq_norm": finite_or_none(self.dq_norm),
             "rows": self.rows,
             "vanishing_rows": self.vanishing,
-            "mean_gain": _num(self.mean_gain),
+            "mean_gain": finite_or_none(self.mean_gain),
         }
 
 
@@ -105,8 +106,8 @@ class KVHeadGrad:
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": list(self.index),
-            "dk_norm": _num(self.dk_norm),
-            "dv_norm": _num(self.dv_norm),
+            "dk_norm": finite_or_none(self.dk_norm),
+            "dv_norm": finite_or_none(self.dv_norm),
             "keys": self.keys,
             "keys_hidden": self.hidden,
             "keys_starved": self.starved,
@@ -128,15 +129,11 @@ class GradDiagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "norms": {k: _num(v) for k, v in self.norms.items()},
+            "norms": {k: finite_or_none(v) for k, v in self.norms.items()},
             "query_heads": [h.to_dict() for h in self.query_heads],
             "kv_heads": [h.to_dict() for h in self.kv_heads],
             "ranges": [r.to_dict() for r in self.ranges],
         }
-
-
-def _num(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
 
 
 def diagnose_grad(

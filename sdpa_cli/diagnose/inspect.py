@@ -45,6 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.stats import Moments
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.loaders import (
     Source,
@@ -58,7 +59,6 @@ from sdpa_cli.files.loaders import (
     nested_to_array,
     parse_text,
 )
-from sdpa_cli.engine.stats import Moments
 
 CHUNK = 1 << 20
 """Elements converted to float64 at a time: 8 MiB of working memory, whatever the file."""
@@ -462,7 +462,7 @@ def payload(results: Sequence[FileReport | Unreadable]) -> dict[str, Any]:
         results: what :func:`inspect_files` returns.
     """
     from sdpa_cli import __version__
-    from sdpa_cli.report import _json_number
+    from sdpa_cli.text import json_number
 
     def value(x: float) -> float | None:
         return None if math.isnan(x) else x
@@ -488,7 +488,7 @@ def payload(results: Sequence[FileReport | Unreadable]) -> dict[str, Any]:
             "headroom": {
                 h.format: {
                     "max": h.max,
-                    "bits": None if math.isnan(h.bits) else _json_number(h.bits),
+                    "bits": None if math.isnan(h.bits) else json_number(h.bits),
                     "overflow": h.overflow,
                     "flush": h.flush,
                     "subnormal": h.subnormal,

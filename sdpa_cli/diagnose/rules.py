@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import precision
 from sdpa_cli.check.compare import argmax_index
+from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import STAGES, Trace
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import F64, OVERFLOW_STAGES, Index, Stats, finite_std, working_formats
+from sdpa_cli.text import finite_or_none, format_index, plural, sig
 
 KINDS = (
     "nonfinite",
@@ -133,9 +134,9 @@ class HeadSummary:
         return {
             "index": list(self.index),
             "rows": self.rows,
-            "mean_entropy": _num(self.mean_entropy),
-            "mean_normalized_entropy": _num(self.mean_normalized_entropy),
-            "mean_max_weight": _num(self.mean_max_weight),
+            "mean_entropy": finite_or_none(self.mean_entropy),
+            "mean_normalized_entropy": finite_or_none(self.mean_normalized_entropy),
+            "mean_max_weight": finite_or_none(self.mean_max_weight),
             "saturated": self.saturated,
             "near_uniform": self.near_uniform,
         }
@@ -158,10 +159,10 @@ class StageAccuracy:
     def to_dict(self) -> dict[str, Any]:
         return {
             "stage": self.stage,
-            "max_abs_error": _num(self.max_abs),
+            "max_abs_error": finite_or_none(self.max_abs),
             "max_abs_error_at": _idx(self.max_abs_at),
-            "normwise_error": _num(self.normwise),
-            "max_row_relative_error": _num(self.max_row_rel),
+            "normwise_error": finite_or_none(self.normwise),
+            "max_row_relative_error": finite_or_none(self.max_row_rel),
             "max_row_relative_error_at": _idx(self.max_row_rel_at),
             "new_nonfinite": self.new_nonfinite,
             "new_nonfinite_at": _idx(self.new_nonfinite_at),
@@ -228,26 +229,8 @@ class Diagnosis:
         return next((s for s in reversed(SEVERITIES) if s in found), None)
 
 
-def _num(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
-
-
 def _idx(at: Index | None) -> list[int] | None:
     return None if at is None else list(at)
-
-
-def format_index(at: Index | None) -> str:
-    """``[0, 2, 5]``."""
-    return "[" + ", ".join(str(i) for i in (at or ())) + "]"
-
-
-def plural(n: int, unit: str) -> str:
-    """``1 row``, ``3 rows``."""
-    return f"{n} {unit}{'' if n == 1 else 's'}"
-
-
-def _g(x: float) -> str:
-    return f"{x:.4g}"
 
 
 # --- the diagnose step ----------------------------------------------------------------
@@ -403,8 +386,8 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
             yield Finding(
                 "overflow",
                 severity_for(d, working),
-                f"{what} {d}: {plural(rec.count, unit)} beyond ±{_g(f.max)} "
-                f"(largest {_g(rec.extreme)} at {format_index(rec.extreme_at)}; "
+                f"{what} {d}: {plural(rec.count, unit)} beyond ±{sig(f.max)} "
+                f"(largest {sig(rec.extreme)} at {format_index(rec.extreme_at)}; "
                 f"headroom {f.headroom(rec.extreme):+.1f} bits)",
                 hint=_OVERFLOW_HINT[stage],
                 index=rec.first,
@@ -425,7 +408,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
                 "overflow",
                 severity_for(d, working),
                 f"exp without max-subtraction overflows {d}: {plural(rec.count, 'logit')} above "
-                f"log({_g(f.max)}) = {f.exp_limit:.4g} (largest {_g(rec.extreme)} at "
+                f"log({sig(f.max)}) = {f.exp_limit:.4g} (largest {sig(rec.extreme)} at "
                 f"{format_index(rec.extreme_at)})",
                 hint="a softmax that subtracts the row max first (every framework's) is safe; "
                 "a hand-written exp(x) / Σexp(x) is not",
@@ -447,10 +430,10 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
                     "overflow",
                     severity_for(d, working),
                     f"the mask value {spec.options.mask_value_label} is −inf in {d} "
-                    f"(beyond ±{_g(f.max)})",
+                    f"(beyond ±{sig(f.max)})",
                     hint="harmless while every row keeps a visible key; a fully masked row then "
                     f"gives NaN in kernels without a safe softmax; finfo({d}).min = "
-                    f"{_g(-f.max)} stays finite",
+                    f"{sig(-f.max)} stays finite",
                     stage="masked",
                     dtype=d,
                     count=None,
@@ -462,7 +445,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
                     "overflow",
                     severity_for(d, working),
                     f"the mask value {_mask_value_in(spec, d)} plus the logits overflows "
-                    f"{d} at {rec.count} hidden positions (e.g. {_g(-rec.extreme)} at "
+                    f"{d} at {rec.count} hidden positions (e.g. {sig(-rec.extreme)} at "
                     f"{format_index(rec.extreme_at)})",
                     hint="kernels that add finfo.min to the logits (rather than replace them) "
                     "get −inf there; fine unless a row is fully masked (then NaN)",
@@ -476,7 +459,7 @@ def _overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> It
 def _mask_value_in(spec: AttentionSpec, d: str) -> str:
     o = spec.options
     if o.mask_value_is_finfo_min:
-        return f"finfo({d}).min = {_g(o.mask_value_in(d))}"
+        return f"finfo({d}).min = {sig(o.mask_value_in(d))}"
     return o.mask_value_label
 
 
@@ -618,7 +601,7 @@ def _row_findings(
                     "underflow",
                     "warning" if serious else "info",
                     f"row {format_index(idx)}: {plural(int(counts[idx]), 'weight')} "
-                    f"(together {lost:.3g}) flush to zero in {d} (below {_g(f.tiny / 2)})",
+                    f"(together {lost:.3g}) flush to zero in {d} (below {sig(f.tiny / 2)})",
                     hint="harmless when the lost weight is tiny; otherwise keep the weights in "
                     "float32 or bfloat16",
                     index=idx,

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import attend_block, block_rows
 from sdpa_cli.diagnose.rules import Thresholds, classify_rows
+from sdpa_cli.engine.block import attend_block, block_rows
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Index, Moments, Stats
 

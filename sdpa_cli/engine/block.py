@@ -31,11 +31,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import masks
-
-from sdpa_cli.engine import precision
-from sdpa_cli.errors import SpecError
+from sdpa_cli.engine import masks, precision
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
     from sdpa_cli.engine.stats import Moments, Stats
@@ -580,7 +578,10 @@ def trace(
         jobs: threads computing blocks.
         progress: told the scores done after each block.
     """
-    from sdpa_cli.engine.stats import Moments, Stats  # they read Block: imported here, not at the top
+    from sdpa_cli.engine.stats import (  # they read Block: imported here, not at the top
+        Moments,
+        Stats,
+    )
 
     keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
     ws, os_ = spec.weights_shape, spec.output_shape

@@ -47,9 +47,9 @@ from sdpa_cli.engine.block import (
     operands,
     sweep,
 )
-from sdpa_cli.errors import SpecError
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
     from sdpa_cli.engine.stats import Records, Stats

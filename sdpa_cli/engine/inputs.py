@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sdpa_cli.errors import SpecError
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
     from sdpa_cli.check.run import Expected
@@ -25,8 +25,9 @@ def load_spec(
     ``flag_where`` names where a flag's value came from (a manifest entry) for
     messages; by default a flag is named by its spelling, ``--causal-align``.
     """
-    from sdpa_cli.files.loaders import is_case_file, load_array, load_case, printable
     from sdpa_cli.engine.spec import OPTION_NAMES, build_spec, parse_options
+    from sdpa_cli.files.loaders import is_case_file, load_array, load_case
+    from sdpa_cli.text import printable
 
     tensors: dict[str, Any] = {}
     names: dict[str, str] = {}
@@ -82,7 +83,8 @@ def load_spec(
 def load_expected(paths: Mapping[str, str | None]) -> list[Expected]:
     """``{"output": "out.npy", ...}`` → the exported tensors, loaded (not cast)."""
     from sdpa_cli.check.run import Expected
-    from sdpa_cli.files.loaders import load_array, printable
+    from sdpa_cli.files.loaders import load_array
+    from sdpa_cli.text import printable
 
     return [
         Expected(name, load_array(path, name=name), printable(path))

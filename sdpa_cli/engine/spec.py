@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,9 +23,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
-from sdpa_cli.errors import SpecError
 from sdpa_cli.engine.masks import ALIGNMENTS, alibi_slopes
 from sdpa_cli.engine.precision import FORMATS
+from sdpa_cli.errors import SpecError
+from sdpa_cli.text import shown
 
 SCALE_NAMES = ("sqrt-dk", "dk", "none")
 FINFO_MIN = float(np.finfo(np.float64).min)
@@ -99,16 +99,6 @@ OPTION_NAMES = tuple(Options.__dataclass_fields__)
 
 
 # --- parsing option values (from the command line as text, or a case file as data) ---
-
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 60
-_REPR.maxlong = 40
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut short: a 5000-digit number or a list nested 900 deep read
-    from a case file still makes one short line (and no RecursionError)."""
-    return _REPR.repr(value)
 
 
 def parse_number(value: Any, where: str) -> float:

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdpa_cli.diagnose.rules import KINDS, SEVERITIES, THRESHOLD_NAMES, Thresholds
+from sdpa_cli.engine.spec import parse_number
 from sdpa_cli.errors import InputError, SpecError
-from sdpa_cli.files.loaders import printable
-from sdpa_cli.engine.spec import parse_number, shown
+from sdpa_cli.text import printable, shown
 
 CONFIG_FILES = ("sdpa.yaml", "pyproject.toml")
 

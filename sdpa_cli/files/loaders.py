@@ -28,6 +28,7 @@ import yaml
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
+from sdpa_cli.text import printable
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -60,14 +61,6 @@ SAFETENSORS_DTYPES = {
 """safetensors dtype → numpy dtype (names without ``<`` are ``ml_dtypes`` types)."""
 MEMBER_SUFFIXES = (".npz", SAFETENSORS_SUFFIX)
 """Formats that hold several arrays, one picked with ``file:name``."""
-
-
-def printable(text: str) -> str:
-    """``text`` (a path, a key) as it reads in a one-line message: control characters,
-    a newline in a file name among them, escaped."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.check.run import Check, CheckReport
-from sdpa_cli.diagnose.rules import plural
 from sdpa_cli.check.manifest import CaseResult
+from sdpa_cli.check.run import Check, CheckReport
 from sdpa_cli.report import failure_lines
+from sdpa_cli.text import plural
 
 STATUS_STYLE = {
     "pass": Style(color="green", bold=True),

@@ -19,11 +19,12 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.engine.block import Block, Trace, applicable_stages
 from sdpa_cli.diagnose.rules import Diagnosis, row_flags
-from sdpa_cli.render.findings import SEVERITY_STYLE, findings_panel, heads_table, precision_panel
+from sdpa_cli.engine.block import Block, Trace, applicable_stages
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Moments, working_formats
+from sdpa_cli.render.findings import SEVERITY_STYLE, findings_panel, heads_table, precision_panel
+from sdpa_cli.text import decimals, shape
 
 THEME = {
     "title": Style(bold=True),
@@ -65,19 +66,6 @@ class View:
     precision: int = 4
     width: int = 80
     explicit_stages: bool = False
-
-
-def fmt(x: float, precision: int) -> str:
-    """A number in ``precision`` decimals, or scientific when that would hide it."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return f"{0:.{precision}f}"
-    if abs(x) < 0.5 * 10.0**-precision or abs(x) >= 1e6:
-        return f"{x:.{max(precision - 2, 1)}e}"
-    return f"{x:.{precision}f}"
 
 
 def _blend(rgb: tuple[int, int, int], t: float) -> Style:
@@ -125,10 +113,6 @@ def slice_label(spec: AttentionSpec, idx: tuple[int, ...]) -> str:
     return " · ".join(parts)
 
 
-def _shape(s: Sequence[int]) -> str:
-    return str(tuple(int(n) for n in s))
-
-
 def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     """Shapes, the scale and every option that changed the computation."""
     o = spec.options
@@ -141,7 +125,7 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
             continue
         source = names.get(n, "")
         origin = f"  {source}" if source and ": " not in source and source != n.upper() else ""
-        grid.add_row(n.upper(), Text(f"{_shape(spec.shapes[n])}{origin}"))
+        grid.add_row(n.upper(), Text(f"{shape(spec.shapes[n])}{origin}"))
     queries = "query" if spec.L == 1 else "queries"
     keys = "key" if spec.S == 1 else "keys"
     dims = f"L = {spec.L} {queries}, S = {spec.S} {keys}, E = {spec.E}, Ev = {spec.Ev}"
@@ -151,7 +135,7 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
         dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
     grid.add_row("dims", Text(dims))
     grid.add_row(
-        "scores", Text(f"{_shape(spec.weights_shape)}   output {_shape(spec.merged_output_shape)}")
+        "scores", Text(f"{shape(spec.weights_shape)}   output {shape(spec.merged_output_shape)}")
     )
     scale = spec.scale_label
     if o.temperature != 1:
@@ -160,7 +144,7 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     if o.softcap is not None:
         grid.add_row("softcap", Text(f"{o.softcap:g} · tanh(scaled / {o.softcap:g})"))
     if spec.bias is not None:
-        grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {_shape(spec.shapes['bias'])}"))
+        grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {shape(spec.shapes['bias'])}"))
     if o.alibi:
         shown = spec.alibi_slopes[:8]
         slopes = ", ".join(f"{s:.4g}" for s in shown) + (", …" if spec.H > 8 else "")
@@ -207,7 +191,7 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         if not spec.mask_is_bool:
             kind = "float, added to the logits"
         lines.append(
-            ("mask", f"{spec.names.get('mask', 'mask')} {_shape(spec.shapes['mask'])}, {kind}")
+            ("mask", f"{spec.names.get('mask', 'mask')} {shape(spec.shapes['mask'])}, {kind}")
         )
     if lines:
         lines.append(("mask value", o.mask_value_label))
@@ -270,7 +254,7 @@ def stage_table(
     def text_of(r: int, j: int) -> str:
         if not is_output and shows_masked and not visible[r, j] and not leaks(r, j):
             return "masked"
-        return fmt(float(data[r, j]), view.precision)
+        return decimals(float(data[r, j]), view.precision)
 
     # Fit columns to the width from the exact cell texts. Each column after the row
     # label costs its text, a space of padding either side and the box's divider.
@@ -282,7 +266,7 @@ def stage_table(
     widths = {
         j: max([len(f"{prefix}{j}")] + [len(text_of(r, j)) for r in positions]) for j in candidates
     }
-    sums = [fmt(float(data[r].sum()), view.precision) for r in positions] if is_weights else []
+    sums = [decimals(float(data[r].sum()), view.precision) for r in positions] if is_weights else []
     shown_flags = [flags[i][0] for i in rows if i in flags] if is_weights else []
     used = max(len(f"q{spec.L - 1}"), 1)
     used += (max(len(s) for s in sums) + 3) if sums else 0

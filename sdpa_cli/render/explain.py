@@ -15,15 +15,16 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose.rules import Finding, format_index, plural
 from sdpa_cli.diagnose.explain import Explanation, elsewhere_summary
+from sdpa_cli.diagnose.rules import Finding
+from sdpa_cli.diagnose.scales import ScaleRun
+from sdpa_cli.diagnose.scorecard import KeyScore, Scorecard
 from sdpa_cli.render.compute import (
     NEGATIVE,
     POSITIVE,
     THEME,
     WEIGHT,
     View,
-    fmt,
     header,
     rule,
     slice_label,
@@ -32,8 +33,7 @@ from sdpa_cli.render.compute import (
     titled,
 )
 from sdpa_cli.render.findings import MUTED, NOTHING_FOUND, SEVERITY_STYLE, UNITS, severity_counts
-from sdpa_cli.diagnose.scales import ScaleRun
-from sdpa_cli.diagnose.scorecard import KeyScore, Scorecard
+from sdpa_cli.text import decimals, format_index, plural
 
 FINDINGS_PER_KIND = 3
 """Findings of one kind listed under a stage; the others are counted."""
@@ -229,7 +229,9 @@ def _short(x: float) -> str:
 def _vector(values: Sequence[float | str], precision: int | None, limit: int = 4) -> str:
     """``[1.0000, 2.0000, …]``: the first ``limit`` values, in ``precision`` decimals
     (or as given, for strings)."""
-    shown = [x if isinstance(x, str) else fmt(float(x), precision or 0) for x in values[:limit]]
+    shown = [
+        x if isinstance(x, str) else decimals(float(x), precision or 0) for x in values[:limit]
+    ]
     return "[" + ", ".join(shown) + (", …" if len(values) > limit else "") + "]"
 
 
@@ -272,11 +274,11 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     lo, hi = (min(raws), max(raws)) if raws else (0.0, 0.0)
     top_weight = max((k.weight for k in card.keys), default=0.0)
     for k in keys:
-        cells = [fmt(k.raw, p), fmt(k.scaled, p)]
+        cells = [decimals(k.raw, p), decimals(k.scaled, p)]
         if logit_differs:
-            cells.append(fmt(k.logit, p) if k.visible else "masked")
-        cells.append(fmt(k.exp, p) if k.visible or k.exp else "—")
-        cells.append(fmt(k.weight, p) if k.visible or k.weight else "masked")
+            cells.append(decimals(k.logit, p) if k.visible else "masked")
+        cells.append(decimals(k.exp, p) if k.visible or k.exp else "—")
+        cells.append(decimals(k.weight, p) if k.visible or k.weight else "masked")
         style = THEME["masked"] if not k.visible else Style()
         weight_bar = Text(bar(k.weight, top_weight, bar_width), Style(color=f"rgb{WEIGHT}"))
         table.add_row(
@@ -291,7 +293,7 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
         parts.append(
             note_text(
                 f"… {plural(rest, 'other key')} (the heaviest {len(keys)} listed) hold weight "
-                f"{fmt(card.rest_weight, p)} together",
+                f"{decimals(card.rest_weight, p)} together",
                 view.width,
                 2,
                 first=0,
@@ -299,12 +301,12 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
             )
         )
     if math.isfinite(card.logit_max):
-        m = fmt(card.logit_max, p)
+        m = decimals(card.logit_max, p)
         plain = card.sum_exp
         raw_sum = f" (Σ e^x = {plain:.6g})" if math.isfinite(plain) and plain > 0 else ""
         parts.append(
             note_text(
-                f"m = max logit = {m}; Z = Σ e^(x − m) = {fmt(card.z, p)}{raw_sum}; "
+                f"m = max logit = {m}; Z = Σ e^(x − m) = {decimals(card.z, p)}{raw_sum}; "
                 "weight = e^(x − m) / Z"
                 + (f", then dropout (p = {spec.options.dropout:g}) on it" if card.dropout else ""),
                 view.width,
@@ -337,9 +339,9 @@ def _contributions(
     p = view.precision
     v = np.asarray(spec.v[spec.operand_index("v", ex.lead)], dtype=np.float64)
     labels = [f"k{k.key}" for k in keys] + (["rest"] if len(keys) < spec.S else [])
-    weights = [fmt(k.weight, p + 2) for k in keys]
+    weights = [decimals(k.weight, p + 2) for k in keys]
     if len(keys) < spec.S:
-        weights.append(fmt(card.rest_weight, p + 2))
+        weights.append(decimals(card.rest_weight, p + 2))
     label_w = max([len(f"q{card.query}"), *map(len, labels)])
     weight_w = max([0, *map(len, weights)])
 
@@ -417,7 +419,7 @@ def render_scales(ex: Explanation, view: View) -> list[RenderableType]:
         summary.add_row(
             f"q{i} max · H",
             *[
-                f"{fmt(float(r.max_weight[r_pos]), p)} · {float(r.normalized_entropy[r_pos]):.2f}"
+                f"{decimals(float(r.max_weight[r_pos]), p)} · {float(r.normalized_entropy[r_pos]):.2f}"
                 for r in runs
             ],
         )

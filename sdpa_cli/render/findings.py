@@ -18,7 +18,6 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.engine import precision
 from sdpa_cli.diagnose.rules import (
     ALL_KINDS,
     SEVERITIES,
@@ -28,6 +27,7 @@ from sdpa_cli.diagnose.rules import (
     format_index,
     plural,
 )
+from sdpa_cli.engine import precision
 
 SEVERITY_STYLE = {
     "error": Style(color="red", bold=True),

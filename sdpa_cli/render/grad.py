@@ -18,14 +18,13 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose.rules import Diagnosis, format_index
 from sdpa_cli.diagnose.grad import LABEL, GradDiagnosis
+from sdpa_cli.diagnose.rules import Diagnosis
 from sdpa_cli.engine.grad import Gradients, NumericCheck
 from sdpa_cli.render.compute import (
     THEME,
     View,
     cell_style,
-    fmt,
     header,
     layout,
     more_slices,
@@ -35,6 +34,7 @@ from sdpa_cli.render.compute import (
     titled,
 )
 from sdpa_cli.render.findings import NOTHING_FOUND, SEVERITY_STYLE, findings_panel
+from sdpa_cli.text import decimals, format_index
 
 if TYPE_CHECKING:
     from sdpa_cli.diagnose.explain import Explanation
@@ -66,7 +66,7 @@ def matrix_table(
     columns as fit ``view.width``; ``extra`` adds (header, one cell per row) columns.
     Rows are labelled from ``row_offset`` (values holding rows 5.. label them q5..)."""
     shown_rows = rows[: view.max_rows]
-    texts = {j: [fmt(float(values[i, j]), view.precision) for i in shown_rows] for j in cols}
+    texts = {j: [decimals(float(values[i, j]), view.precision) for i in shown_rows] for j in cols}
     label_width = max([len(f"{row_prefix}{i + row_offset}") for i in shown_rows] or [1])
     used = label_width + sum(
         max([len(h)] + [len(c.plain) for c in cells]) + 3 for h, cells in extra

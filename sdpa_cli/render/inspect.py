@@ -20,9 +20,9 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose.rules import plural
 from sdpa_cli.diagnose.inspect import FileReport, Headroom, TensorStats
 from sdpa_cli.render.findings import SEVERITY_STYLE
+from sdpa_cli.text import plural
 
 TITLE = Style(bold=True)
 MUTED = Style(dim=True)

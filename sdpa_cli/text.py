@@ -1,0 +1,113 @@
+"""Numbers, plurals, indices and values as people read them: the one formatter.
+
+Every renderer and every message (findings, errors, reports) writes numbers through
+these functions, so a number reads the same wherever it appears. Pure Python: no
+numpy, no rich; the lowest layer, beside :mod:`sdpa_cli.errors`.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+from collections.abc import Sequence
+from typing import Any
+
+MINUS = "−"
+"""The true minus sign, for prose (notes, explanations); tables keep ASCII ``-``."""
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlong = 40
+
+
+def sig(x: float, digits: int = 4) -> str:
+    """``x`` in ``digits`` significant digits, ASCII: ``0.1235``, ``1e-09``, ``inf``."""
+    return f"{x:.{digits}g}"
+
+
+def prose(x: float, digits: int = 4) -> str:
+    """``x`` in ``digits`` significant digits for a sentence, with a true minus sign
+    and ``∞``: ``−0.5``, ``−∞``, ``nan``."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "∞" if x > 0 else MINUS + "∞"
+    return sig(x, digits).replace("-", MINUS)
+
+
+def decimals(x: float, precision: int) -> str:
+    """A table cell: ``precision`` decimals, or scientific when that would hide the
+    number (below half a unit of the last decimal, or a million and above)."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return f"{0:.{precision}f}"
+    if abs(x) < 0.5 * 10.0**-precision or abs(x) >= 1e6:
+        return f"{x:.{max(precision - 2, 1)}e}"
+    return f"{x:.{precision}f}"
+
+
+def ceil_sig(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits, rounded up: a tolerance that passes."""
+    if not math.isfinite(x) or x <= 0:
+        return f"{x:g}"
+    step = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    k = math.ceil(x / step)
+    while float(f"{k * step:.{digits}g}") < x:  # decimal rounding fell below x
+        k += 1
+    return f"{k * step:.{digits}g}"
+
+
+def percent(fraction: float) -> str:
+    """``0.90%``, ``84.84%``; two significant digits below 0.01 %: ``0.0061%``."""
+    x = 100 * fraction
+    return f"{x:.2f}%" if x == 0 or x >= 0.01 else f"{x:.2g}%"
+
+
+def share(part: float, whole: float) -> str:
+    """``part`` as a percentage of ``whole`` in 3 significant digits; ``0%`` of nothing."""
+    return f"{100 * part / whole:.3g}%" if whole else "0%"
+
+
+def plural(n: int, unit: str) -> str:
+    """``1 row``, ``3 rows``."""
+    return f"{n} {unit}{'' if n == 1 else 's'}"
+
+
+def format_index(at: Sequence[int] | None) -> str:
+    """``[0, 2, 5]``."""
+    return "[" + ", ".join(str(i) for i in (at or ())) + "]"
+
+
+def shape(s: Sequence[int]) -> str:
+    """``(2, 4, 6, 8)``."""
+    return str(tuple(int(n) for n in s))
+
+
+def finite_or_none(x: float) -> float | None:
+    """A float for a JSON field that holds only finite numbers (null otherwise)."""
+    return float(x) if math.isfinite(x) else None
+
+
+def json_number(x: float) -> float | str:
+    """A float for JSON: non-finite values as the strings ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"`` (standard JSON has no literal for them)."""
+    if math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut short: a 5000-digit number or a list nested 900 deep read
+    from a case file still makes one short line (and no RecursionError)."""
+    return _REPR.repr(value)
+
+
+def printable(text: str) -> str:
+    """``text`` (a path, a key) as it reads in a one-line message: control characters,
+    a newline in a file name among them, escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
