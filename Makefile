@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint fmt golden bench bench-quick bench-grad fuzz clean
+.PHONY: install demo test test-fast lint fmt golden bench bench-quick bench-grad fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q
 
+# Everything but the end-to-end tests (marked e2e: they run the installed sdpa in a
+# subprocess, the README's examples included).
+test-fast: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -q -m "not e2e"
+
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -40,7 +45,8 @@ fmt: $(VENV)/.dev-installed
 
 # Re-render the golden text files under tests/golden; review them in the diff.
 golden: $(VENV)/.dev-installed
-	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_render_explain.py
+	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_render_explain.py \
+		tests/test_render_check.py tests/test_render_grad.py tests/test_render_inspect.py
 
 # `sdpa check` vs PyTorch's SDPA and a naive numpy version: times, peak RSS, targets.
 # A report, not a test (many minutes); bench-quick runs small shapes. Without torch

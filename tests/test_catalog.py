@@ -1385,6 +1385,7 @@ def process_env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.e2e
 def test_e2e_hostile_files_are_refused_and_never_run(base: Path) -> None:
     pickled("evil.npy")(base)
     raw("tag.yaml", f"q: !!python/object/apply:os.mkdir ['{MARKER}']\nk: k.npy\nv: v.npy\n")(base)
@@ -1405,6 +1406,7 @@ def test_e2e_hostile_files_are_refused_and_never_run(base: Path) -> None:
         assert not (base / "out.npz").exists()
 
 
+@pytest.mark.e2e
 def test_e2e_sigint_exits_130_and_leaves_no_file(workdir: Path) -> None:
     """A real Ctrl-C during a long run (about 4 s, 550 MB to save): exit 130, one line,
     and neither the --save file nor a temporary file is left."""
@@ -1447,6 +1449,7 @@ def _rss(pid: int) -> int:
     return 0
 
 
+@pytest.mark.e2e
 def test_e2e_a_successful_run_keeps_stderr_empty(base: Path) -> None:
     proc = subprocess.run(
         [*sdpa_argv(), "compute", *QKV, "--scale", "1e308"],

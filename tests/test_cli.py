@@ -807,6 +807,7 @@ def run_process(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.e2e
 def test_e2e_version(tmp_path: Path) -> None:
     for argv in ([sdpa_executable()], [sys.executable, "-m", "sdpa_cli"]):
         proc = run_process([*argv, "--version"], tmp_path)
@@ -814,6 +815,7 @@ def test_e2e_version(tmp_path: Path) -> None:
         assert __version__ in proc.stdout
 
 
+@pytest.mark.e2e
 def test_e2e_json_run(qkv: dict[str, F64], workdir: Path) -> None:
     proc = run_process([sdpa_executable(), "compute", *QKV, "--format", "json"], workdir)
     assert proc.returncode == 0, proc.stderr
@@ -823,6 +825,7 @@ def test_e2e_json_run(qkv: dict[str, F64], workdir: Path) -> None:
     np.testing.assert_allclose(np.array(data["weights"]), expected["weights"], atol=1e-12)
 
 
+@pytest.mark.e2e
 def test_e2e_python_m_bad_input(qkv: dict[str, F64], workdir: Path) -> None:
     for argv in ([sdpa_executable()], [sys.executable, "-m", "sdpa_cli"]):
         proc = run_process([*argv, "compute", *QKV, "--window", "1,2,3"], workdir)
@@ -831,6 +834,7 @@ def test_e2e_python_m_bad_input(qkv: dict[str, F64], workdir: Path) -> None:
         assert proc.stderr == "sdpa: error: --window: expected W or LEFT,RIGHT, got '1,2,3'\n"
 
 
+@pytest.mark.e2e
 def test_e2e_help_does_not_import_numpy(tmp_path: Path) -> None:
     code = (
         "import sys\n"
@@ -873,12 +877,14 @@ def run_in_pty(args: Sequence[str], cwd: Path, **extra: str) -> bytes:
     return b"".join(chunks)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
 def test_e2e_terminal_gets_color(qkv: dict[str, F64], workdir: Path) -> None:
     out = run_in_pty([sdpa_executable(), "compute", *QKV, "--causal"], workdir)
     assert ANSI.encode() in out
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
 def test_e2e_no_color_env_on_a_terminal(qkv: dict[str, F64], workdir: Path) -> None:
     out = run_in_pty([sdpa_executable(), "compute", *QKV, "--causal"], workdir, NO_COLOR="1")
@@ -886,6 +892,7 @@ def test_e2e_no_color_env_on_a_terminal(qkv: dict[str, F64], workdir: Path) -> N
     assert ANSI.encode() not in out
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
 def test_e2e_no_color_flag_on_a_terminal(qkv: dict[str, F64], workdir: Path) -> None:
     out = run_in_pty([sdpa_executable(), "compute", *QKV, "--causal", "--no-color"], workdir)

@@ -710,6 +710,7 @@ def test_empty_inputs_have_no_blank_space_lines(qkv: dict[str, F64]) -> None:
 # --- end to end: the installed entry point -------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_e2e_piped_at_80_columns() -> None:
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
     env.update(COLUMNS="80")

@@ -486,6 +486,7 @@ def test_yaml_holds_the_same_gradients(qkv: dict[str, F64]) -> None:
         assert np.array(data["gradients"][name]).tolist() == values.tolist()
 
 
+@pytest.mark.e2e
 def test_the_installed_command_in_a_pipe(saturated: dict[str, F64]) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
     run = subprocess.run(

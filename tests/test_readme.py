@@ -20,6 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Every test here runs sdpa (or bash) in a subprocess: `make test-fast` skips them.
+pytestmark = pytest.mark.e2e
+
 
 def console_examples() -> list[tuple[str, str]]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -1,0 +1,94 @@
+"""``sdpa inspect`` rendered as golden text, through the command line, at fixed widths
+with color off, on the bundled samples.
+
+Regenerate with ``make golden`` (or ``SDPA_REGEN_GOLDEN=1 python -m pytest -q
+tests/test_render_inspect.py``) and review the diff: a change in a golden file is a
+change in what users read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from clirunner import invoke
+
+from sdpa_cli.errors import ExitCode
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+EXPORTS = ("samples/check/out_scale_bug.npy", "samples/check/lse.npy")
+
+# golden file: (arguments after `sdpa inspect`, width, exit code, stderr)
+CASES: dict[str, tuple[tuple[str, ...], int, int, str]] = {
+    # The README's example: every member of an .npz.
+    "inspect_cross_npz_80.txt": (("samples/cross.npz",), 80, ExitCode.OK, ""),
+    # A case file whose tensors live in an .npz: where each was read from.
+    "inspect_cross_case_file_80.txt": (("samples/cross.yaml",), 80, ExitCode.OK, ""),
+    # NaN counts, then a member that does not exist: what could be read is still shown.
+    "inspect_padded_nan_refused_80.txt": (
+        ("samples/padded_nan.yaml", "samples/cross.npz:w"),
+        80,
+        ExitCode.BAD_INPUT,
+        "sdpa: error: samples/cross.npz:w: has no array 'w' (names: k, q, v)\n",
+    ),
+    # Two float16 files, one with a subnormal value, and the note it gets.
+    "inspect_long_q_k_80.txt": (
+        ("samples/long_q.npy", "samples/long_k.npy"),
+        80,
+        ExitCode.OK,
+        "",
+    ),
+    # A long tensor name: the table folds at 80 columns ...
+    "inspect_check_exports_80.txt": (EXPORTS, 80, ExitCode.OK, ""),
+    # ... and fits whole at 100.
+    "inspect_check_exports_100.txt": (EXPORTS, 100, ExitCode.OK, ""),
+}
+
+
+@pytest.fixture(autouse=True)
+def at_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from the repository root, so that paths print as typed (relative)."""
+    monkeypatch.chdir(ROOT)
+
+
+def render(args: tuple[str, ...], width: int, code: int, stderr: str) -> str:
+    """``sdpa inspect ARGS`` at ``width`` columns with color off: stdout, trailing spaces
+    cut; the exit code and stderr as given."""
+    result = invoke("inspect", *args, env={"COLUMNS": str(width), "NO_COLOR": "1"})
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert result.stderr == stderr
+    return "\n".join(line.rstrip() for line in result.stdout.splitlines()) + "\n"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("SDPA_REGEN_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), (
+        f"missing golden file {path}; run `make golden` "
+        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/test_render_inspect.py)"
+    )
+    assert text == path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("golden", sorted(CASES))
+def test_inspect_renders_as_the_golden_text(golden: str) -> None:
+    args, width, code, stderr = CASES[golden]
+    text = render(args, width, code, stderr)
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert str(ROOT) not in text
+    check_golden(golden, text)
+
+
+def test_the_goldens_show_the_counts() -> None:
+    """What the goldens must show, so that a regeneration cannot quietly bless a wrong one."""
+    text = render(*CASES["inspect_padded_nan_refused_80.txt"])
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[3:6]}
+    assert [rows[n][-2:] for n in "qkv"] == [["0", "0"], ["2", "0"], ["2", "0"]]
+    text = render(*CASES["inspect_long_q_k_80.txt"])
+    assert "long_k: 1 value is subnormal in float16" in text
+    text = render(*CASES["inspect_cross_case_file_80.txt"])
+    assert "q: read from samples/cross.npz:q" in text
