@@ -38,6 +38,7 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 fmt: $(VENV)/.dev-installed
 	$(BIN)/ruff format .

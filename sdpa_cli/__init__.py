@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from sdpa_cli._version import __version__
 
 __all__ = [
     "AttentionSpec",
@@ -31,13 +31,13 @@ __all__ = [
 _LAZY = {
     "AttentionSpec": "sdpa_cli.engine.spec",
     "build_spec": "sdpa_cli.engine.spec",
-    "Trace": "sdpa_cli.engine.block",
-    "trace": "sdpa_cli.engine.block",
+    "Trace": "sdpa_cli.engine.trace",
+    "trace": "sdpa_cli.engine.trace",
     "load_array": "sdpa_cli.files.loaders",
-    "diagnose": "sdpa_cli.diagnose.rules",
-    "Diagnosis": "sdpa_cli.diagnose.rules",
-    "Finding": "sdpa_cli.diagnose.rules",
-    "Thresholds": "sdpa_cli.diagnose.rules",
+    "diagnose": "sdpa_cli.diagnosis.rules",
+    "Diagnosis": "sdpa_cli.diagnosis.findings",
+    "Finding": "sdpa_cli.diagnosis.findings",
+    "Thresholds": "sdpa_cli.diagnosis.findings",
     "assert_attention_close": "sdpa_cli.testing",
     "SdpaError": "sdpa_cli.errors",
     "InputError": "sdpa_cli.errors",
@@ -45,9 +45,10 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from sdpa_cli.diagnose.rules import Diagnosis, Finding, Thresholds, diagnose
-    from sdpa_cli.engine.block import Trace, trace
+    from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Thresholds
+    from sdpa_cli.diagnosis.rules import diagnose
     from sdpa_cli.engine.spec import AttentionSpec, build_spec
+    from sdpa_cli.engine.trace import Trace, trace
     from sdpa_cli.errors import InputError, SdpaError, SpecError
     from sdpa_cli.files.loaders import load_array
     from sdpa_cli.testing import assert_attention_close

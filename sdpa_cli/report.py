@@ -1,5 +1,6 @@
-"""Machine-readable payloads: a trace as JSON, YAML and .npz; check reports as JSON,
-JUnit XML and GitHub Actions annotations; the exit status of ``check``.
+"""Machine-readable payloads: a trace as JSON, YAML and .npz; what ``inspect`` read as
+JSON; check reports as JSON, JUnit XML and GitHub Actions annotations; the exit status
+of ``check``.
 
 JSON has no infinities or NaN, so non-finite numbers are written as the strings
 ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` (the convention of Protocol Buffers'
@@ -10,25 +11,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli import __version__
-from sdpa_cli.check.compare import Mismatch, Tolerance
-from sdpa_cli.check.run import Check, CheckReport
-from sdpa_cli.diagnose.rules import Diagnosis
-from sdpa_cli.engine.block import STAGES, Trace, applicable_stages
+from sdpa_cli._version import __version__
+from sdpa_cli.check.records import Check, CheckReport, failure_lines
+from sdpa_cli.diagnosis.findings import Diagnosis
+from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
+from sdpa_cli.engine.block import STAGES, applicable_stages
+from sdpa_cli.engine.trace import Trace
 from sdpa_cli.errors import ExitCode
-from sdpa_cli.files.loaders import write_atomic
-from sdpa_cli.text import ceil_sig, json_number, percent, plural
+from sdpa_cli.files.writers import write_atomic
+from sdpa_cli.text import json_number
 
 if TYPE_CHECKING:
     from sdpa_cli.check.manifest import CaseResult
-    from sdpa_cli.diagnose.explain import Explanation
-    from sdpa_cli.diagnose.grad import GradDiagnosis
-    from sdpa_cli.engine.grad import Gradients, NumericCheck
+    from sdpa_cli.diagnosis.explained import Explanation
+    from sdpa_cli.diagnosis.grad import GradDiagnosis
+    from sdpa_cli.engine.grad import Gradients
+    from sdpa_cli.engine.numeric import NumericCheck
     from sdpa_cli.engine.spec import AttentionSpec
 
 
@@ -245,7 +250,7 @@ def save_grad_npz(grads: Gradients, path: str) -> None:
     """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
     loaded, and the ``dout`` used, to ``path``, atomically."""
     arrays = {n: np.asarray(grads.loaded(n)) for n in grads.present()}
-    from sdpa_cli.engine.block import merge_heads
+    from sdpa_cli.engine.trace import merge_heads
 
     arrays["dout"] = merge_heads(grads.spec, grads.dout)
 
@@ -256,6 +261,71 @@ def save_grad_npz(grads: Gradients, path: str) -> None:
 
 
 # --- sdpa check -------------------------------------------------------------------------
+
+
+def inspect_payload(results: Sequence[FileReport | Unreadable]) -> dict[str, Any]:
+    """``sdpa inspect``'s JSON: ``{"sdpa_version", "files": [{"path", "tensors": [...]}]}``.
+
+    A statistic with no value (an empty tensor, one with no finite value) is ``null``;
+    infinite headroom (a tensor of zeros) is the string ``"Infinity"``, as everywhere
+    in sdpa's JSON. A file that could not be read has ``"error"`` and no tensors; a
+    refused member has ``"error"`` and no statistics.
+
+    Args:
+        results: what :func:`~sdpa_cli.diagnosis.inspect.inspect_files` returns.
+    """
+    files = [
+        {"path": r.path, "tensors": [], "error": str(r.error)}
+        if isinstance(r, Unreadable)
+        else {
+            "path": r.path,
+            "format": r.format,
+            "case": r.case,
+            "tensors": [_tensor_payload(t) for t in r.tensors],
+            "error": None,
+        }
+        for r in results
+    ]
+    return {"sdpa_version": __version__, "files": files}
+
+
+def _tensor_payload(t: TensorStats) -> dict[str, Any]:
+    """One tensor of ``inspect``'s JSON: its statistics, or its error when refused."""
+    if t.problem is not None:
+        return {"name": t.name, "error": t.error}
+    return {
+        "name": t.name,
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "size": t.size,
+        "finite": t.finite,
+        "min": _nan_to_none(t.min),
+        "max": _nan_to_none(t.max),
+        "mean": _nan_to_none(t.mean),
+        "std": _nan_to_none(t.std),
+        "nan": t.nan,
+        "posinf": t.posinf,
+        "neginf": t.neginf,
+        "max_abs": _nan_to_none(t.absmax),
+        "min_abs_nonzero": _nan_to_none(t.absmin),
+        "headroom": {
+            h.format: {
+                "max": h.max,
+                "bits": None if math.isnan(h.bits) else json_number(h.bits),
+                "overflow": h.overflow,
+                "flush": h.flush,
+                "subnormal": h.subnormal,
+            }
+            for h in t.headroom
+        },
+        "source": t.source,
+        "error": None,
+    }
+
+
+def _nan_to_none(x: float) -> float | None:
+    """A statistic with no value (NaN) as ``null``."""
+    return None if math.isnan(x) else x
 
 
 def check_payload(report: CheckReport, *, name: str | None = None) -> dict[str, Any]:
@@ -325,67 +395,12 @@ def check_exit_code(results: list[CaseResult]) -> ExitCode:
     return ExitCode.OK
 
 
-def failure_lines(check: Check) -> list[str]:
-    """A failed check in full, one fact per line (shared by the table, JUnit and
-    assertions): the mismatch report, the findings (``• message``, ``  hint: ...``),
-    or the figure and index; then the hint."""
-    lines: list[str] = []
-    findings = check.details.get("findings")
-    if check.mismatch is not None:
-        lines += mismatch_lines(check.mismatch, check.tolerance)
-    elif findings:
-        count = check.details.get("count", len(findings))
-        lines.append(f"{plural(count, 'finding')}{', the first' if count > len(findings) else ''}:")
-        for f in findings:
-            lines.append(f"• {f['message']}")
-            if f.get("hint"):
-                lines.append(f"  hint: {f['hint']}")
-    else:
-        lines.append(check.summary)
-        if check.index is not None:
-            lines.append(f"index: {list(check.index)}")
-    if check.hint:
-        lines.append(f"hint: {check.hint}")
-    return lines
-
-
 def _failure_text(check: Check) -> str:
     """The text of a JUnit ``<failure>``: the figure, the full report, the file."""
     lines = [check.summary, *failure_lines(check)]
     if check.file:
         lines.append(f"file: {check.file}")
     return "\n".join(lines)
-
-
-def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
-    """A mismatch as the lines of the report (shared by the table, JUnit and assertions)."""
-    lines = [
-        f"mismatched elements: {m.mismatched:,} / {m.total:,} ({percent(m.fraction)})",
-        f"NaN mismatches: {m.nan_mismatches:,} · inf mismatches: {m.inf_mismatches:,}",
-        f"greatest absolute difference: {m.max_abs:.6g} at index {_at(m.max_abs_at)}",
-        f"greatest relative difference: {m.max_rel:.6g} at index {_at(m.max_rel_at)}",
-    ]
-    if m.worst_at is not None:
-        lines.append(
-            f"worst element: index {list(m.worst_at)}: got {m.worst_actual:.8g}, "
-            f"reference {m.worst_reference:.8g}"
-        )
-    if tol is not None:
-        lines.append(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g} ({tol.source})")
-        if m.mismatched:
-            if m.passing_atol is None:
-                lines.append("would pass with: no tolerance (non-finite mismatches)")
-            else:
-                rtol_text = "none" if m.passing_rtol is None else ceil_sig(m.passing_rtol)
-                lines.append(
-                    f"would pass with: atol ≥ {ceil_sig(m.passing_atol)} (rtol {tol.rtol:g}) "
-                    f"or rtol ≥ {rtol_text} (atol {tol.atol:g})"
-                )
-    return lines
-
-
-def _at(at: tuple[int, ...] | None) -> str:
-    return "-" if at is None else str(list(at))
 
 
 def junit_xml(results: list[CaseResult], *, suite: str = "sdpa check") -> bytes:

@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.check.run import CheckReport, CheckSettings, Expected, run_checks
-from sdpa_cli.diagnose.rules import Thresholds
-from sdpa_cli.engine.spec import build_spec, parse_options
-from sdpa_cli.report import failure_lines
+from sdpa_cli.check.records import CheckReport, Expected, failure_lines
+from sdpa_cli.check.run import run_checks
+from sdpa_cli.check.settings import CheckSettings
+from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.engine.options import parse_options
+from sdpa_cli.engine.spec import build_spec
 
 
 def _as_array(x: Any, name: str) -> tuple[NDArray[Any], str]:

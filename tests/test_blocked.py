@@ -28,22 +28,21 @@ from reference import paper_alibi_slopes
 
 import sdpa_cli.check.compare
 import sdpa_cli.engine.block
-from sdpa_cli.check.run import CheckReport, Expected, block_lse, run_checks, v_range
+import sdpa_cli.engine.driver
 from sdpa_cli.check.compare import Mismatch, compare
-from sdpa_cli.engine.block import (
-    Trace,
-    attend_block,
-    block_rows,
-    iter_blocks,
-    key_range,
-    native_dtype,
-    trace,
-    visibility,
-)
-from sdpa_cli.diagnose.rules import diagnose
+from sdpa_cli.check.elements import v_range
+from sdpa_cli.check.exports import block_lse
+from sdpa_cli.check.records import CheckReport, Expected
+from sdpa_cli.check.run import run_checks
+from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine.block import attend_block, key_range, native_dtype, visibility
+from sdpa_cli.engine.driver import block_rows, iter_blocks
+from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.records import product_moments
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.errors import ExitCode
-from sdpa_cli.engine.spec import AttentionSpec, Options, build_spec
-from sdpa_cli.engine.stats import Stats, product_moments
 
 F64 = NDArray[np.float64]
 RTOL = 1e-12
@@ -608,7 +607,7 @@ def check_report(spec: AttentionSpec, jobs: int) -> CheckReport:
 
 def test_threads_give_the_check_results_of_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = spread_out_trouble()
-    monkeypatch.setattr(sdpa_cli.engine.block, "BLOCK_ELEMENTS", 3 * spec.S)  # 3 rows per block
+    monkeypatch.setattr(sdpa_cli.engine.driver, "BLOCK_ELEMENTS", 3 * spec.S)  # 3 rows per block
     assert block_rows(spec) == 3
     one, two = check_report(spec, jobs=1), check_report(spec, jobs=2)
     assert not one.passed
@@ -1010,7 +1009,7 @@ def test_cli_jobs_2_prints_exactly_what_jobs_1_prints(
     monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
     """Every sample, one query row per block (so that two threads interleave blocks)."""
-    monkeypatch.setattr(sdpa_cli.engine.block, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(sdpa_cli.engine.driver, "BLOCK_ELEMENTS", 1)
     for args in CLI_RUNS:
         one = invoke(command, *args, "--jobs", "1")
         two = invoke(command, *args, "--jobs", "2")

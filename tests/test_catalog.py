@@ -1165,9 +1165,9 @@ def test_npz_bomb_of_honest_size_is_refused_before_reading(
 ) -> None:
     """64 MiB of zeros stored in 64 KiB, on a machine with 16 MiB free: refused from the
     sizes in the archive, before a byte is decompressed."""
-    import sdpa_cli.engine.block
+    import sdpa_cli.files.limits
 
-    monkeypatch.setattr(sdpa_cli.engine.block, "available_memory", lambda: 16 << 20)
+    monkeypatch.setattr(sdpa_cli.files.limits, "available_memory", lambda: 16 << 20)
     buf = io.BytesIO()
     np.save(buf, np.zeros((2, 4096, 1024)))
     npz("bomb.npz", {"q.npy": buf.getvalue()})(base)
@@ -1320,8 +1320,8 @@ def test_empty_keys_with_absurd_heads_are_refused(base: Path) -> None:
 # --- internal errors and interruptions ---------------------------------------------------
 
 TARGETS = {
-    "compute": ("sdpa_cli.engine.block", "trace"),
-    "explain": ("sdpa_cli.engine.block", "trace"),
+    "compute": ("sdpa_cli.engine.trace", "trace"),
+    "explain": ("sdpa_cli.engine.trace", "trace"),
     "check": ("sdpa_cli.check.run", "run_checks"),
 }
 

@@ -29,18 +29,15 @@ from numpy.typing import NDArray
 from reference import Stages, attention
 
 from sdpa_cli import assert_attention_close
-from sdpa_cli.check.run import (
-    Check,
-    CheckReport,
-    CheckSettings,
-    Expected,
-    logsumexp,
-    run_checks,
-)
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
-from sdpa_cli.diagnose.rules import KINDS, Thresholds
+from sdpa_cli.check.exports import logsumexp
+from sdpa_cli.check.records import Check, CheckReport, Expected
+from sdpa_cli.check.run import run_checks
+from sdpa_cli.check.settings import CheckSettings
+from sdpa_cli.diagnosis.findings import KINDS, Thresholds
+from sdpa_cli.engine.options import parse_options
+from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.errors import SpecError
-from sdpa_cli.engine.spec import build_spec, parse_options
 
 F64 = NDArray[np.float64]
 BOUNDED = settings(max_examples=30, deadline=None)

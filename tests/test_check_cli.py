@@ -28,7 +28,7 @@ from clirunner import ANSI, CLEAN_ENV, assert_one_error_line, invoke, strict_jso
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
-from sdpa_cli.diagnose.rules import KINDS, SEVERITIES
+from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES
 from sdpa_cli.errors import ExitCode
 
 F64 = NDArray[np.float64]
@@ -1188,7 +1188,9 @@ def test_a_malformed_manifest_exits_2_before_running(
 def test_bad_flags_beside_a_manifest_exit_2_before_running(
     cases: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("sdpa_cli.check.manifest.run_cases", None)  # calling it would be a TypeError
+    monkeypatch.setattr(
+        "sdpa_cli.check.manifest.run_cases", None
+    )  # calling it would be a TypeError
     manifest = write_yaml(cases / "m.yaml", TWO_CASES)
     line = assert_one_error_line(check("--manifest", manifest, "--fail-on", "bogus"))
     assert line.startswith("sdpa: error: --fail-on: unknown finding kind 'bogus'")
@@ -1272,6 +1274,7 @@ def sdpa_executable() -> str:
     return str(beside)
 
 
+@pytest.mark.e2e
 def test_e2e_failing_check_in_a_pipe(exports: dict[str, F64], workdir: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
     env["COLUMNS"] = "100"

@@ -262,12 +262,12 @@ def test_success_exits_zero_with_a_silent_stderr(qkv: dict[str, F64]) -> None:
 def test_internal_error_is_one_line_and_exit_3(
     qkv: dict[str, F64], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sdpa_cli.engine.block
+    import sdpa_cli.engine.trace
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(sdpa_cli.engine.block, "trace", broken)
+    monkeypatch.setattr(sdpa_cli.engine.trace, "trace", broken)
     line = assert_one_error_line(invoke("compute", *QKV), code=ExitCode.INTERNAL)
     assert line.startswith("sdpa: error: internal error: RuntimeError: boom")
     assert "report" in line
@@ -278,12 +278,12 @@ def test_internal_error_is_one_line_and_exit_3(
 
 
 def test_interrupt_exits_130(qkv: dict[str, F64], monkeypatch: pytest.MonkeyPatch) -> None:
-    import sdpa_cli.engine.block
+    import sdpa_cli.engine.trace
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sdpa_cli.engine.block, "trace", interrupted)
+    monkeypatch.setattr(sdpa_cli.engine.trace, "trace", interrupted)
     result = invoke("compute", *QKV)
     assert result.exit_code == ExitCode.INTERRUPTED
     assert result.stdout == ""
@@ -658,7 +658,7 @@ def test_single_row_selection(workdir: Path) -> None:
 
 
 def test_table_stages_filter(qkv: dict[str, F64]) -> None:
-    from sdpa_cli.render.compute import STAGE_TITLES
+    from sdpa_cli.render.common import STAGE_TITLES
 
     result = invoke("compute", *QKV, "--stages", "weights", "--no-color")
     assert result.exit_code == 0, result.stderr

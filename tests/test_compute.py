@@ -14,9 +14,11 @@ import pytest
 from numpy.typing import NDArray
 from reference import Stages, attention, mix
 
-from sdpa_cli.engine.block import STAGES, Trace, attend_block, softmax, trace
+from sdpa_cli.engine.block import STAGES, attend_block, softmax
+from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.errors import SpecError
-from sdpa_cli.engine.spec import Options, build_spec
 
 F64 = NDArray[np.float64]
 RTOL = 1e-12
@@ -626,18 +628,19 @@ def test_trace_keeps_only_the_stages_asked_for() -> None:
 def test_a_trace_that_cannot_fit_in_memory_is_refused_before_allocating(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import sdpa_cli.engine.block as compute
+    import sdpa_cli.engine.trace as compute
+    from sdpa_cli.files import limits
 
     x = np.ones((1, 2, 64, 8))
     spec = build_spec(x, x, x)
     # Two stages of (1, 2, 64, 64) float64, the boolean mask, and the statistics of the
     # 2 · 64 rows: 2·65536 + 8192 + 128·ROW_STATS_BYTES bytes.
     need = 2 * 8 * 2 * 64 * 64 + 2 * 64 * 64 + 2 * 64 * compute.ROW_STATS_BYTES
-    monkeypatch.setattr(compute, "available_memory", lambda: need - 1)
+    monkeypatch.setattr(limits, "available_memory", lambda: need - 1)
     with pytest.raises(SpecError) as info:
         trace(spec, stages=("weights", "raw"))
     assert info.value.where == "scores (1, 2, 64, 64)"
     assert "needs 0.0 GiB" in info.value.problem
     assert "fewer --stages" in info.value.problem
-    monkeypatch.setattr(compute, "available_memory", lambda: need)
+    monkeypatch.setattr(limits, "available_memory", lambda: need)
     assert trace(spec, stages=("weights", "raw")).weights is not None

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from sdpa_cli.files.config import check_config, check_values, read_config, thresholds
-from sdpa_cli.diagnose.rules import Thresholds
+from sdpa_cli.check.settings import check_config, check_values
+from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.diagnosis.thresholds import thresholds
 from sdpa_cli.errors import InputError, SpecError
+from sdpa_cli.files.config import read_config
 
 DEFAULTS = Thresholds(saturation=0.99, uniform=0.98, head_fraction=0.9, max_findings=50)
 NO_FLAGS: dict[str, Any] = {}

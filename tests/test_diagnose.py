@@ -17,9 +17,12 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import trace
-from sdpa_cli.diagnose.rules import Diagnosis, Finding, Thresholds, diagnose, row_flags
-from sdpa_cli.engine.spec import build_spec, parse_options
+from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Thresholds
+from sdpa_cli.diagnosis.rows import row_flags
+from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine.options import parse_options
+from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.trace import trace
 
 F64 = NDArray[np.float64]
 

@@ -26,10 +26,14 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import Trace, attend_block, iter_blocks, softmax, trace
-from sdpa_cli.diagnose.rules import Emulation, diagnose
+from sdpa_cli.diagnosis.findings import Emulation
+from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine.block import attend_block, softmax
+from sdpa_cli.engine.driver import iter_blocks
+from sdpa_cli.engine.options import Options, parse_options
+from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.errors import SpecError
-from sdpa_cli.engine.spec import Options, build_spec, parse_options
 
 F64 = NDArray[np.float64]
 F32 = np.float32

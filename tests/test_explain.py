@@ -38,18 +38,16 @@ from hypothesis.extra.numpy import arrays
 from numpy.typing import NDArray
 from reference import attention
 
-from sdpa_cli.engine.block import Trace, applicable_stages, trace
-from sdpa_cli.diagnose.rules import Diagnosis, Thresholds, diagnose
-from sdpa_cli.diagnose.explain import (
-    Explanation,
-    StageExplained,
-    elsewhere_summary,
-    explain,
-    slice_at,
-)
-from sdpa_cli.files.loaders import load_case
+from sdpa_cli.diagnosis.explain import elsewhere_summary, explain, slice_at
+from sdpa_cli.diagnosis.explained import Explanation, StageExplained
+from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
+from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine.block import applicable_stages
+from sdpa_cli.engine.options import OPTION_NAMES, parse_options
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.trace import Trace, trace
+from sdpa_cli.files.cases import load_case
 from sdpa_cli.report import explain_payload
-from sdpa_cli.engine.spec import OPTION_NAMES, AttentionSpec, build_spec, parse_options
 
 F64 = NDArray[np.float64]
 ROOT = Path(__file__).resolve().parent.parent

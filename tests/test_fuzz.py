@@ -38,9 +38,9 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from numpy.typing import NDArray
 
+from sdpa_cli.engine.options import OPTION_NAMES
 from sdpa_cli.errors import SdpaError
 from sdpa_cli.files.loaders import Source, load_array
-from sdpa_cli.engine.spec import OPTION_NAMES
 
 FUZZING = os.environ.get("SDPA_FUZZ") == "1"
 FUZZ_EXAMPLES = int(os.environ.get("SDPA_FUZZ_EXAMPLES", "1000"))

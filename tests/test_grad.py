@@ -41,16 +41,13 @@ from hypothesis.extra.numpy import arrays
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import masks
-from sdpa_cli.engine.block import dropout_keep, key_range, trace
+from sdpa_cli.engine.block import dropout_keep, key_range
+from sdpa_cli.engine.grad import Gradients, backward, backward_block, make_dout
+from sdpa_cli.engine.numeric import numeric_check
+from sdpa_cli.engine.options import FINFO_MIN, Options
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.trace import trace
 from sdpa_cli.errors import SpecError
-from sdpa_cli.engine.grad import (
-    Gradients,
-    backward,
-    backward_block,
-    make_dout,
-    numeric_check,
-)
-from sdpa_cli.engine.spec import FINFO_MIN, AttentionSpec, Options, build_spec
 
 RTOL = 1e-10
 ATOL = 1e-12

@@ -20,8 +20,7 @@ import pytest
 from clirunner import ANSI, assert_one_error_line, invoke, strict_json
 from numpy.typing import NDArray
 
-from sdpa_cli.errors import ExitCode, InputError
-from sdpa_cli.diagnose.inspect import (
+from sdpa_cli.diagnosis.inspect import (
     CHUNK,
     FileReport,
     Headroom,
@@ -30,8 +29,10 @@ from sdpa_cli.diagnose.inspect import (
     inspect_array,
     inspect_file,
 )
-from sdpa_cli.files.loaders import load_array, load_case
-from sdpa_cli.engine.spec import OPTION_NAMES
+from sdpa_cli.engine.options import OPTION_NAMES
+from sdpa_cli.errors import ExitCode, InputError
+from sdpa_cli.files.cases import load_case
+from sdpa_cli.files.loaders import load_array
 
 F64 = NDArray[np.float64]
 FP16_MAX = 65504.0

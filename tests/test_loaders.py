@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from sdpa_cli.engine.options import OPTION_NAMES
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.loaders import Source, load_array, load_case, nested_to_array, write_atomic
-from sdpa_cli.engine.spec import OPTION_NAMES
+from sdpa_cli.files.cases import load_case
+from sdpa_cli.files.loaders import Source, load_array
+from sdpa_cli.files.structured import nested_to_array
+from sdpa_cli.files.writers import write_atomic
 
 
 def write_text(path: Path, text: str) -> Path:

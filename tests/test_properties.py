@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import Trace, trace
-from sdpa_cli.engine.spec import Options, build_spec
+from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.trace import Trace, trace
 
 F64 = NDArray[np.float64]
 BOUNDED = settings(max_examples=50, deadline=None)

@@ -15,11 +15,14 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from sdpa_cli.diagnose.rules import diagnose
-from sdpa_cli.engine.block import applicable_stages, shown_blocks, trace
-from sdpa_cli.engine.spec import OPTION_NAMES, AttentionSpec, Options, build_spec, parse_options
-from sdpa_cli.files.loaders import load_case
-from sdpa_cli.render.compute import View, layout, render_compute
+from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine.block import applicable_stages
+from sdpa_cli.engine.options import OPTION_NAMES, Options, parse_options
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.trace import shown_blocks, trace
+from sdpa_cli.files.cases import load_case
+from sdpa_cli.render.common import View, layout
+from sdpa_cli.render.compute import render_compute
 from sdpa_cli.text import decimals
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,13 +19,15 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from sdpa_cli.engine.block import trace
-from sdpa_cli.diagnose.rules import diagnose
-from sdpa_cli.diagnose.explain import Explanation, explain, slice_at
-from sdpa_cli.files.loaders import load_case
-from sdpa_cli.render.compute import View
-from sdpa_cli.render.explain import BARS, bar, diverging_bar, note_text, render_explain
-from sdpa_cli.engine.spec import OPTION_NAMES, AttentionSpec, build_spec, parse_options
+from sdpa_cli.diagnosis.explain import explain, slice_at
+from sdpa_cli.diagnosis.explained import Explanation
+from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine.options import OPTION_NAMES, parse_options
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.trace import trace
+from sdpa_cli.files.cases import load_case
+from sdpa_cli.render.common import View, note_text
+from sdpa_cli.render.explain import BARS, bar, diverging_bar, render_explain
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from sdpa_cli.engine.options import Options, parse_options
+from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.errors import SpecError
-from sdpa_cli.engine.spec import Options, build_spec, parse_options
 
 
 def z(*shape: int, dtype: Any = np.float64) -> NDArray[Any]:

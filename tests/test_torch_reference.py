@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import trace
-from sdpa_cli.engine.spec import Options, build_spec
+from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.trace import trace
 
 torch = pytest.importorskip("torch")
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402

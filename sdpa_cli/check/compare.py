@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.text import percent
+from sdpa_cli.text import ceil_sig, percent
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]
@@ -312,3 +312,34 @@ def mismatch_summary(m: Mismatch, tol: Tolerance) -> str:
     return (
         f"{head}{kinds} beyond rtol {tol.rtol:g}, atol {tol.atol:g}; greatest |Δ| {m.max_abs:.3g}"
     )
+
+
+def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
+    """A mismatch as the lines of the report (shared by the table, JUnit and assertions)."""
+    lines = [
+        f"mismatched elements: {m.mismatched:,} / {m.total:,} ({percent(m.fraction)})",
+        f"NaN mismatches: {m.nan_mismatches:,} · inf mismatches: {m.inf_mismatches:,}",
+        f"greatest absolute difference: {m.max_abs:.6g} at index {_at(m.max_abs_at)}",
+        f"greatest relative difference: {m.max_rel:.6g} at index {_at(m.max_rel_at)}",
+    ]
+    if m.worst_at is not None:
+        lines.append(
+            f"worst element: index {list(m.worst_at)}: got {m.worst_actual:.8g}, "
+            f"reference {m.worst_reference:.8g}"
+        )
+    if tol is not None:
+        lines.append(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g} ({tol.source})")
+        if m.mismatched:
+            if m.passing_atol is None:
+                lines.append("would pass with: no tolerance (non-finite mismatches)")
+            else:
+                rtol_text = "none" if m.passing_rtol is None else ceil_sig(m.passing_rtol)
+                lines.append(
+                    f"would pass with: atol ≥ {ceil_sig(m.passing_atol)} (rtol {tol.rtol:g}) "
+                    f"or rtol ≥ {rtol_text} (atol {tol.atol:g})"
+                )
+    return lines
+
+
+def _at(at: Index | None) -> str:
+    return "-" if at is None else str(list(at))

@@ -20,19 +20,22 @@ fails, or cannot be read, does not stop the others.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdpa_cli.check.run import CheckReport, CheckSettings, run_checks
-from sdpa_cli.diagnose.rules import Thresholds
-from sdpa_cli.engine.spec import OPTION_NAMES
+from sdpa_cli.check.exports import load_expected
+from sdpa_cli.check.records import CheckReport
+from sdpa_cli.check.run import run_checks
+from sdpa_cli.check.settings import CHECK_NAMES, CheckSettings, check_values, merge_check_settings
+from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.engine.inputs import load_spec
+from sdpa_cli.engine.options import OPTION_NAMES
 from sdpa_cli.errors import InputError, SdpaError
-from sdpa_cli.files.config import CHECK_NAMES, check_values, merge_check_settings
-from sdpa_cli.text import shown
+from sdpa_cli.files.structured import TEXT_SUFFIXES, parse_text
+from sdpa_cli.text import printable, shown
 
 INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask")
 EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
@@ -80,8 +83,6 @@ def _entries(
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
-            from sdpa_cli.text import printable
-
             raise InputError(
                 f"{where}: {printable(str(raw_key))}",
                 "unknown key; expected name, case or q/k/v, bias, mask, expect-output, "
@@ -107,9 +108,6 @@ def load_manifest(path: str) -> list[ManifestCase]:
     Raises:
         InputError: naming the manifest (and the entry) when it is not well formed.
     """
-    from sdpa_cli.files.loaders import TEXT_SUFFIXES, parse_text
-    from sdpa_cli.text import printable
-
     file = Path(path)
     path = printable(path)  # as messages name it
     fmt = TEXT_SUFFIXES.get(file.suffix.lower())
@@ -183,8 +181,6 @@ def case_settings(case: ManifestCase, over: Overrides) -> dict[str, Any]:
 
 def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
     """Load, compute and judge one case; never raises for a bad case."""
-    from sdpa_cli.engine.inputs import load_expected, load_spec
-
     try:
         flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}
         where = {k: w for k, w in case.where.items() if over.option_flags.get(k) is None}
@@ -198,14 +194,6 @@ def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
         return CaseResult(
             case.name, error=f"internal error: {type(exc).__name__}: {exc}", internal=True
         )
-
-
-def default_jobs() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def run_cases(cases: list[ManifestCase], over: Overrides, jobs: int) -> list[CaseResult]:

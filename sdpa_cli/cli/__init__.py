@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from sdpa_cli import __version__
+from sdpa_cli._version import __version__
 from sdpa_cli.cli.check import check
 from sdpa_cli.cli.compute import compute
 from sdpa_cli.cli.explain import explain

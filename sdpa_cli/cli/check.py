@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any, BinaryIO
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
@@ -18,6 +18,10 @@ from sdpa_cli.cli.options import (
     start_engine,
 )
 from sdpa_cli.errors import SpecError
+
+if TYPE_CHECKING:
+    from sdpa_cli.check.manifest import CaseResult
+    from sdpa_cli.diagnosis.findings import Thresholds
 
 CHECK_EXIT_CODES_HELP = (
     "Exit codes: 0 every check passed · 1 a check failed · 2 bad usage, or an input "
@@ -133,37 +137,11 @@ def check(
       sdpa check --manifest checks.yaml --junit report.xml
     """
     threads = start_engine(jobs)
-    from sdpa_cli.check.manifest import (
-        CaseResult,
-        Overrides,
-        case_settings,
-        load_manifest,
-        run_cases,
-    )
-    from sdpa_cli.check.run import CheckSettings, run_checks
-    from sdpa_cli.files.config import (
-        check_config,
-        check_values,
-        merge_check_settings,
-        read_config,
-        thresholds,
-    )
-    from sdpa_cli.files.loaders import write_all_atomic
-    from sdpa_cli.report import (
-        check_document,
-        check_exit_code,
-        github_annotations,
-        junit_xml,
-        to_json,
-    )
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.report import check_exit_code
 
-    config_file = read_config()  # read once: thresholds and check settings
-    limits = thresholds(
+    limits, config, given = _settings(
         given_thresholds,
-        config=config_file,
-    )
-    config = check_config(config=config_file)
-    given = check_values(
         {
             "rtol": rtol,
             "atol": atol,
@@ -173,9 +151,10 @@ def check(
             "fail_on": fail_on,
             "fail_on_severity": fail_on_severity,
             "equal_nan": equal_nan,
-        }
+        },
     )
     expect = {"output": expect_output, "weights": expect_weights, "lse": expect_lse}
+    title = None
     if manifest is not None:
         if inputs or bias_path or mask_path or any(expect.values()):
             raise SpecError(
@@ -183,40 +162,121 @@ def check(
                 "the manifest lists inputs and expectations; give no Q K V, --bias, --mask "
                 "or --expect-* beside it",
             )
-        cases = load_manifest(manifest)
-        over = Overrides(
-            config=config,
-            check_flags=given,
-            option_flags={k: v for k, v in flags.items() if v is not None},
-            thresholds=limits,
-        )
-        for case in cases:  # settings that do not fit together: exit 2 before any case runs
-            try:
-                CheckSettings(**case_settings(case, over))
-            except SpecError as exc:
-                raise SpecError(f"{manifest}: case {case.name}", str(exc)) from None
-        results = run_cases(cases, over, threads)
-        title = None
+        results = _run_manifest(manifest, config, given, flags, limits, threads)
     else:
-        from sdpa_cli.engine.inputs import load_expected, load_spec
+        title, results = _run_case(
+            inputs, bias_path, mask_path, expect, flags, config, given, limits, threads
+        )
+    json_text = _write_reports(results, manifest, junit, report)
+    _show(results, manifest, title, fmt, json_text, color)
+    return int(check_exit_code(results))
 
-        if not inputs:
-            raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
-        settings = CheckSettings(**merge_check_settings(config, given))
-        spec, description = load_spec(inputs, bias_path, mask_path, flags)
-        expected = load_expected(expect)
-        title = (description or "").strip() or " ".join(inputs)
-        with progress_bar(spec, "checking") as progress:
-            report_ = run_checks(spec, expected, settings, limits, jobs=threads, progress=progress)
-        results = [CaseResult(title, report_)]
 
-    code = check_exit_code(results)
-    document = check_document(results, manifest=manifest)
-    json_text = to_json(document) + "\n"
+def _settings(
+    given_thresholds: Mapping[str, str | None], flags: Mapping[str, Any]
+) -> tuple[Thresholds, dict[str, Any], dict[str, Any]]:
+    """The thresholds, the config file's check settings and the flags' (parsed); the
+    config file is read once, for both."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.check.settings import check_config, check_values
+    from sdpa_cli.diagnosis.thresholds import thresholds
+    from sdpa_cli.files.config import read_config
+
+    config_file = read_config()
+    limits = thresholds(given_thresholds, config=config_file)
+    return limits, check_config(config=config_file), check_values(flags)
+
+
+def _run_manifest(
+    manifest: str,
+    config: Mapping[str, Any],
+    given: Mapping[str, Any],
+    flags: Mapping[str, Any],
+    limits: Thresholds,
+    threads: int,
+) -> list[CaseResult]:
+    """Every case of the manifest, ``threads`` at a time; settings that do not fit
+    together stop the run (exit 2) before any case runs."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.check.manifest import Overrides, case_settings, load_manifest, run_cases
+    from sdpa_cli.check.settings import CheckSettings
+
+    cases = load_manifest(manifest)
+    over = Overrides(
+        config=config,
+        check_flags=given,
+        option_flags={k: v for k, v in flags.items() if v is not None},
+        thresholds=limits,
+    )
+    for case in cases:
+        try:
+            CheckSettings(**case_settings(case, over))
+        except SpecError as exc:
+            raise SpecError(f"{manifest}: case {case.name}", str(exc)) from None
+    return run_cases(cases, over, threads)
+
+
+def _run_case(
+    inputs: tuple[str, ...],
+    bias_path: str | None,
+    mask_path: str | None,
+    expect: Mapping[str, str | None],
+    flags: Mapping[str, Any],
+    config: Mapping[str, Any],
+    given: Mapping[str, Any],
+    limits: Thresholds,
+    threads: int,
+) -> tuple[str, list[CaseResult]]:
+    """The one case given on the command line, and its title (the case file's
+    description, or the inputs)."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.check.exports import load_expected
+    from sdpa_cli.check.manifest import CaseResult
+    from sdpa_cli.check.run import run_checks
+    from sdpa_cli.check.settings import CheckSettings, merge_check_settings
+    from sdpa_cli.engine.inputs import load_spec
+
+    if not inputs:
+        raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
+    settings = CheckSettings(**merge_check_settings(config, given))
+    spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    expected = load_expected(expect)
+    title = (description or "").strip() or " ".join(inputs)
+    with progress_bar(spec, "checking") as progress:
+        report = run_checks(spec, expected, settings, limits, jobs=threads, progress=progress)
+    return title, [CaseResult(title, report)]
+
+
+def _write_reports(
+    results: list[CaseResult], manifest: str | None, junit: str | None, report: str | None
+) -> str:
+    """Write the JUnit and JSON report files asked for (atomically, all or none);
+    returns the JSON report's text."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.files.writers import write_all_atomic
+    from sdpa_cli.report import check_document, junit_xml, to_json
+
+    json_text = to_json(check_document(results, manifest=manifest)) + "\n"
     # Report files first (atomically), then what a person or a script reads.
     reports = [] if junit is None else [(junit, junit_xml(results))]
     reports += [] if report is None else [(report, json_text.encode())]
     write_all_atomic([(path, _writes(data)) for path, data in reports])
+    return json_text
+
+
+def _show(
+    results: list[CaseResult],
+    manifest: str | None,
+    title: str | None,
+    fmt: str,
+    json_text: str,
+    color: bool | None,
+) -> None:
+    """GitHub annotations (under GitHub Actions), a line per case that could not be
+    checked (stderr), then the JSON report or the table."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.render.check import render_cases, render_report
+    from sdpa_cli.report import github_annotations
 
     console = make_console(color)
     if os.environ.get("GITHUB_ACTIONS") == "true":
@@ -229,17 +289,12 @@ def check(
     if fmt == "json":
         click.echo(json_text, nl=False)
     elif manifest is not None:
-        from sdpa_cli.render.check import render_cases
-
         print_all(console, [render_cases(results, manifest)])
     else:
-        from sdpa_cli.render.check import render_report
-
         assert results[0].report is not None
         print_all(console, [render_report(results[0].report, title)])
-    return int(code)
 
 
 def _writes(data: bytes) -> Callable[[BinaryIO], object]:
-    """A writer of ``data``, for :func:`~sdpa_cli.files.loaders.write_all_atomic`."""
+    """A writer of ``data``, for :func:`~sdpa_cli.files.writers.write_all_atomic`."""
     return lambda fh: fh.write(data)

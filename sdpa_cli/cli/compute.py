@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +21,14 @@ from sdpa_cli.cli.options import (
     progress_bar,
     start_engine,
 )
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from sdpa_cli.diagnosis.findings import Diagnosis
+    from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.engine.trace import Trace
+    from sdpa_cli.render.common import View
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -62,11 +70,13 @@ def compute(
       sdpa compute q.npy k.npy v.npy --dtype float16
     """
     threads = start_engine(jobs)
-    from sdpa_cli.diagnose.rules import diagnose
-    from sdpa_cli.engine.block import applicable_stages, shown_blocks, trace
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.rules import diagnose
+    from sdpa_cli.diagnosis.thresholds import thresholds
+    from sdpa_cli.engine.block import applicable_stages
     from sdpa_cli.engine.inputs import load_spec
-    from sdpa_cli.files.config import thresholds
-    from sdpa_cli.render.compute import View, layout, render_compute
+    from sdpa_cli.engine.trace import trace
+    from sdpa_cli.render.common import View
     from sdpa_cli.report import payload, save_npz, to_json, to_yaml
 
     limits = thresholds(given_thresholds)
@@ -89,14 +99,12 @@ def compute(
     # rendering cannot leave a new file behind; the output is printed last.
     console = make_console(color)
     text: str | None = None
-    renderables: list[Any] = []
+    renderables: list[RenderableType] = []
     if fmt == "json":
         text = to_json(payload(result, chosen, diagnosis, for_json=True)) + "\n"
     elif fmt == "yaml":
         text = to_yaml(payload(result, chosen, diagnosis, for_json=False))
     else:
-        from rich.text import Text
-
         view = View(
             stages=chosen,
             batch=batch,
@@ -109,13 +117,34 @@ def compute(
             width=console.width,
             explicit_stages=stages is not None,
         )
-        if description:
-            renderables.append(Text(description.strip(), style="italic"))
-        positions, shown_rows, _ = layout(spec, view)
-        shown = shown_blocks(spec, positions, shown_rows)
-        renderables.append(render_compute(result, view, shown, diagnosis))
+        renderables = _renderables(spec, result, diagnosis, view, description)
     if save is not None:
         save_npz(result, save)
     if text is not None:
         click.echo(text, nl=False)
     print_all(console, renderables)
+
+
+def _renderables(
+    spec: AttentionSpec,
+    result: Trace,
+    diagnosis: Diagnosis,
+    view: View,
+    description: str | None,
+) -> list[RenderableType]:
+    """The case file's description (when it has one), then the tables: the blocks of
+    the slices and rows the view shows are computed here, the rest comes from ``result``."""
+    # imported here: keeps sdpa --help fast
+    from rich.text import Text
+
+    from sdpa_cli.engine.trace import shown_blocks
+    from sdpa_cli.render.common import layout
+    from sdpa_cli.render.compute import render_compute
+
+    renderables: list[RenderableType] = []
+    if description:
+        renderables.append(Text(description.strip(), style="italic"))
+    positions, shown_rows, _ = layout(spec, view)
+    shown = shown_blocks(spec, positions, shown_rows)
+    renderables.append(render_compute(result, view, shown, diagnosis))
+    return renderables

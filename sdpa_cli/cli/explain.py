@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
+from sdpa_cli.cli.grad import gradients
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
@@ -28,6 +31,14 @@ from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
+
+    from sdpa_cli.diagnosis.explained import Explanation
+    from sdpa_cli.diagnosis.findings import Thresholds
+    from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.render.common import View
+
+Write = Callable[[BinaryIO], None]
+"""A file's writer, for an atomic write."""
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -122,24 +133,63 @@ def explain(
       sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116 --format json
     """
     threads = start_engine(jobs)
-    import dataclasses
-
-    from sdpa_cli.cli.grad import gradients
-    from sdpa_cli.diagnose.explain import explain as build
-    from sdpa_cli.diagnose.explain import slice_at
-    from sdpa_cli.diagnose.explain_grad import explain_backward
-    from sdpa_cli.diagnose.rules import diagnose
-    from sdpa_cli.engine.block import trace
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.engine.inputs import load_spec
-    from sdpa_cli.engine.stats import Stats
-    from sdpa_cli.files.config import thresholds
-    from sdpa_cli.files.loaders import write_all_atomic
-    from sdpa_cli.render.compute import View
-    from sdpa_cli.render.explain import render_explain
-    from sdpa_cli.report import explain_payload, to_json, to_yaml
+    from sdpa_cli.files.writers import write_all_atomic
+    from sdpa_cli.render.common import View
 
     limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    shown = _shown_rows(spec, batch, head, rows, query, max_rows)
+    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
+    plotter = _plotter(plot) if plot is not None else None
+    ex = _explain_slice(
+        spec,
+        limits,
+        (batch, head),
+        shown,
+        query=query,
+        compare_scales=compare_scales,
+        key_limit=max_rows,
+        backward=backward,
+        dout=dout,
+        threads=threads,
+    )
+
+    # Everything is rendered before any file is written, and printed last.
+    console = make_console(color)
+    text = _document(ex, fmt)
+    renderables: list[RenderableType] = []
+    files: list[tuple[str, Write]] = []
+    if fmt == "table" or export_svg or export_html:
+        view = View(
+            stages=(), keys=key_slice, max_rows=max_rows, precision=precision, width=console.width
+        )
+        walk = query is None and not compare_scales
+        renderables = _renderables(ex, view, description, walk=walk)
+        files = _exports(renderables, console.width, export_svg, export_html)
+    if plotter is not None and plot is not None:
+        files.append((plot, plotter(ex, key_slice)))
+    if files:
+        write_all_atomic(files)
+    if text is not None:
+        click.echo(text, nl=False)
+    elif fmt == "table":
+        print_all(console, renderables)
+
+
+def _shown_rows(
+    spec: AttentionSpec,
+    batch: int,
+    head: int,
+    rows: str | None,
+    query: int | None,
+    max_rows: int,
+) -> range:
+    """The query rows to explain (``--query``'s row, ``--rows``, or the first
+    ``--max-rows``), once ``--batch``, ``--head`` and ``--query`` are checked against
+    the inputs."""
     if spec.lead:
         check_index("--head", head, spec.lead[-1], "head")
     elif head:
@@ -148,23 +198,42 @@ def explain(
         check_index("--batch", batch, spec.lead[-2], "batch item")
     elif batch:
         check_index("--batch", batch, None, "batch item")
-    if query is not None:
-        if rows is not None:
-            raise SpecError("--query", "shows one row; drop --rows (or use --rows alone)")
-        if not spec.L:
-            raise SpecError("--query", "there are no query rows (L = 0)")
-        if not 0 <= query < spec.L:
-            raise SpecError(
-                "--query", f"{query} is outside the {spec.L} query rows (0..{spec.L - 1})"
-            )
-        shown = range(query, query + 1)
-    else:
+    if query is None:
         picked = parse_rows(rows, spec.L)
-        shown = range(spec.L)[picked] if picked is not None else range(min(spec.L, max_rows))
-    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
-    plotter = _plotter(plot) if plot is not None else None
+        return range(spec.L)[picked] if picked is not None else range(min(spec.L, max_rows))
+    if rows is not None:
+        raise SpecError("--query", "shows one row; drop --rows (or use --rows alone)")
+    if not spec.L:
+        raise SpecError("--query", "there are no query rows (L = 0)")
+    if not 0 <= query < spec.L:
+        raise SpecError("--query", f"{query} is outside the {spec.L} query rows (0..{spec.L - 1})")
+    return range(query, query + 1)
 
-    # The whole input's statistics and findings; the slice's values come from the engine.
+
+def _explain_slice(
+    spec: AttentionSpec,
+    limits: Thresholds,
+    at: tuple[int, int],
+    shown: range,
+    *,
+    query: int | None,
+    compare_scales: bool,
+    key_limit: int,
+    backward: bool,
+    dout: str,
+    threads: int,
+) -> Explanation:
+    """The run: the whole input's statistics and findings (with ``--backward`` its
+    gradients too), then the slice ``at`` (batch, head) explained over the rows
+    ``shown``; the slice's values come from the engine."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.explain import explain as build
+    from sdpa_cli.diagnosis.explain import slice_at
+    from sdpa_cli.diagnosis.explain_grad import explain_backward
+    from sdpa_cli.diagnosis.rules import diagnose
+    from sdpa_cli.engine.stats import Stats
+    from sdpa_cli.engine.trace import trace
+
     run = None  # with --backward: the gradients, their diagnosis, dO's label
     with progress_bar(spec, "diagnosing") as progress:
         if backward and not spec.options.emulated:
@@ -180,57 +249,67 @@ def explain(
         spec,
         stats,
         diagnosis,
-        slice_at(spec, batch, head),
+        slice_at(spec, *at),
         shown,
         query=query,
         scales=compare_scales,
-        key_limit=max_rows,
+        key_limit=key_limit,
     )
-    if run is not None:
-        grads, health, dout_label, _ = run
-        ex = dataclasses.replace(
-            ex, backward=explain_backward(grads, health, ex.lead, shown, dout_label)
-        )
+    if run is None:
+        return ex
+    grads, health, dout_label, _ = run
+    return dataclasses.replace(
+        ex, backward=explain_backward(grads, health, ex.lead, shown, dout_label)
+    )
 
-    # Everything is rendered before any file is written, and printed last.
-    console = make_console(color)
-    text: str | None = None
-    renderables: list[RenderableType] = []
+
+def _document(ex: Explanation, fmt: str) -> str | None:
+    """The explanation as one JSON or YAML document; None for tables."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.report import explain_payload, to_json, to_yaml
+
     if fmt == "json":
-        text = to_json(explain_payload(ex, for_json=True)) + "\n"
-    elif fmt == "yaml":
-        text = to_yaml(explain_payload(ex, for_json=False))
-    files: list[tuple[str, Any]] = []
-    if fmt == "table" or export_svg or export_html:
-        from rich.text import Text
+        return to_json(explain_payload(ex, for_json=True)) + "\n"
+    if fmt == "yaml":
+        return to_yaml(explain_payload(ex, for_json=False))
+    return None
 
-        view = View(
-            stages=(), keys=key_slice, max_rows=max_rows, precision=precision, width=console.width
-        )
-        if description:
-            renderables.append(Text(description.strip(), style="italic"))
-        focused = query is not None or compare_scales
-        renderables.append(render_explain(ex, view, walk=not focused))
-        if export_svg or export_html:
-            recorder = _record(renderables, console.width)
-            if export_svg:
-                svg = recorder.export_svg(title="sdpa explain", clear=False)
-                files.append((export_svg, _bytes(svg)))
-            if export_html:
-                html = recorder.export_html(clear=False)
-                files.append((export_html, _bytes(html)))
-    if plotter is not None and plot is not None:
-        files.append((plot, plotter(ex, key_slice)))
-    if files:
-        write_all_atomic(files)
-    if text is not None:
-        click.echo(text, nl=False)
-    elif fmt == "table":
-        print_all(console, renderables)
+
+def _renderables(
+    ex: Explanation, view: View, description: str | None, *, walk: bool
+) -> list[RenderableType]:
+    """The case file's description (when it has one), then the explanation: the walk,
+    or (``walk`` False) the scorecard and the scale comparison."""
+    # imported here: keeps sdpa --help fast
+    from rich.text import Text
+
+    from sdpa_cli.render.explain import render_explain
+
+    renderables: list[RenderableType] = []
+    if description:
+        renderables.append(Text(description.strip(), style="italic"))
+    renderables.append(render_explain(ex, view, walk=walk))
+    return renderables
+
+
+def _exports(
+    renderables: list[RenderableType], width: int, svg: str | None, html: str | None
+) -> list[tuple[str, Write]]:
+    """The writers of ``--export-svg`` and ``--export-html`` (those asked for)."""
+    if not svg and not html:
+        return []
+    recorder = _record(renderables, width)
+    files: list[tuple[str, Write]] = []
+    if svg:
+        files.append((svg, _bytes(recorder.export_svg(title="sdpa explain", clear=False))))
+    if html:
+        files.append((html, _bytes(recorder.export_html(clear=False))))
+    return files
 
 
 def _record(renderables: list[RenderableType], width: int) -> Console:
     """A recording console in full color, whatever stdout is, for the exports."""
+    # imported here: keeps sdpa --help fast
     from rich.console import Console
 
     recorder = Console(
@@ -241,18 +320,22 @@ def _record(renderables: list[RenderableType], width: int) -> Console:
     return recorder
 
 
-def _bytes(text: str) -> Any:
+def _bytes(text: str) -> Write:
+    """A writer of ``text`` in UTF-8, for :func:`~sdpa_cli.files.writers.write_all_atomic`."""
+
     def write(fh: BinaryIO) -> None:
         fh.write(text.encode("utf-8"))
 
     return write
 
 
-def _plotter(path: str) -> Any:
+def _plotter(path: str) -> Callable[[Explanation, slice | None], Write]:
     """The PNG writer for ``--plot``, or a clear error when matplotlib is missing."""
     if not path.lower().endswith(".png"):
         raise SpecError("--plot", f"writes PNG; name the file *.png, not {path!r}")
     try:
+        # imported here: matplotlib is an optional extra, and slow to load; only
+        # --plot needs it (render.plot imports it at its top)
         from sdpa_cli.render.plot import heatmaps
     except ImportError:
         raise SpecError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -26,14 +27,18 @@ from sdpa_cli.cli.options import (
     progress_bar,
     start_engine,
 )
-from sdpa_cli.errors import ExitCode
+from sdpa_cli.errors import ExitCode, SpecError
 
 if TYPE_CHECKING:
-    from sdpa_cli.diagnose.grad import GradDiagnosis
-    from sdpa_cli.diagnose.rules import Thresholds
+    from rich.console import RenderableType
+
+    from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
+    from sdpa_cli.diagnosis.grad import GradDiagnosis
     from sdpa_cli.engine.grad import Gradients
+    from sdpa_cli.engine.numeric import NumericCheck
     from sdpa_cli.engine.spec import AttentionSpec
     from sdpa_cli.engine.stats import Stats
+    from sdpa_cli.render.common import View
 
 
 @click.command(epilog=EXIT_CODES_HELP)
@@ -125,15 +130,11 @@ def grad(
       sdpa grad q.npy k.npy v.npy --dout dout.npy --save grads.npz --format json
     """
     threads = start_engine(jobs)
-    from sdpa_cli.diagnose.grad import combined
-    from sdpa_cli.diagnose.rules import diagnose
-    from sdpa_cli.engine.grad import numeric_check
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.engine.inputs import load_spec
-    from sdpa_cli.engine.stats import Stats
-    from sdpa_cli.files.config import thresholds
-    from sdpa_cli.render.compute import View
-    from sdpa_cli.render.grad import render_grad
-    from sdpa_cli.report import grad_payload, save_grad_npz, to_json, to_yaml
+    from sdpa_cli.render.common import View
+    from sdpa_cli.report import save_grad_npz
 
     limits = thresholds({**given_thresholds, "vanishing": vanishing})
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
@@ -141,34 +142,15 @@ def grad(
     check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
     row_slice = parse_rows(rows, spec.L)
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
-    dtype = spec.options.dtype
-    stats = Stats.empty(spec.in_float64())
-    with progress_bar(spec, "gradients") as progress:
-        grads, health, dout_label, dout_info = gradients(
-            spec, dout, limits, jobs=threads, stats=stats, progress=progress
-        )
-    diagnosis = combined(diagnose(stats, limits), health)
-    numeric = numeric_check(grads, samples, spec.options.seed) if check_numeric else None
-    failed = numeric is not None and not all(c.passed(tolerance) for c in numeric)
+    run = _run(spec, dout, limits, samples if check_numeric else None, jobs=threads)
+    failed = run.numeric is not None and not all(c.passed(tolerance) for c in run.numeric)
 
     console = make_console(color)
     text: str | None = None
-    renderables: list[Any] = []
+    renderables: list[RenderableType] = []
     if fmt in ("json", "yaml"):
-        data = grad_payload(
-            grads,
-            health,
-            diagnosis,
-            dout=dout_info,
-            numeric=numeric,
-            tolerance=tolerance,
-            dtype=dtype,
-            for_json=fmt == "json",
-        )
-        text = to_json(data) + "\n" if fmt == "json" else to_yaml(data)
+        text = _document(run, spec.options.dtype, tolerance, fmt)
     else:
-        from rich.text import Text
-
         view = View(
             stages=(),
             batch=batch,
@@ -180,17 +162,92 @@ def grad(
             precision=precision,
             width=console.width,
         )
-        if description:
-            renderables.append(Text(description.strip(), style="italic"))
-        renderables.append(
-            render_grad(grads, health, diagnosis, view, dout_label, dtype, numeric, tolerance)
-        )
+        renderables = _renderables(run, view, description, spec.options.dtype, tolerance)
     if save is not None:
-        save_grad_npz(grads, save)
+        save_grad_npz(run.grads, save)
     if text is not None:
         click.echo(text, nl=False)
     print_all(console, renderables)
     return ExitCode.CHECK_FAILED if failed else ExitCode.OK
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What ``sdpa grad`` computed: the gradients, their health, every finding
+    (forward and gradient), how dO reads (a label, a JSON record), the numeric check."""
+
+    grads: Gradients
+    health: GradDiagnosis
+    diagnosis: Diagnosis
+    dout_label: str
+    dout_info: dict[str, Any]
+    numeric: list[NumericCheck] | None
+
+
+def _run(
+    spec: AttentionSpec, dout: str, limits: Thresholds, samples: int | None, *, jobs: int
+) -> _Run:
+    """The backward pass (which gathers the forward statistics too), the findings of
+    both, and with ``samples`` the numeric check of that many entries per gradient."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.grad import combined
+    from sdpa_cli.diagnosis.rules import diagnose
+    from sdpa_cli.engine.numeric import numeric_check
+    from sdpa_cli.engine.stats import Stats
+
+    stats = Stats.empty(spec.in_float64())
+    with progress_bar(spec, "gradients") as progress:
+        grads, health, dout_label, dout_info = gradients(
+            spec, dout, limits, jobs=jobs, stats=stats, progress=progress
+        )
+    diagnosis = combined(diagnose(stats, limits), health)
+    numeric = numeric_check(grads, samples, spec.options.seed) if samples is not None else None
+    return _Run(grads, health, diagnosis, dout_label, dout_info, numeric)
+
+
+def _document(run: _Run, dtype: str, tolerance: float, fmt: str) -> str:
+    """The run as one JSON or YAML document; ``dtype`` the format the range is judged in."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.report import grad_payload, to_json, to_yaml
+
+    data = grad_payload(
+        run.grads,
+        run.health,
+        run.diagnosis,
+        dout=run.dout_info,
+        numeric=run.numeric,
+        tolerance=tolerance,
+        dtype=dtype,
+        for_json=fmt == "json",
+    )
+    return to_json(data) + "\n" if fmt == "json" else to_yaml(data)
+
+
+def _renderables(
+    run: _Run, view: View, description: str | None, dtype: str, tolerance: float
+) -> list[RenderableType]:
+    """The case file's description (when it has one), then the gradients' view."""
+    # imported here: keeps sdpa --help fast
+    from rich.text import Text
+
+    from sdpa_cli.render.grad import render_grad
+
+    renderables: list[RenderableType] = []
+    if description:
+        renderables.append(Text(description.strip(), style="italic"))
+    renderables.append(
+        render_grad(
+            run.grads,
+            run.health,
+            run.diagnosis,
+            view,
+            run.dout_label,
+            dtype,
+            run.numeric,
+            tolerance,
+        )
+    )
+    return renderables
 
 
 def gradients(
@@ -204,9 +261,10 @@ def gradients(
 ) -> tuple[Gradients, GradDiagnosis, str, dict[str, Any]]:
     """``--dout`` read, the backward pass run in float64 and its health diagnosed:
     the gradients, their diagnosis, how dO reads (a label, a JSON record)."""
-    from sdpa_cli.diagnose.grad import diagnose_grad
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.grad import diagnose_grad
     from sdpa_cli.engine.grad import DOUT_SOURCES, backward, make_dout
-    from sdpa_cli.files.loaders import load_array
+    from sdpa_cli.files.loaders import Source, load_array
 
     dtype = spec.options.dtype
     spec = spec.in_float64()  # the backward pass is float64; --dtype judges the range
@@ -217,9 +275,6 @@ def gradients(
         info = {"source": dout, "seed": seed if dout == "random" else None}
         label = f"standard normal, seed {seed}" if dout == "random" else "all ones"
     else:
-        from sdpa_cli.errors import SpecError
-        from sdpa_cli.files.loaders import Source
-
         path = Source.parse(dout).path
         if not path.exists() and not path.suffix:  # a word, not a file name
             raise SpecError("--dout", f"expected a file, ones or random, got {dout!r}")

@@ -37,14 +37,15 @@ def inspect(files: tuple[str, ...], fmt: str, color: bool | None) -> int:
       sdpa inspect samples/cross.npz samples/scorecard.yaml
       sdpa inspect model.safetensors:layers.0.attn.q --format json
     """
-    from sdpa_cli.diagnose.inspect import FileReport, errors, inspect_files, payload
+    # imported here (as below): keeps sdpa --help fast
+    from sdpa_cli.diagnosis.inspect import FileReport, errors, inspect_files
 
     results = inspect_files(files)
     failed = errors(results)
     if fmt == "json":
-        from sdpa_cli.report import to_json
+        from sdpa_cli.report import inspect_payload, to_json
 
-        click.echo(to_json(payload(results)))
+        click.echo(to_json(inspect_payload(results)))
     else:
         from sdpa_cli.render.inspect import render_inspect
 

@@ -278,7 +278,7 @@ def _keep_freed_blocks() -> None:
     a page fault per 4 KiB of every array of every block: a third of a run's time."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
+    import ctypes  # imported here: only glibc needs it, and it keeps sdpa --help fast
 
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -300,6 +300,7 @@ def progress_bar(spec: AttentionSpec, what: str) -> Iterator[Callable[[int], Non
     if total < PROGRESS_SCORES or not sys.stderr.isatty() or os.environ.get("CI"):
         yield None
         return
+    # imported here: keeps sdpa --help fast
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     console = make_console(None, stderr=True)
@@ -311,6 +312,7 @@ def progress_bar(spec: AttentionSpec, what: str) -> Iterator[Callable[[int], Non
 
 def make_console(color: bool | None, *, stderr: bool = False) -> Console:
     """A console on stdout (results) or stderr (messages); color only on a terminal."""
+    # imported here: keeps sdpa --help fast
     from rich.console import Console
 
     if color is True:
@@ -360,6 +362,8 @@ def parse_rows(
 
 
 def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...]:
+    """``--stages raw,weights`` → the stage names, checked; ``available`` when not given."""
+    # imported here: keeps sdpa --help fast (the engine imports numpy)
     from sdpa_cli.engine.block import STAGES
 
     if text is None:

@@ -1,4 +1,4 @@
-"""The pure numpy pipeline: attention computed one block of query rows at a time.
+"""One block of attention, every stage: the pure numpy computation.
 
 For one position of the leading axes (a (batch, head) slice) and query rows i0..i1:
 
@@ -11,41 +11,29 @@ For one position of the leading axes (a (batch, head) slice) and query rows i0..
     dropped = weights · keep / (1 − p)               only with dropout
     output  = weights (or dropped) · V               (rows, Ev)
 
-:func:`attend_block` is the one place this is computed; :func:`trace` assembles
-blocks into whole arrays, and every command goes through it. Blocks are independent,
-so any blocking gives the same masks, dropout and numbers
-to rounding (BLAS may sum a one-row block in another order: a few ulps).
+:func:`attend_block` is the one place this is computed; the block driver
+(:mod:`sdpa_cli.engine.driver`) walks the blocks for every command. Blocks are
+independent, so any blocking gives the same masks, dropout and numbers to rounding
+(BLAS may sum a one-row block in another order: a few ulps).
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import masks, precision
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.errors import SpecError
-
-if TYPE_CHECKING:
-    from sdpa_cli.engine.stats import Moments, Stats
 
 F64 = NDArray[np.float64]
-T = TypeVar("T")
 
 STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "output")
 """Every stage, in the order of computation."""
-
-BLOCK_ELEMENTS = 1 << 19
-"""Scores per block (rows × keys): 4 MiB of float64 (2 MiB of float32) per stage array."""
 
 DENORMAL_FLOOR = {
     np.dtype(dt): math.log(float(np.finfo(dt).tiny)) for dt in (np.float64, np.float32)
@@ -112,21 +100,6 @@ def applicable_stages(spec: AttentionSpec) -> tuple[str, ...]:
     if o.dropout == 0:
         skip.add("dropped")
     return tuple(s for s in STAGES if s not in skip)
-
-
-def block_rows(spec: AttentionSpec) -> int:
-    """Query rows per block: about :data:`BLOCK_ELEMENTS` scores, at least one row."""
-    return max(1, BLOCK_ELEMENTS // max(spec.S, 1))
-
-
-def iter_blocks(
-    spec: AttentionSpec, rows: int | None = None
-) -> Iterator[tuple[tuple[int, ...], slice]]:
-    """Every (lead index, query-row slice) pair, in C order."""
-    step = rows or block_rows(spec)
-    for lead_index in np.ndindex(*spec.lead):
-        for i0 in range(0, spec.L, step):
-            yield tuple(int(x) for x in lead_index), slice(i0, min(i0 + step, spec.L))
 
 
 def _part(a: NDArray[Any], rows: slice, keys: slice) -> NDArray[Any]:
@@ -250,6 +223,50 @@ def operands(spec: AttentionSpec, lead_index: tuple[int, ...], emulate: bool = T
     return Operands(k, v, v_bad)
 
 
+@dataclass(frozen=True)
+class Arithmetic:
+    """How a block computes: natively in ``dtype`` (float64, or float32 for a run whose
+    every format is float32), or in float64 rounded after every step to the emulated
+    formats: ``fmt`` for inputs, weights and output, ``logits`` for scores and logits,
+    ``accumulate`` for the matmuls, ``softmax`` for the softmax."""
+
+    native: bool
+    dtype: np.dtype[Any]
+    fmt: str
+    logits: str
+    accumulate: str
+    softmax: str
+
+    @classmethod
+    def of(cls, spec: AttentionSpec, emulate: bool) -> Arithmetic:
+        o = spec.options
+        dt = native_dtype(spec, emulate)
+        D = o.dtype if emulate else "float64"
+        wide = D == "float64"
+        return cls(
+            native=dt is not None,
+            dtype=dt if dt is not None else np.dtype(np.float64),
+            fmt=D,
+            logits="float64" if wide else o.logits_dtype,
+            accumulate="float64" if wide else o.accumulate,
+            softmax="float64" if wide else o.softmax_dtype,
+        )
+
+    def r(self, x: F64) -> F64:
+        """Stored in the format."""
+        return x if self.native else precision.round_to(x, self.fmt)
+
+    def rl(self, x: F64) -> F64:
+        """Scores and logits: stored in --logits-dtype (the format by default)."""
+        return x if self.native else precision.round_to(x, self.logits)
+
+    def mm(self, a: F64, b: F64) -> F64:
+        return np.matmul(a, b) if self.native else precision.matmul(a, b, self.accumulate)
+
+    def const(self, x: float) -> Any:
+        return self.dtype.type(x)
+
+
 def attend_block(
     spec: AttentionSpec,
     lead_index: tuple[int, ...],
@@ -274,82 +291,28 @@ def attend_block(
     """
     o = spec.options
     keys = keys if keys is not None else full_keys(spec)
-    dt = native_dtype(spec, emulate)
-    native = dt is not None
-    wd = dt if dt is not None else np.dtype(np.float64)
-    D = o.dtype if emulate else "float64"
-    acc = o.accumulate if D != "float64" else "float64"
-    sm = o.softmax_dtype if D != "float64" else "float64"
-    LD = o.logits_dtype if D != "float64" else "float64"
-
-    def r(x: F64) -> F64:
-        return x if native else precision.round_to(x, D)
-
-    def rl(x: F64) -> F64:  # scores and logits: in --logits-dtype (the format by default)
-        return x if native else precision.round_to(x, LD)
-
-    def mm(a: F64, b: F64) -> F64:
-        return np.matmul(a, b) if native else precision.matmul(a, b, acc)
-
+    ar = Arithmetic.of(spec, emulate)
     ops = inputs or operands(spec, lead_index, emulate)
-    q = r(np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=wd))
-    k, v = ops.k[keys], ops.v[keys]
-    factor = spec.scale / o.temperature
+    q = ar.r(np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=ar.dtype))
 
     # Non-finite inputs are reported by the diagnostics, not warned about by numpy.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        if o.prescale:
-            # Q and K each scaled by √scale first (ONNX's reference does this against
-            # overflow): the raw product is already the scaled logits.
-            root = math.sqrt(factor)
-            raw = rl(mm(r(q * wd.type(root)), r(k * wd.type(root)).T))
-            scaled = raw
-        else:
-            raw = rl(mm(q, k.T))
-            scaled = rl(raw * wd.type(factor))
-        logits = scaled
+        raw, scaled = _scores(spec, ar, q, ops.k[keys])
         capped = None
         if o.softcap is not None:
-            capped = rl(o.softcap * np.tanh(scaled / wd.type(o.softcap)))
-            logits = capped
-        biased = None
-        if spec.bias is not None or o.alibi:
-            biased = logits.copy()
-            if spec.bias is not None:
-                bias = spec.bias[spec.operand_index("bias", lead_index)]
-                biased += r(np.asarray(_part(bias, rows, keys), dtype=wd))
-            if o.alibi:
-                h = lead_index[-1] if lead_index else 0
-                slope = float(spec.alibi_slopes[h])
-                biased += masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope, keys).astype(wd)
-            biased = rl(biased)
-            logits = biased
-
+            capped = ar.rl(o.softcap * np.tanh(scaled / ar.const(o.softcap)))
+        logits = capped if capped is not None else scaled
+        biased = _biased(spec, ar, logits, lead_index, rows, keys)
+        logits = biased if biased is not None else logits
         visible = visibility(spec, lead_index, rows, keys)
-        masked = logits
-        if spec.mask is not None and not spec.mask_is_bool:
-            additive = spec.mask[spec.operand_index("mask", lead_index)]
-            masked = rl(masked + r(np.asarray(_part(additive, rows, keys), dtype=wd)))
-        if visible is not None:
-            # −1e9 is −inf in float16: the mask value is stored in the format too. float8
-            # e4m3fn has no inf (−inf becomes NaN there): its hidden logits stay −inf.
-            hidden_value = float(rl(np.asarray(o.effective_mask_value)))
-            masked = masked.copy() if masked is logits else masked
-            masked[~visible] = -math.inf if math.isnan(hidden_value) else hidden_value
-
-        weights = r(softmax(masked, sm, native=native))
+        masked = _masked(spec, ar, logits, visible, lead_index, rows, keys)
+        weights = ar.r(softmax(masked, ar.softmax, native=ar.native))
         dropped = None
         if o.dropout > 0:
             keep = dropout_keep(spec, lead_index, rows, keys)
-            dropped = r(np.where(keep, weights / wd.type(1.0 - o.dropout), wd.type(0.0)))
-        output = r(mm(weights if dropped is None else dropped, v))
-        if keys.stop - keys.start < spec.S and ops.v_bad.any():
-            # A dense kernel multiplies the keys this block skips by their zero weight:
-            # 0 · NaN (or inf) in V is NaN, and the output shows it.
-            outside = ops.v_bad.copy()
-            outside[keys] = False
-            if outside.any():
-                output = output + wd.type(0.0) * ops.v[outside].sum(axis=0)
+            dropped = ar.r(np.where(keep, weights / ar.const(1.0 - o.dropout), ar.const(0.0)))
+        output = ar.r(ar.mm(weights if dropped is None else dropped, ops.v[keys]))
+        output = _poisoned_outside(spec, ar, output, ops, keys)
 
     all_visible = visible is None
     if visible is None:
@@ -369,6 +332,77 @@ def attend_block(
         keys,
         all_visible,
     )
+
+
+def _scores(spec: AttentionSpec, ar: Arithmetic, q: F64, k: F64) -> tuple[F64, F64]:
+    """The raw scores Q Kᵀ and the scaled scores (raw · scale / temperature)."""
+    factor = spec.scale / spec.options.temperature
+    if spec.options.prescale:
+        # Q and K each scaled by √scale first (ONNX's reference does this against
+        # overflow): the raw product is already the scaled logits.
+        root = ar.const(math.sqrt(factor))
+        raw = ar.rl(ar.mm(ar.r(q * root), ar.r(k * root).T))
+        return raw, raw
+    raw = ar.rl(ar.mm(q, k.T))
+    return raw, ar.rl(raw * ar.const(factor))
+
+
+def _biased(
+    spec: AttentionSpec,
+    ar: Arithmetic,
+    logits: F64,
+    lead_index: tuple[int, ...],
+    rows: slice,
+    keys: slice,
+) -> F64 | None:
+    """The logits plus the bias and ALiBi, or None when there is neither."""
+    if spec.bias is None and not spec.options.alibi:
+        return None
+    biased = logits.copy()
+    if spec.bias is not None:
+        bias = spec.bias[spec.operand_index("bias", lead_index)]
+        biased += ar.r(np.asarray(_part(bias, rows, keys), dtype=ar.dtype))
+    if spec.options.alibi:
+        h = lead_index[-1] if lead_index else 0
+        slope = float(spec.alibi_slopes[h])
+        biased += masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope, keys).astype(ar.dtype)
+    return ar.rl(biased)
+
+
+def _masked(
+    spec: AttentionSpec,
+    ar: Arithmetic,
+    logits: F64,
+    visible: NDArray[np.bool_] | None,
+    lead_index: tuple[int, ...],
+    rows: slice,
+    keys: slice,
+) -> F64:
+    """The logits plus a float mask, with hidden keys set to the mask value."""
+    masked = logits
+    if spec.mask is not None and not spec.mask_is_bool:
+        additive = spec.mask[spec.operand_index("mask", lead_index)]
+        masked = ar.rl(masked + ar.r(np.asarray(_part(additive, rows, keys), dtype=ar.dtype)))
+    if visible is not None:
+        # −1e9 is −inf in float16: the mask value is stored in the format too. float8
+        # e4m3fn has no inf (−inf becomes NaN there): its hidden logits stay −inf.
+        hidden_value = float(ar.rl(np.asarray(spec.options.effective_mask_value)))
+        masked = masked.copy() if masked is logits else masked
+        masked[~visible] = -math.inf if math.isnan(hidden_value) else hidden_value
+    return masked
+
+
+def _poisoned_outside(
+    spec: AttentionSpec, ar: Arithmetic, output: F64, ops: Operands, keys: slice
+) -> F64:
+    """A dense kernel multiplies the keys this block skips by their zero weight:
+    0 · NaN (or inf) in V is NaN, and the output shows it."""
+    if keys.stop - keys.start < spec.S and ops.v_bad.any():
+        outside = ops.v_bad.copy()
+        outside[keys] = False
+        if outside.any():
+            return output + ar.const(0.0) * ops.v[outside].sum(axis=0)  # type: ignore[no-any-return]
+    return output
 
 
 def softmax(logits: F64, dtype: str = "float64", *, native: bool = False) -> F64:
@@ -395,242 +429,3 @@ def softmax(logits: F64, dtype: str = "float64", *, native: bool = False) -> F64
         total = e.sum(axis=-1, keepdims=True) if native else precision.row_sum(e, dtype)
         total = np.where(total == 0.0, 1.0, total).astype(e.dtype)
         return r(np.divide(e, total, out=e))
-
-
-@dataclass(frozen=True)
-class Trace:
-    """Every stage of the computation, as whole arrays.
-
-    Score-shaped stages are ``(*lead, L, S)``, ``output`` is ``(*lead, L, Ev)``.
-    Stages that the options do not bring about (``capped``, ``biased``, ``dropped``)
-    and stages not asked for are ``None``. With ``--dtype`` the stages are the
-    emulated values. ``visible`` (which keys each row may see) is kept beside
-    score-shaped stages only. ``stats`` holds the per-row and per-stage statistics of
-    every block, gathered as it was computed, for the diagnostics.
-    """
-
-    spec: AttentionSpec
-    raw: F64 | None
-    scaled: F64 | None
-    capped: F64 | None
-    biased: F64 | None
-    masked: F64 | None
-    visible: NDArray[np.bool_] | None
-    weights: F64 | None
-    dropped: F64 | None
-    output: F64 | None
-    stats: Stats
-    summaries: Mapping[str, Moments] = field(default_factory=dict)
-    """Per stage asked to be summarised: range, mean and non-finite count of its
-    visible values over the whole tensor (gathered block by block)."""
-
-    def stage(self, name: str) -> F64 | None:
-        return getattr(self, name)  # type: ignore[no-any-return]
-
-    @property
-    def merged_output(self) -> F64 | None:
-        """The output with heads merged back, ``(..., L, heads · Ev)``, under ``--heads``."""
-        return None if self.output is None else merge_heads(self.spec, self.output)
-
-
-def merge_heads(spec: AttentionSpec, output: F64) -> F64:
-    """An output ``(..., heads, L, Ev)`` as returned, ``(..., L, heads · Ev)``, under
-    ``--heads`` (as it is otherwise)."""
-    if spec.options.heads is None:
-        return output
-    return np.moveaxis(output, -3, -2).reshape(spec.merged_output_shape)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available now (Linux's MemAvailable), or None when unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-ROW_STATS_BYTES = 64
-"""What the statistics keep per query row (a few float64 and int64 arrays)."""
-
-
-def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
-    """Refuse, before allocating, a trace that cannot fit in memory (rather than be killed)."""
-    scores = math.prod(spec.weights_shape)
-    need = scores if keep - {"output"} else 0  # the boolean visibility
-    need += ROW_STATS_BYTES * math.prod((*spec.lead, spec.L))  # always gathered
-    need += sum(8 * (math.prod(spec.output_shape) if s == "output" else scores) for s in keep)
-    available = available_memory()
-    if available is not None and need > available:
-        gib = 2.0**30
-        raise SpecError(
-            f"scores {spec.weights_shape}",
-            f"keeping {len(keep)} stage(s) whole in float64, with the per-row statistics, "
-            f"needs {need / gib:.1f} GiB, but {available / gib:.1f} GiB of memory is "
-            "available; ask for fewer --stages, or slice the inputs",
-        )
-
-
-class SliceInputs:
-    """K and V per slice, converted once and shared by the blocks (and threads) that
-    need them; only the most recent few slices are kept."""
-
-    def __init__(self, keep: int = 2) -> None:
-        self._keep = keep
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[Any, ...], Operands] = OrderedDict()
-
-    def get(self, spec: AttentionSpec, lead: tuple[int, ...], emulate: bool = True) -> Operands:
-        key = (id(spec), spec.operand_index("k", lead), spec.operand_index("v", lead), emulate)
-        with self._lock:
-            found = self._cache.get(key)
-            if found is None:
-                found = operands(spec, lead, emulate)
-                self._cache[key] = found
-                while len(self._cache) > self._keep:
-                    self._cache.popitem(last=False)
-            return found
-
-
-def float64_twin(spec: AttentionSpec, block: Block, cache: SliceInputs) -> Block:
-    """The float64 block an emulated block's statistics are read against: what *would*
-    overflow or flush comes from exact values (the block itself when not emulated)."""
-    if not spec.options.emulated:
-        return block
-    lead = block.lead_index
-    inputs = cache.get(spec, lead, emulate=False)
-    return attend_block(spec, lead, block.rows, emulate=False, keys=block.keys, inputs=inputs)
-
-
-Progress = Callable[[int], None]
-"""Told the number of scores done after each block."""
-
-
-def sweep(
-    spec: AttentionSpec,
-    visit: Callable[[tuple[int, ...], slice], T],
-    *,
-    jobs: int = 1,
-    rows: int | None = None,
-    progress: Progress | None = None,
-) -> Iterator[T]:
-    """``visit(lead, rows)`` for every block, on ``jobs`` threads, results in block order.
-
-    numpy releases the GIL in matmuls and ufuncs, so threads share the work; at most
-    two blocks per thread are in flight, which bounds the memory. With ``jobs`` = 1
-    everything runs in the calling thread.
-    """
-
-    def done(r: slice, result: T) -> T:
-        if progress is not None:
-            progress((r.stop - r.start) * max(spec.S, 1))
-        return result
-
-    if jobs <= 1:
-        for lead, r in iter_blocks(spec, rows):
-            yield done(r, visit(lead, r))
-        return
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sdpa") as pool:
-        pending: deque[tuple[slice, Future[T]]] = deque()
-        try:
-            for lead, r in iter_blocks(spec, rows):
-                pending.append((r, pool.submit(visit, lead, r)))
-                if len(pending) >= 2 * jobs:
-                    r0, future = pending.popleft()
-                    yield done(r0, future.result())
-            while pending:
-                r0, future = pending.popleft()
-                yield done(r0, future.result())
-        finally:
-            for _, future in pending:
-                future.cancel()
-
-
-def trace(
-    spec: AttentionSpec,
-    stages: tuple[str, ...] | None = None,
-    rows: int | None = None,
-    *,
-    gather_stats: bool = True,
-    summarize: tuple[str, ...] = (),
-    jobs: int = 1,
-    progress: Progress | None = None,
-) -> Trace:
-    """Run the engine over every block and keep the stages asked for (default: all).
-
-    Statistics for the diagnostics are gathered from every block as it is computed.
-    With ``--dtype`` each block is computed twice, emulated (kept) and in float64
-    (compared against, then dropped). With no stage kept, nothing score-sized
-    outlives its block, and keys hidden from a whole block (causal, window,
-    padding) are not computed at all.
-
-    Args:
-        spec: the validated computation.
-        stages: names from :data:`STAGES` to keep; the others are not stored.
-        rows: query rows per block (default :func:`block_rows`); any value gives the
-            same numbers to rounding.
-        gather_stats: False for a trace used only for its values (a reference to
-            compare against): no statistics, no float64 twin of an emulated block.
-        summarize: stages whose whole-tensor range is gathered (kept or not).
-        jobs: threads computing blocks.
-        progress: told the scores done after each block.
-    """
-    from sdpa_cli.engine.stats import (  # they read Block: imported here, not at the top
-        Moments,
-        Stats,
-    )
-
-    keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
-    ws, os_ = spec.weights_shape, spec.output_shape
-    _check_fits(spec, keep)
-    arrays: dict[str, Any] = {
-        s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
-    }
-    visible = np.empty(ws, dtype=np.bool_) if keep - {"output"} else None
-    stats = Stats.empty(spec)
-    cache = SliceInputs(keep=jobs + 1)
-
-    summaries = {s: Moments() for s in summarize if s in applicable_stages(spec)}
-
-    def visit(lead_index: tuple[int, ...], r: slice) -> Any:
-        # Score-shaped stages are kept whole, every key of them; otherwise only the
-        # keys a block can see are computed (the output is the same either way).
-        keys = None if visible is not None else key_range(spec, lead_index, r)
-        block = attend_block(spec, lead_index, r, keys=keys, inputs=cache.get(spec, lead_index))
-        records = None
-        if gather_stats:
-            records = stats.measure(block, float64_twin(spec, block, cache))
-        seen = {s: Moments() for s in summaries}
-        for name, moments in seen.items():
-            moments.add(getattr(block, name), None if name == "output" else block.visible)
-        at: tuple[int | slice, ...] = (*lead_index, r)
-        if visible is not None:
-            visible[at] = block.visible
-        for name, arr in arrays.items():
-            arr[at] = getattr(block, name)
-        return records, seen
-
-    for records, seen in sweep(spec, visit, jobs=jobs, rows=rows, progress=progress):
-        if records is not None:
-            stats.merge(records)
-        for name, moments in seen.items():
-            summaries[name].merge(moments)
-    if gather_stats:
-        stats.add_all_moments()
-    return Trace(
-        spec=spec,
-        visible=visible,
-        stats=stats,
-        summaries=summaries,
-        **{s: arrays.get(s) for s in STAGES},
-    )
-
-
-def shown_blocks(
-    spec: AttentionSpec, positions: list[tuple[int, ...]], rows: range
-) -> dict[tuple[int, ...], Block]:
-    """What a table shows: query rows ``rows`` of each slice at ``positions``, every key."""
-    return {lead: attend_block(spec, lead, slice(rows.start, rows.stop)) for lead in positions}

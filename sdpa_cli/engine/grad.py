@@ -17,7 +17,7 @@ Every block recomputes its weights (as FlashAttention's backward does) rather th
 reading stored ones, so nothing score-sized outlives a block; dK, dV and d(bias)
 are summed over blocks in block order, so the result does not depend on ``--jobs``.
 The backward pass runs in float64 whatever ``--dtype`` says: the format is what
-the gradients' range is judged against (:mod:`sdpa_cli.diagnose.grad`).
+the gradients' range is judged against (:mod:`sdpa_cli.diagnosis.grad`).
 
 Per row the pass keeps what the gradient-health findings read: ‖dA‖, ‖dS‖, the
 largest weight and 1 − Σ A², which bounds the softmax Jacobian's norm (the
@@ -27,9 +27,7 @@ trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back n
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,22 +35,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine.block import (
+    Block,
     Operands,
-    Progress,
-    SliceInputs,
     attend_block,
     dropout_keep,
     full_keys,
-    key_range,
     operands,
-    sweep,
 )
+from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
-    from sdpa_cli.engine.stats import Records, Stats
+    from sdpa_cli.engine.records import Records
+    from sdpa_cli.engine.stats import Stats
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]
@@ -66,7 +63,7 @@ GRADIENTS = ("dq", "dk", "dv", "dbias")
 OPERAND = {"dq": "q", "dk": "k", "dv": "v", "dbias": "bias"}
 
 
-def _stream(seed: int, purpose: int) -> np.random.Generator:
+def random_stream(seed: int, purpose: int) -> np.random.Generator:
     """One independent random stream per use of ``--seed`` (1: a random dO, 2: the
     entries a numeric check samples); dropout draws from its own Philox counter."""
     return np.random.default_rng([seed, purpose])
@@ -97,7 +94,7 @@ def make_dout(spec: AttentionSpec, given: str | NDArray[Any], seed: int, where: 
         if given == "ones":
             return np.ones(spec.output_shape)
         if given == "random":
-            return split_heads_of_output(spec, _stream(seed, 1).standard_normal(shape))
+            return split_heads_of_output(spec, random_stream(seed, 1).standard_normal(shape))
         raise SpecError(where, f"expected a file, ones or random, got {given!r}")
     arr = np.asarray(given)
     if arr.dtype.names is not None or not (arr.dtype.kind in "biuf" or is_float(arr.dtype)):
@@ -180,9 +177,9 @@ def backward_block(
     Args:
         dout: dO of the block's rows, ``(rows, Ev)``.
         keys: the keys to compute (default all); hidden keys get no gradient.
-        inputs: the slice's K and V in float64 (:func:`compute.operands`).
+        inputs: the slice's K and V in float64 (:func:`~sdpa_cli.engine.block.operands`).
         stats: gathers the forward pass's statistics of the block (for the forward
-            findings), as :func:`compute.trace` does.
+            findings), as :func:`~sdpa_cli.engine.trace.trace` does.
         keep_steps: also return the intermediate score-shaped steps (``explain``).
     """
     o = spec.options
@@ -205,15 +202,7 @@ def backward_block(
         else:
             dv = a.T @ dout
             da = dout @ v.T
-        n_rows, n_keys = a.shape
-        top = a.argmax(axis=1) if n_keys else np.zeros(n_rows, np.int64)
-        # The softmax's Jacobian-vector product dS = A ⊙ (dA − Σ A ⊙ dA), without the
-        # Jacobian. dA is first centred on the top key's value (exact, as the weights
-        # sum to 1): a saturated row then gives its tiny dS to full relative precision
-        # instead of the rounding noise of dA_top − Σ A ⊙ dA.
-        centre = np.take_along_axis(da, top[:, None], axis=1) if n_keys else np.zeros((n_rows, 1))
-        da_c = da - np.where(np.isfinite(centre), centre, 0.0)
-        ds = a * (da_c - np.sum(da_c * a, axis=1, keepdims=True))
+        ds, top = softmax_backward(a, da)
         dlogits = ds if block.all_visible else np.where(block.visible, ds, 0.0)
         dscaled = dlogits
         if o.softcap is not None:
@@ -222,29 +211,8 @@ def backward_block(
         draw = dscaled * factor
         dq = draw @ k
         dk = draw.T @ q
-        dbias = None
-        if spec.bias is not None:
-            lb, sb = spec.bias.shape[-2:]
-            dbias = dlogits
-            if lb == 1:
-                dbias = dbias.sum(axis=0, keepdims=True)
-            if sb == 1:
-                dbias = dbias.sum(axis=1, keepdims=True)
-
-        attended = block.attended
-        # Norms over the keys a row attends to: a finite mask value gives a fully masked
-        # row uniform weights, yet its logits were replaced and pass nothing back.
-        da_seen = da if block.all_visible else np.where(attended, da, 0.0)
-        ds_seen = ds if block.all_visible else np.where(attended, ds, 0.0)
-        da_norm = norm(da_seen, axis=1)
-        ds_norm = norm(ds_seen, axis=1)
-        max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
-        rest, gain = _off_top(a, top, max_weight)
-        n_visible = attended.sum(axis=1)
-        argmax = np.where(n_visible > 0, top + keys.start, -1)  # −1: no key to name
-        a_seen = a if block.all_visible else np.where(attended, a, 0.0)
-        key_weight = a_seen.max(axis=0) if n_rows else np.zeros(n_keys)
-        key_seen = np.asarray(attended.any(axis=0), dtype=np.bool_)
+        dbias = _dbias(spec, dlogits)
+        health = _row_health(block, a, da, ds, top)
     return BlockGrad(
         lead_index=lead_index,
         rows=rows,
@@ -253,20 +221,70 @@ def backward_block(
         dk=dk,
         dv=dv,
         dbias=dbias,
-        da_norm=da_norm,
-        ds_norm=ds_norm,
-        gain=np.where(n_visible > 0, gain, 0.0),
-        max_weight=max_weight,
-        rest=rest,
-        argmax=argmax.astype(np.int64),
-        n_visible=n_visible.astype(np.int64),
-        key_weight=key_weight,
-        key_seen=key_seen,
+        **health,
         records=records,
         steps={"scaled": block.scaled, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
         if keep_steps
         else None,
     )
+
+
+def softmax_backward(a: F64, da: F64) -> tuple[F64, NDArray[np.intp]]:
+    """dS from the weights A and dA ``(rows, keys)``, and each row's top key.
+
+    The softmax's Jacobian-vector product dS = A ⊙ (dA − Σ A ⊙ dA), without the
+    Jacobian. dA is first centred on the top key's value (exact, as the weights sum
+    to 1): a saturated row then gives its tiny dS to full relative precision instead
+    of the rounding noise of dA_top − Σ A ⊙ dA.
+    """
+    n_rows, n_keys = a.shape
+    top = a.argmax(axis=1) if n_keys else np.zeros(n_rows, np.int64)
+    centre = np.take_along_axis(da, top[:, None], axis=1) if n_keys else np.zeros((n_rows, 1))
+    da_c = da - np.where(np.isfinite(centre), centre, 0.0)
+    return a * (da_c - np.sum(da_c * a, axis=1, keepdims=True)), top
+
+
+def _dbias(spec: AttentionSpec, dlogits: F64) -> F64 | None:
+    """d(bias): dS summed over the axes the bias broadcasts along."""
+    if spec.bias is None:
+        return None
+    lb, sb = spec.bias.shape[-2:]
+    dbias = dlogits
+    if lb == 1:
+        dbias = dbias.sum(axis=0, keepdims=True)
+    if sb == 1:
+        dbias = dbias.sum(axis=1, keepdims=True)
+    return dbias
+
+
+def _row_health(
+    block: Block, a: F64, da: F64, ds: F64, top: NDArray[np.intp]
+) -> dict[str, NDArray[Any]]:
+    """The per-row and per-key records of :class:`BlockGrad`: norms of dA and dS,
+    the top weight and what the rest of the row holds, the gain 1 − Σ w², the
+    attended keys."""
+    n_rows, n_keys = a.shape
+    attended = block.attended
+    # Norms over the keys a row attends to: a finite mask value gives a fully masked
+    # row uniform weights, yet its logits were replaced and pass nothing back.
+    da_seen = da if block.all_visible else np.where(attended, da, 0.0)
+    ds_seen = ds if block.all_visible else np.where(attended, ds, 0.0)
+    max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
+    rest, gain = _off_top(a, top, max_weight)
+    n_visible = attended.sum(axis=1)
+    argmax = np.where(n_visible > 0, top + block.keys.start, -1)  # −1: no key to name
+    a_seen = a if block.all_visible else np.where(attended, a, 0.0)
+    return {
+        "da_norm": norm(da_seen, axis=1),
+        "ds_norm": norm(ds_seen, axis=1),
+        "gain": np.where(n_visible > 0, gain, 0.0),
+        "max_weight": max_weight,
+        "rest": rest,
+        "argmax": argmax.astype(np.int64),
+        "n_visible": n_visible.astype(np.int64),
+        "key_weight": a_seen.max(axis=0) if n_rows else np.zeros(n_keys),
+        "key_seen": np.asarray(attended.any(axis=0), dtype=np.bool_),
+    }
 
 
 PRECISE_BELOW = 1e-4
@@ -350,15 +368,6 @@ class Gradients:
         return tuple(n for n in GRADIENTS if self.tensor(n) is not None)
 
 
-def _block_keys(spec: AttentionSpec, lead: Index, rows: slice, inputs: Operands) -> slice:
-    """The keys a block's gradients need: those any row may see (NaN or inf in V
-    outside them would poison a dense kernel's dS through 0 · NaN, so then all)."""
-    keys = key_range(spec, lead, rows)
-    if (keys.start, keys.stop) != (0, spec.S) and inputs.v_bad.any():
-        return full_keys(spec)
-    return keys
-
-
 def backward(
     spec: AttentionSpec,
     dout: F64,
@@ -386,15 +395,18 @@ def backward(
     per_row = {n: np.zeros((*spec.lead, spec.L), dt) for n, dt in ROW_RECORDS.items()}
     key_weight = np.zeros((*spec.lead, spec.S))
     key_seen = np.zeros((*spec.lead, spec.S), np.bool_)
-    cache = SliceInputs(keep=jobs + 1)
 
-    def visit(lead_index: Index, r: slice) -> BlockGrad:
-        inputs = cache.get(spec, lead_index, emulate=False)
-        keys = _block_keys(spec, lead_index, r, inputs)
-        g = dout[lead_index][r]
-        return backward_block(spec, lead_index, r, g, keys=keys, inputs=inputs, stats=stats)
+    def visit(place: Place) -> BlockGrad:
+        inputs = place.inputs.get(spec, place.lead, emulate=False)
+        g = dout[place.at]
+        return backward_block(
+            spec, place.lead, place.rows, g, keys=place.keys, inputs=inputs, stats=stats
+        )
 
-    for g in sweep(spec, visit, jobs=jobs, rows=rows, progress=progress):
+    # NaN or inf in V outside a block's keys would poison a dense kernel's dS through
+    # 0 · NaN: such blocks compute every key.
+    sweep_keys: KeyMode = "all-if-v-nonfinite"
+    for g in sweep(spec, visit, jobs=jobs, rows=rows, keys=sweep_keys, progress=progress):
         li, r, ks = g.lead_index, g.rows, g.keys
         if stats is not None and g.records is not None:
             stats.merge(g.records)
@@ -424,136 +436,3 @@ def backward(
         key_seen=key_seen,
         **per_row,
     )
-
-
-# --- the numeric check -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NumericCheck:
-    """Central finite differences against the analytic gradient, on sampled entries.
-
-    ``worst_at`` indexes the tensor as loaded; a relative error is
-    |numeric − analytic| / max(|numeric|, |analytic|), and 0 when both are below the
-    difference's resolution (the rounding of the loss's terms over 2h): such an entry
-    cannot be told from 0 at this step, as a gradient that is exactly 0 cannot.
-    """
-
-    name: str
-    samples: int
-    max_rel_error: float
-    worst_at: Index | None
-    numeric: float
-    analytic: float
-
-    def passed(self, tolerance: float) -> bool:
-        return self.max_rel_error <= tolerance
-
-
-EPS = float(np.finfo(np.float64).eps)
-
-RESOLUTION_ULPS = 16
-"""How many roundings of the loss's terms a central difference is allowed."""
-
-RELATIVE_STEP = 6e-6
-"""Central differences err by h² f‴/6 (truncation) and by ε·|f|/h (rounding): the
-sum is smallest near h = ε^(1/3) ≈ 6·10⁻⁶ in float64, relative to the entry."""
-
-
-def numeric_check(
-    grads: Gradients, samples: int, seed: int, names: tuple[str, ...] | None = None
-) -> list[NumericCheck]:
-    """Check ``samples`` entries (drawn with ``seed``) of each gradient by central
-    differences of ``Σ O ⊙ dO`` in float64.
-
-    Only the blocks an entry feeds are recomputed: its own query row for Q, every row
-    of the slices reading it for K and V. The outputs' difference O(x + h) − O(x − h)
-    is taken element by element before the sum, so the rest of the loss cancels exactly.
-    """
-    spec = grads.spec
-    rng = _stream(seed, 2)
-    checks: list[NumericCheck] = []
-    for name in grads.present() if names is None else names:
-        operand = OPERAND[name]
-        analytic = grads.tensor(name)
-        if analytic is None:
-            continue
-        values = np.array(getattr(spec, operand), dtype=np.float64)  # a writable copy
-        if not values.size:
-            checks.append(NumericCheck(name, 0, 0.0, None, 0.0, 0.0))
-            continue
-        picked = rng.choice(values.size, size=min(samples, values.size), replace=False)
-        probe = _probe(spec, operand, values, grads.dout)
-        worst: tuple[float, Index, float, float] | None = None  # error, where, values
-        for flat in sorted(int(i) for i in picked):
-            idx = tuple(int(i) for i in np.unravel_index(flat, values.shape))
-            x0 = float(values[idx])
-            h = RELATIVE_STEP * max(1.0, abs(x0))
-            plus, minus = x0 + h, x0 - h
-            difference, magnitude = probe(idx, plus, minus)
-            numeric = difference / (plus - minus)
-            exact = float(analytic[idx])
-            # The sum's rounding, ~ε·Σ|dO ⊙ O| over the outputs it feeds, divided by 2h:
-            # gradients both below it cannot be told from 0 at this step, and agree.
-            resolution = RESOLUTION_ULPS * EPS * magnitude / (plus - minus)
-            largest = max(abs(numeric), abs(exact))
-            if largest <= resolution:
-                err = 0.0
-            else:
-                with np.errstate(invalid="ignore"):
-                    err = abs(numeric - exact) / largest
-                if not math.isfinite(err):
-                    err = 0.0 if numeric == exact else math.inf
-            if worst is None or err > worst[0]:
-                worst = (err, idx, numeric, exact)
-        assert worst is not None
-        err, idx, numeric, exact = worst
-        at = _loaded_index(spec, operand, values.shape, idx)
-        checks.append(NumericCheck(name, len(picked), err, at, numeric, exact))
-    return checks
-
-
-def _probe(spec: AttentionSpec, operand: str, values: F64, dout: F64) -> Any:
-    """A function (index, x₊, x₋) → (Σ dO ⊙ (O(x₊) − O(x₋)), Σ |dO| ⊙ (|O(x₊)| + |O(x₋)|))
-    for entry ``index`` of ``operand``, which ``values`` (a float64 copy) holds: the
-    loss's difference, and the size of the terms whose rounding it carries."""
-    changes: dict[str, Any] = {operand: values}
-    perturbed = dataclasses.replace(spec, **changes)  # reads ``values`` as it changes
-
-    def loss_diff(idx: Index, plus: float, minus: float) -> tuple[float, float]:
-        x0 = values[idx]
-        total = magnitude = 0.0
-        for lead_index, rows in _affected(spec, operand, idx):
-            outs = []
-            for x in (plus, minus):
-                values[idx] = x
-                outs.append(attend_block(perturbed, lead_index, rows, emulate=False).output)
-            values[idx] = x0
-            g = dout[lead_index][rows]
-            total += float(np.sum(g * (outs[0] - outs[1])))
-            magnitude += float(np.sum(np.abs(g) * (np.abs(outs[0]) + np.abs(outs[1]))))
-        return total, magnitude
-
-    return loss_diff
-
-
-def _affected(spec: AttentionSpec, operand: str, idx: Index) -> Iterator[tuple[Index, slice]]:
-    """The (slice, rows) blocks whose output entry ``idx`` of ``operand`` feeds."""
-    arr = getattr(spec, operand)
-    owner = idx[:-2]
-    if operand == "q" or (operand == "bias" and arr.shape[-2] > 1):
-        rows = slice(idx[-2], idx[-2] + 1)
-    else:
-        rows = slice(0, spec.L)
-    for lead_index in np.ndindex(*spec.lead):
-        li = tuple(int(x) for x in lead_index)
-        if spec.operand_index(operand, li) == owner:
-            yield li, rows
-
-
-def _loaded_index(spec: AttentionSpec, operand: str, shape: tuple[int, ...], idx: Index) -> Index:
-    """An index into the engine's layout of ``operand``, as an index into the file's."""
-    marker = np.zeros(shape, np.bool_)
-    marker[idx] = True
-    loaded = spec.as_loaded(operand, marker)
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(loaded)), loaded.shape))

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.errors import SpecError
-
-if TYPE_CHECKING:
-    from sdpa_cli.check.run import Expected
 
 
 def load_spec(
@@ -25,8 +22,10 @@ def load_spec(
     ``flag_where`` names where a flag's value came from (a manifest entry) for
     messages; by default a flag is named by its spelling, ``--causal-align``.
     """
-    from sdpa_cli.engine.spec import OPTION_NAMES, build_spec, parse_options
-    from sdpa_cli.files.loaders import is_case_file, load_array, load_case
+    from sdpa_cli.engine.options import OPTION_NAMES, parse_options
+    from sdpa_cli.engine.spec import build_spec
+    from sdpa_cli.files.cases import is_case_file, load_case
+    from sdpa_cli.files.loaders import load_array
     from sdpa_cli.text import printable
 
     tensors: dict[str, Any] = {}
@@ -78,16 +77,3 @@ def load_spec(
         names=names,
     )
     return spec, description
-
-
-def load_expected(paths: Mapping[str, str | None]) -> list[Expected]:
-    """``{"output": "out.npy", ...}`` → the exported tensors, loaded (not cast)."""
-    from sdpa_cli.check.run import Expected
-    from sdpa_cli.files.loaders import load_array
-    from sdpa_cli.text import printable
-
-    return [
-        Expected(name, load_array(path, name=name), printable(path))
-        for name, path in paths.items()
-        if path is not None
-    ]

@@ -13,8 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.check.manifest import CaseResult
-from sdpa_cli.check.run import Check, CheckReport
-from sdpa_cli.report import failure_lines
+from sdpa_cli.check.records import Check, CheckReport, failure_lines
 from sdpa_cli.text import plural
 
 STATUS_STYLE = {

@@ -6,7 +6,6 @@ Never prints. Every color repeats what the text says, so a piped trace reads the
 from __future__ import annotations
 
 import math
-import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,71 +14,29 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose.explain import Explanation, elsewhere_summary
-from sdpa_cli.diagnose.rules import Finding
-from sdpa_cli.diagnose.scales import ScaleRun
-from sdpa_cli.diagnose.scorecard import KeyScore, Scorecard
-from sdpa_cli.render.compute import (
+from sdpa_cli.diagnosis.explain import elsewhere_summary
+from sdpa_cli.diagnosis.explained import Explanation
+from sdpa_cli.diagnosis.scales import ScaleRun
+from sdpa_cli.diagnosis.scorecard import KeyScore, Scorecard
+from sdpa_cli.render.common import (
+    MUTED,
     NEGATIVE,
     POSITIVE,
+    SEVERITY_STYLE,
     THEME,
     WEIGHT,
     View,
-    header,
+    note_text,
     rule,
     slice_label,
-    stage_table,
     stage_title,
     titled,
 )
-from sdpa_cli.render.findings import MUTED, NOTHING_FOUND, SEVERITY_STYLE, UNITS, severity_counts
-from sdpa_cli.text import decimals, format_index, plural
-
-FINDINGS_PER_KIND = 3
-"""Findings of one kind listed under a stage; the others are counted."""
-
-
-def note_text(
-    note: str, width: int, indent: int = 2, *, first: int | None = None, style: Style | None = None
-) -> Text:
-    """Text wrapped to the width, indented (the first line by ``first``, default the
-    same), with no trailing spaces, so a piped trace has none either."""
-    lines = textwrap.wrap(
-        note,
-        max(width, 30),
-        initial_indent=" " * (indent if first is None else first),
-        subsequent_indent=" " * indent,
-        break_on_hyphens=False,
-        break_long_words=False,
-    )
-    return Text("\n".join(lines), style=style or "")
-
-
-def stage_findings(findings: Sequence[Finding], width: int) -> list[RenderableType]:
-    """The findings at one stage: row and head findings a line per kind (the first
-    message, the other rows counted), any other finding on its own; each with its hint."""
-    by_kind: dict[object, list[Finding]] = {}
-    for n, f in enumerate(findings):
-        # Rows and heads of one kind share a line; any other finding is its own point.
-        by_kind.setdefault((f.kind, f.severity) if f.kind in UNITS else n, []).append(f)
-    lines: list[RenderableType] = []
-    for group in by_kind.values():
-        first = group[0]
-        label = first.kind.replace("_", " ")
-        line = note_text(f"{first.severity:<8} {label}  {first.message}", width, 9, first=0)
-        line.stylize(SEVERITY_STYLE[first.severity], 0, len(first.severity))
-        line.stylize(Style(bold=True), 9, 9 + len(label))
-        lines.append(line)
-        others = group[1:]
-        if others:
-            listed = ", ".join(format_index(f.index) for f in others[:FINDINGS_PER_KIND])
-            tail = " …" if len(others) > FINDINGS_PER_KIND else ""
-            lines.append(
-                note_text(f"and {len(others)} more: {listed}{tail}", width, 9, style=MUTED)
-            )
-        if first.hint:
-            lines.append(note_text(f"hint: {first.hint}", width, 9, style=MUTED))
-    return lines
+from sdpa_cli.render.explain_grad import render_backward
+from sdpa_cli.render.findings import NOTHING_FOUND, severity_counts, stage_findings
+from sdpa_cli.render.header import header
+from sdpa_cli.render.heatmap import stage_table
+from sdpa_cli.text import decimals, plural, sig
 
 
 def _mask_picture(ex: Explanation, view: View, n_rows: int) -> RenderableType | None:
@@ -221,11 +178,6 @@ def diverging_bar(x: float, lo: float, hi: float, width: int) -> Text:
     )
 
 
-def _short(x: float) -> str:
-    """A vector component in at most 4 significant digits: ``10``, ``-0.5``, ``1.5e-05``."""
-    return f"{x:.4g}"
-
-
 def _vector(values: Sequence[float | str], precision: int | None, limit: int = 4) -> str:
     """``[1.0000, 2.0000, …]``: the first ``limit`` values, in ``precision`` decimals
     (or as given, for strings)."""
@@ -252,14 +204,47 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
         )
     )
     keys = [card.keys[j] for j in card.shown]
-    if keys and keys[0].terms is not None:
-        for k in keys:
-            assert k.terms is not None
-            terms = " + ".join(
-                f"{_short(a)}·{_short(b) if b >= 0 else f'({_short(b)})'}" for a, b in k.terms
+    parts.extend(_dot_products(card, keys, view.width))
+    parts.append(_score_table(card, keys, view))
+    rest = spec.S - len(keys)
+    if rest:
+        parts.append(
+            note_text(
+                f"… {plural(rest, 'other key')} (the heaviest {len(keys)} listed) hold weight "
+                f"{decimals(card.rest_weight, p)} together",
+                view.width,
+                2,
+                first=0,
+                style=MUTED,
             )
-            line = f"q{card.query}·k{k.key} = {terms} = {_short(k.raw)}"
-            parts.append(note_text(line, view.width, 4, first=2))
+        )
+    parts.append(_softmax_note(card, ex, view))
+    parts.append(Text(""))
+    parts.append(titled("contributions", "weight · v_j, summed: the output row"))
+    parts.extend(_contributions(card, ex, keys, view))
+    flag = ex.row_stats.flags.get(card.query)
+    if flag:
+        parts.append(Text(f"row q{card.query} is flagged: {flag[0]}", SEVERITY_STYLE[flag[1]]))
+    return parts
+
+
+def _dot_products(card: Scorecard, keys: Sequence[KeyScore], width: int) -> list[RenderableType]:
+    """``q0·k1 = 1·2 + 0·(-1) = 2`` per listed key, when the terms are few enough to list."""
+    if not keys or keys[0].terms is None:
+        return []
+    lines: list[RenderableType] = []
+    for k in keys:
+        assert k.terms is not None
+        terms = " + ".join(f"{sig(a)}·{sig(b) if b >= 0 else f'({sig(b)})'}" for a, b in k.terms)
+        line = f"q{card.query}·k{k.key} = {terms} = {sig(k.raw)}"
+        lines.append(note_text(line, width, 4, first=2))
+    return lines
+
+
+def _score_table(card: Scorecard, keys: Sequence[KeyScore], view: View) -> Table:
+    """Per listed key: raw, scaled (and logit, when they differ), e^(x−m), weight, and
+    bars of the raw score (diverging around 0) and of the weight."""
+    p = view.precision
     logit_differs = any(k.logit != k.scaled for k in card.keys)
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, show_header=True)
     table.add_column("key", style=THEME["label"], no_wrap=True)
@@ -287,43 +272,27 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
             diverging_bar(k.raw, lo, hi, bar_width),
             weight_bar,
         )
-    parts.append(table)
-    rest = spec.S - len(keys)
-    if rest:
-        parts.append(
-            note_text(
-                f"… {plural(rest, 'other key')} (the heaviest {len(keys)} listed) hold weight "
-                f"{decimals(card.rest_weight, p)} together",
-                view.width,
-                2,
-                first=0,
-                style=MUTED,
-            )
-        )
-    if math.isfinite(card.logit_max):
-        m = decimals(card.logit_max, p)
-        plain = card.sum_exp
-        raw_sum = f" (Σ e^x = {plain:.6g})" if math.isfinite(plain) and plain > 0 else ""
-        parts.append(
-            note_text(
-                f"m = max logit = {m}; Z = Σ e^(x − m) = {decimals(card.z, p)}{raw_sum}; "
-                "weight = e^(x − m) / Z"
-                + (f", then dropout (p = {spec.options.dropout:g}) on it" if card.dropout else ""),
-                view.width,
-                2,
-                first=0,
-                style=MUTED,
-            )
-        )
-    else:
-        parts.append(Text("no visible key: every weight is zero, and so is the output", MUTED))
-    parts.append(Text(""))
-    parts.append(titled("contributions", "weight · v_j, summed: the output row"))
-    parts.extend(_contributions(card, ex, keys, view))
-    flag = ex.row_stats.flags.get(card.query)
-    if flag:
-        parts.append(Text(f"row q{card.query} is flagged: {flag[0]}", SEVERITY_STYLE[flag[1]]))
-    return parts
+    return table
+
+
+def _softmax_note(card: Scorecard, ex: Explanation, view: View) -> Text:
+    """``m = max logit; Z = Σ e^(x − m); weight = e^(x − m) / Z`` on the query's numbers."""
+    p = view.precision
+    if not math.isfinite(card.logit_max):
+        return Text("no visible key: every weight is zero, and so is the output", MUTED)
+    m = decimals(card.logit_max, p)
+    plain = card.sum_exp
+    raw_sum = f" (Σ e^x = {plain:.6g})" if math.isfinite(plain) and plain > 0 else ""
+    dropout = ex.spec.options.dropout
+    return note_text(
+        f"m = max logit = {m}; Z = Σ e^(x − m) = {decimals(card.z, p)}{raw_sum}; "
+        "weight = e^(x − m) / Z"
+        + (f", then dropout (p = {dropout:g}) on it" if card.dropout else ""),
+        view.width,
+        2,
+        first=0,
+        style=MUTED,
+    )
 
 
 def _contributions(
@@ -348,7 +317,7 @@ def _contributions(
     def layout(dims: int, named: bool) -> list[tuple[str, str, str, str]]:
         rows = []
         for n, k in enumerate(keys):
-            vj = f"v{k.key}" if named else _vector([_short(float(x)) for x in v[k.key]], None, dims)
+            vj = f"v{k.key}" if named else _vector([sig(float(x)) for x in v[k.key]], None, dims)
             rows.append(
                 (labels[n], weights[n], f"· {vj}", "= " + _vector(k.contribution.tolist(), p, dims))
             )
@@ -468,8 +437,6 @@ def render_explain(ex: Explanation, view: View, *, walk: bool = True) -> Rendera
     if walk:
         parts.extend(render_walk(ex, view))
     if ex.backward is not None:
-        from sdpa_cli.render.grad import render_backward
-
         parts.extend(render_backward(ex, view))
     if ex.scorecard is not None:
         parts.extend(render_scorecard(ex.scorecard, ex, view))

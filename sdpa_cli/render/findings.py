@@ -1,4 +1,5 @@
-"""Diagnosis → rich renderables: the findings panel, per-head summaries, precision.
+"""Diagnosis → rich renderables: the findings panel, the findings at one stage,
+per-head summaries, precision.
 
 Never prints. Every severity reads as a word as well as a color, so a piped or
 colorless panel says the same.
@@ -18,23 +19,10 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose.rules import (
-    ALL_KINDS,
-    SEVERITIES,
-    Diagnosis,
-    Finding,
-    HeadSummary,
-    format_index,
-    plural,
-)
+from sdpa_cli.diagnosis.findings import ALL_KINDS, SEVERITIES, Diagnosis, Finding, HeadSummary
 from sdpa_cli.engine import precision
-
-SEVERITY_STYLE = {
-    "error": Style(color="red", bold=True),
-    "warning": Style(color="yellow", bold=True),
-    "info": Style(color="cyan"),
-}
-MUTED = Style(dim=True)
+from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, note_text
+from sdpa_cli.text import format_index, plural
 
 UNITS = {
     "saturated": "row",
@@ -143,6 +131,37 @@ def findings_panel(diagnosis: Diagnosis, nothing: str = NOTHING_FOUND) -> Render
     if diagnosis.truncated:
         title += " (not all listed: --max-findings)"
     return Panel(Group(*lines), title=title, title_align="left", box=box.ROUNDED)
+
+
+FINDINGS_PER_KIND = 3
+"""Findings of one kind listed under a stage; the others are counted."""
+
+
+def stage_findings(findings: Sequence[Finding], width: int) -> list[RenderableType]:
+    """The findings at one stage: row and head findings a line per kind (the first
+    message, the other rows counted), any other finding on its own; each with its hint."""
+    by_kind: dict[object, list[Finding]] = {}
+    for n, f in enumerate(findings):
+        # Rows and heads of one kind share a line; any other finding is its own point.
+        by_kind.setdefault((f.kind, f.severity) if f.kind in UNITS else n, []).append(f)
+    lines: list[RenderableType] = []
+    for group in by_kind.values():
+        first = group[0]
+        label = first.kind.replace("_", " ")
+        line = note_text(f"{first.severity:<8} {label}  {first.message}", width, 9, first=0)
+        line.stylize(SEVERITY_STYLE[first.severity], 0, len(first.severity))
+        line.stylize(Style(bold=True), 9, 9 + len(label))
+        lines.append(line)
+        others = group[1:]
+        if others:
+            listed = ", ".join(format_index(f.index) for f in others[:FINDINGS_PER_KIND])
+            tail = " …" if len(others) > FINDINGS_PER_KIND else ""
+            lines.append(
+                note_text(f"and {len(others)} more: {listed}{tail}", width, 9, style=MUTED)
+            )
+        if first.hint:
+            lines.append(note_text(f"hint: {first.hint}", width, 9, style=MUTED))
+    return lines
 
 
 def _indented(text: Text) -> Padding:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -18,14 +17,15 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose.grad import LABEL, GradDiagnosis
-from sdpa_cli.diagnose.rules import Diagnosis
-from sdpa_cli.engine.grad import Gradients, NumericCheck
-from sdpa_cli.render.compute import (
+from sdpa_cli.diagnosis.findings import Diagnosis
+from sdpa_cli.diagnosis.grad import LABEL, GradDiagnosis
+from sdpa_cli.diagnosis.stages import gradient_formula
+from sdpa_cli.engine.grad import Gradients
+from sdpa_cli.engine.numeric import NumericCheck
+from sdpa_cli.render.common import (
+    SEVERITY_STYLE,
     THEME,
     View,
-    cell_style,
-    header,
     layout,
     more_slices,
     rule,
@@ -33,83 +33,18 @@ from sdpa_cli.render.compute import (
     slice_positions,
     titled,
 )
-from sdpa_cli.render.findings import NOTHING_FOUND, SEVERITY_STYLE, findings_panel
-from sdpa_cli.text import decimals, format_index
-
-if TYPE_CHECKING:
-    from sdpa_cli.diagnose.explain import Explanation
+from sdpa_cli.render.findings import NOTHING_FOUND, findings_panel
+from sdpa_cli.render.header import header
+from sdpa_cli.render.heatmap import matrix_table
+from sdpa_cli.text import format_index
 
 GRADIENT_FOUND = ", no vanishing gradients, no keys without gradient"
 
 PASSED = Style(color="green", bold=True)
 
-FORMULAS = {
-    "dq": "dS · K · scale",
-    "dk": "dSᵀ · Q · scale",
-    "dv": "Aᵀ · dO",
-    "dbias": "dS (the logits' gradient)",
-}
-
-
-def matrix_table(
-    values: NDArray[np.float64],
-    rows: range,
-    cols: range,
-    row_prefix: str,
-    col_prefix: str,
-    view: View,
-    extra: Sequence[tuple[str, Sequence[Text]]] = (),
-    *,
-    row_offset: int = 0,
-) -> RenderableType:
-    """Rows ``rows`` and columns ``cols`` of ``values`` as a heat table, as many
-    columns as fit ``view.width``; ``extra`` adds (header, one cell per row) columns.
-    Rows are labelled from ``row_offset`` (values holding rows 5.. label them q5..)."""
-    shown_rows = rows[: view.max_rows]
-    texts = {j: [decimals(float(values[i, j]), view.precision) for i in shown_rows] for j in cols}
-    label_width = max([len(f"{row_prefix}{i + row_offset}") for i in shown_rows] or [1])
-    used = label_width + sum(
-        max([len(h)] + [len(c.plain) for c in cells]) + 3 for h, cells in extra
-    )
-    fitted: list[int] = []
-    for n, j in enumerate(cols[: view.max_rows]):
-        width = max([len(f"{col_prefix}{j}")] + [len(t) for t in texts[j]])
-        more_follow = n + 1 < len(cols)
-        if used + width + 3 + (4 if more_follow else 0) > view.width and fitted:
-            break
-        used += width + 3
-        fitted.append(j)
-    cut_cols = len(fitted) < len(cols)
-
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
-    table.add_column("", style=THEME["label"], no_wrap=True)
-    for j in fitted:
-        table.add_column(f"{col_prefix}{j}", justify="right", no_wrap=True)
-    if cut_cols:
-        table.add_column("…", justify="center", no_wrap=True)
-    for h, _ in extra:
-        table.add_column(h, justify="right", no_wrap=True)
-    block = values[np.ix_(list(shown_rows), fitted)] if fitted and len(shown_rows) else None
-    finite = block[np.isfinite(block)] if block is not None else np.zeros(0)
-    heat = float(np.abs(finite).max()) if finite.size else 0.0
-    for r, i in enumerate(shown_rows):
-        cells = [Text(texts[j][r], cell_style(float(values[i, j]), "grad", heat)) for j in fitted]
-        if cut_cols:
-            cells.append(Text("…", THEME["muted"]))
-        cells.extend(col[r] for _, col in extra)
-        table.add_row(Text(f"{row_prefix}{i + row_offset}"), *cells)
-    if len(shown_rows) < len(rows):
-        table.add_row(*[Text("…", THEME["muted"]) for _ in table.columns])
-    cut = []
-    if len(shown_rows) < len(rows):
-        first, last = shown_rows.start + row_offset, shown_rows.stop - 1 + row_offset
-        cut.append(f"rows {first}–{last} of {values.shape[0] + row_offset}")
-    if cut_cols:
-        span = f"{fitted[0]}–{fitted[-1]}" if fitted else "none"
-        cut.append(f"columns {span} of {values.shape[1]}")
-    if cut:
-        return Group(table, Text(", ".join(cut) + " shown", THEME["muted"]))
-    return table
+FORMULAS = {name: gradient_formula(name) for name in ("dq", "dk", "dv")}
+FORMULAS["dbias"] = gradient_formula("dbias") + " (the logits' gradient)"
+"""A gradient's table title: its formula (:mod:`sdpa_cli.diagnosis.stages`)."""
 
 
 def _row_columns(
@@ -276,59 +211,3 @@ def numeric_table(checks: Sequence[NumericCheck], tolerance: float) -> Renderabl
         "numeric check", f"central differences in float64, tolerance {tolerance:g} (relative)"
     )
     return Group(title, table, Text(""))
-
-
-BACKWARD_AXES = {
-    "d_output": ("q", "v"),
-    "d_weights": ("q", "k"),
-    "d_scores": ("q", "k"),
-    "d_scaled": ("q", "k"),
-    "d_query": ("q", "e"),
-    "d_key": ("k", "e"),
-    "d_value": ("k", "v"),
-    "d_bias": ("q", "k"),
-}
-"""Row and column labels of each backward stage's table."""
-
-
-def render_backward(ex: Explanation, view: View) -> list[RenderableType]:
-    """``explain --backward``: each backward stage's formula, note, table and findings,
-    then where the other gradient findings are."""
-    from sdpa_cli.diagnose.explain_grad import FORMULAS
-    from sdpa_cli.render.explain import note_text, stage_findings
-
-    back = ex.backward
-    assert back is not None
-    parts: list[RenderableType] = [
-        rule(f"backward · ℓ = Σ O ⊙ dO · dO {back.dout_label}", view.width)
-    ]
-    rows = ex.rows
-    for st in back.stages:
-        parts.append(titled(st.name, FORMULAS[st.name]))
-        parts.append(note_text(st.note, view.width))
-        row_prefix, col_prefix = BACKWARD_AXES[st.name]
-        n_rows, n_cols = st.values.shape
-        shown = range(n_rows) if row_prefix == "k" else range(len(rows))
-        cols = range(n_cols)
-        if col_prefix == "k" and view.keys is not None:
-            cols = cols[view.keys]
-        if row_prefix == "k" and view.keys is not None:
-            shown = shown[view.keys]
-        offset = 0 if row_prefix == "k" else rows.start
-        parts.append(
-            matrix_table(st.values, shown, cols, row_prefix, col_prefix, view, row_offset=offset)
-        )
-        if st.findings:
-            parts.extend(stage_findings(st.findings, view.width))
-        parts.append(Text(""))
-    if back.elsewhere:
-        n = len(back.elsewhere)
-        parts.append(
-            Text(
-                f"{n} more gradient finding{'s' if n != 1 else ''} elsewhere in the input "
-                "(sdpa grad lists them all)",
-                THEME["muted"],
-            )
-        )
-        parts.append(Text(""))
-    return parts

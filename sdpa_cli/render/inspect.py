@@ -16,19 +16,17 @@ from collections.abc import Sequence
 from rich import box
 from rich.cells import cell_len
 from rich.console import Group, RenderableType
-from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnose.inspect import FileReport, Headroom, TensorStats
-from sdpa_cli.render.findings import SEVERITY_STYLE
+from sdpa_cli.diagnosis.inspect import FileReport, Headroom, TensorStats
+from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME
 from sdpa_cli.text import plural
 
-TITLE = Style(bold=True)
-MUTED = Style(dim=True)
+TITLE = THEME["title"]
 OVERFLOW = SEVERITY_STYLE["error"]
 UNDERFLOW = SEVERITY_STYLE["warning"]
-NONFINITE = Style(color="magenta", bold=True)
+NONFINITE = THEME["nonfinite"]
 FORMAT_NAMES = {
     "npy": ".npy",
     "npz": ".npz",

@@ -16,8 +16,8 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sdpa_cli.diagnose.explain import Explanation
-from sdpa_cli.render.compute import STAGE_TITLES, slice_label
+from sdpa_cli.diagnosis.explained import Explanation
+from sdpa_cli.render.common import STAGE_TITLES, slice_label
 
 COLUMNS = 3
 

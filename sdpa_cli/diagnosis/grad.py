@@ -1,7 +1,7 @@
 """Gradients → gradient-health findings (data, never exceptions), per-head norms and
 the gradients' range in low-precision formats.
 
-Findings follow the contract of :mod:`sdpa_cli.diagnose.rules` (kind, severity, message,
+Findings follow the contract of :mod:`sdpa_cli.diagnosis.findings` (kind, severity, message,
 hint, index, stage, dtype, count); their kinds are :data:`GRADIENT_KINDS` and their
 stage is the gradient (``dq``, ``dk``, ``dv``, ``dbias``) or ``weights`` for a row.
 Rows are indexed ``[*lead, i]`` as the forward findings are, query heads ``[*lead]``,
@@ -19,18 +19,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnose.rules import (
-    GRADIENT_KINDS,
-    Diagnosis,
-    Finding,
-    Thresholds,
-    format_index,
-    plural,
-    saturation_hint,
-)
+from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Thresholds, first_index
+from sdpa_cli.diagnosis.rows import saturation_hint
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.grad import Gradients, norm
-from sdpa_cli.text import finite_or_none
+from sdpa_cli.text import finite_or_none, format_index, plural
 
 F64 = NDArray[np.float64]
 Index = tuple[int, ...]
@@ -174,10 +167,6 @@ def diagnose_grad(
     )
 
 
-def _first(bad: NDArray[np.bool_]) -> Index:
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
-
-
 def _nonfinite(grads: Gradients) -> Iterator[Finding]:
     for name in grads.present():
         g = grads.loaded(name)
@@ -191,10 +180,10 @@ def _nonfinite(grads: Gradients) -> Iterator[Finding]:
             "gradient_nonfinite",
             "error",
             f"{LABEL[name]} has {plural(n, 'non-finite value')} ({nans} NaN, {n - nans} inf), "
-            f"first at {format_index(_first(bad))}",
+            f"first at {format_index(first_index(bad))}",
             hint="a NaN or inf in Q, K, V, the bias or dO reaches every gradient it "
             "touches: see the forward findings for where it enters",
-            index=_first(bad),
+            index=first_index(bad),
             stage=name,
             count=n,
         )

@@ -45,20 +45,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.stats import Moments
+from sdpa_cli.engine.options import OPTION_NAMES
+from sdpa_cli.engine.records import Moments
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.loaders import (
-    Source,
-    _load_npy,
-    _load_npz,
-    _load_safetensors,
-    _read_safetensors_header,
-    _reading,
-    _sniff,
-    load_case,
-    nested_to_array,
-    parse_text,
-)
+from sdpa_cli.files.cases import load_case
+from sdpa_cli.files.checks import reading
+from sdpa_cli.files.loaders import Source, sniff
+from sdpa_cli.files.npy import load_npy, load_npz
+from sdpa_cli.files.safetensors import load_safetensors, read_safetensors_header
+from sdpa_cli.files.structured import nested_to_array, parse_text
 
 CHUNK = 1 << 20
 """Elements converted to float64 at a time: 8 MiB of working memory, whatever the file."""
@@ -192,13 +187,13 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
         InputError: the file as a whole cannot be read (the loader's message).
     """
     src = Source.parse(text)
-    fmt = _sniff(src.path, src.label)
+    fmt = sniff(src.path, src.label)
     case = False
     rows: list[TensorStats] = []
     if fmt == "npy":
-        rows.append(inspect_array(_load_npy(src.path, src.label), src.path.stem, chunk=chunk))
+        rows.append(inspect_array(load_npy(src.path, src.label), src.path.stem, chunk=chunk))
     elif fmt in ("npz", "safetensors"):
-        load = _load_npz if fmt == "npz" else _load_safetensors
+        load = load_npz if fmt == "npz" else load_safetensors
         if src.member is not None:
             rows.append(
                 inspect_array(load(src.path, src.member, src.label), src.member, chunk=chunk)
@@ -217,8 +212,6 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
     else:
         data = parse_text(src.path, fmt, src.label)
         if isinstance(data, dict):
-            from sdpa_cli.engine.spec import OPTION_NAMES
-
             case = True
             del data  # freed first: load_case parses again, as the owner of a case file's rules
             loaded = load_case(text, OPTION_NAMES)
@@ -233,13 +226,13 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
 
 
 def _npz_names(src: Source) -> list[str]:
-    """The members of an archive, as :func:`~sdpa_cli.files.loaders._load_npz` names them.
+    """The members of an archive, as :func:`~sdpa_cli.files.npy.load_npz` names them.
 
     Raises:
         InputError: a broken archive, or one holding no arrays (the loader's words).
     """
     try:
-        with _reading(src.label), zipfile.ZipFile(src.path) as zf:
+        with reading(src.label), zipfile.ZipFile(src.path) as zf:
             names = sorted({i.filename.removesuffix(".npy") for i in zf.infolist()})
     except zipfile.BadZipFile as exc:
         raise InputError(src.label, f"is not a valid .npz archive ({exc})") from None
@@ -254,7 +247,7 @@ def _safetensors_names(src: Source) -> list[str]:
     Raises:
         InputError: a corrupt header, or one holding no tensors (the loader's words).
     """
-    header, _ = _read_safetensors_header(src.path, src.label)
+    header, _ = read_safetensors_header(src.path, src.label)
     names = sorted(k for k in header if k != "__metadata__")
     if not names:
         raise InputError(src.label, "holds no tensors")
@@ -363,19 +356,7 @@ def inspect_array(
             _tally(x, mag, f, tally)
     count = moments.count
     top = absmax if count else math.nan
-    headroom = tuple(
-        Headroom(
-            format=f.name,
-            max=f.max,
-            normal=f.normal,
-            tiny=f.tiny,
-            bits=f.headroom(top) if count else math.nan,
-            overflow=t.overflow,
-            flush=t.flush,
-            subnormal=t.subnormal,
-        )
-        for f, t in zip(formats, tallies, strict=True)
-    )
+    headroom = tuple(_headroom(f, t, top) for f, t in zip(formats, tallies, strict=True))
     return TensorStats(
         name=name,
         shape=tuple(int(n) for n in a.shape),
@@ -394,6 +375,21 @@ def inspect_array(
         absmin=absmin if count and math.isfinite(absmin) else math.nan,
         headroom=headroom,
         source=source,
+    )
+
+
+def _headroom(f: precision.Format, t: _Tally, top: float) -> Headroom:
+    """A tensor against format ``f``: its largest finite magnitude ``top`` (NaN when it
+    has no finite value) and the cast's outcomes ``t``."""
+    return Headroom(
+        format=f.name,
+        max=f.max,
+        normal=f.normal,
+        tiny=f.tiny,
+        bits=f.headroom(top) if not math.isnan(top) else math.nan,
+        overflow=t.overflow,
+        flush=t.flush,
+        subnormal=t.subnormal,
     )
 
 
@@ -448,67 +444,3 @@ def errors(results: Sequence[FileReport | Unreadable]) -> list[InputError]:
         else:
             found += [InputError(t.where or r.path, t.problem) for t in r.tensors if t.problem]
     return found
-
-
-def payload(results: Sequence[FileReport | Unreadable]) -> dict[str, Any]:
-    """The JSON document: ``{"sdpa_version", "files": [{"path", "tensors": [...]}]}``.
-
-    A statistic with no value (an empty tensor, one with no finite value) is ``null``;
-    infinite headroom (a tensor of zeros) is the string ``"Infinity"``, as everywhere
-    in sdpa's JSON. A file that could not be read has ``"error"`` and no tensors; a
-    refused member has ``"error"`` and no statistics.
-
-    Args:
-        results: what :func:`inspect_files` returns.
-    """
-    from sdpa_cli import __version__
-    from sdpa_cli.text import json_number
-
-    def value(x: float) -> float | None:
-        return None if math.isnan(x) else x
-
-    def tensor(t: TensorStats) -> dict[str, Any]:
-        if t.problem is not None:
-            return {"name": t.name, "error": t.error}
-        return {
-            "name": t.name,
-            "shape": list(t.shape),
-            "dtype": t.dtype,
-            "size": t.size,
-            "finite": t.finite,
-            "min": value(t.min),
-            "max": value(t.max),
-            "mean": value(t.mean),
-            "std": value(t.std),
-            "nan": t.nan,
-            "posinf": t.posinf,
-            "neginf": t.neginf,
-            "max_abs": value(t.absmax),
-            "min_abs_nonzero": value(t.absmin),
-            "headroom": {
-                h.format: {
-                    "max": h.max,
-                    "bits": None if math.isnan(h.bits) else json_number(h.bits),
-                    "overflow": h.overflow,
-                    "flush": h.flush,
-                    "subnormal": h.subnormal,
-                }
-                for h in t.headroom
-            },
-            "source": t.source,
-            "error": None,
-        }
-
-    files = [
-        {"path": r.path, "tensors": [], "error": str(r.error)}
-        if isinstance(r, Unreadable)
-        else {
-            "path": r.path,
-            "format": r.format,
-            "case": r.case,
-            "tensors": [tensor(t) for t in r.tensors],
-            "error": None,
-        }
-        for r in results
-    ]
-    return {"sdpa_version": __version__, "files": files}

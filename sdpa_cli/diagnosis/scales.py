@@ -12,10 +12,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnose.rules import Thresholds, classify_rows
-from sdpa_cli.engine.block import attend_block, block_rows
+from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.diagnosis.rows import classify_rows
+from sdpa_cli.engine.block import attend_block
+from sdpa_cli.engine.driver import sweep
+from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index, Moments, Stats
+from sdpa_cli.engine.stats import Index, Stats
 
 F64 = NDArray[np.float64]
 
@@ -66,14 +69,12 @@ def _scale_run(
     current: bool,
 ) -> ScaleRun:
     """The slice under one scale: every row's max weight and entropy over its visible
-    keys, judged by the findings' rules (:func:`~sdpa_cli.diagnose.rules.classify_rows`)."""
+    keys, judged by the findings' rules (:func:`~sdpa_cli.diagnosis.rows.classify_rows`)."""
     run = spec if current else spec.with_scale(rule)
     # The row statistics and rules of the findings, gathered over this slice only.
     stats = Stats.empty(run)
     logits = Moments()
-    step = block_rows(spec)
-    for i0 in range(0, spec.L, step):
-        block = attend_block(run, lead, slice(i0, min(i0 + step, spec.L)))
+    for block in sweep(run, lambda place: place.attend(run), leads=[lead], keys="all"):
         stats.observe(block, block)
         logits.add(block.logits_before("masked"), block.attended)
     shown = attend_block(run, lead, slice(rows.start, rows.stop)).weights

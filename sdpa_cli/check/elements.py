@@ -1,0 +1,288 @@
+"""The element checks of an export, each a :class:`~sdpa_cli.check.records.Check`: finite,
+close to the reference, weights on the simplex (in [0, 1], rows summing to 1 over the
+keys they may attend to), outputs inside V's range over those keys, and the LSE
+consistent with the weights."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.check.compare import Tolerance, argmax_index, compare, mismatch_summary
+from sdpa_cli.check.exports import merged_index
+from sdpa_cli.check.records import Check
+from sdpa_cli.engine.block import Block
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Index
+from sdpa_cli.text import plural
+
+F64 = NDArray[np.float64]
+
+
+def finite_check(name: str, values: F64, label: str) -> Check:
+    bad = ~np.isfinite(values)
+    n = int(bad.sum())
+    if not n:
+        return Check(f"{name}.finite", "pass", f"all {values.size:,} finite", file=label)
+    at = argmax_index(bad)
+    nan = int(np.isnan(values).sum())
+    return Check(
+        f"{name}.finite",
+        "fail",
+        f"{n:,} of {values.size:,} not finite ({nan:,} NaN, {n - nan:,} inf); first at {list(at)}",
+        index=at,
+        file=label,
+        details={"nonfinite": n, "nan": nan, "inf": n - nan},
+    )
+
+
+def close_check(
+    name: str, actual: F64, reference: F64, tol: Tolerance, label: str, equal_nan: bool
+) -> Check:
+    m = compare(actual, reference, tol.rtol, tol.atol, equal_nan=equal_nan)
+    return Check(
+        f"{name}.close",
+        "fail" if m.mismatched else "pass",
+        mismatch_summary(m, tol),
+        index=m.worst_at,
+        file=label,
+        tolerance=tol,
+        mismatch=m,
+    )
+
+
+def weights_range(w: F64, tol: Tolerance, label: str) -> Check:
+    """Every weight in [0, 1] (up to atol)."""
+    with np.errstate(invalid="ignore"):
+        bad = np.isfinite(w) & ((w < -tol.atol) | (w > 1 + tol.atol))
+    n = int(bad.sum())
+    if not n:
+        return Check("weights.range", "pass", "all in [0, 1]", file=label)
+    at = argmax_index(bad)
+    return Check(
+        "weights.range",
+        "fail",
+        f"{n:,} of {w.size:,} outside [0, 1]; first {w[at]:.6g} at {list(at)}",
+        index=at,
+        file=label,
+        details={"outside": n, "first_value": float(w[at])},
+    )
+
+
+def weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str) -> Check:
+    """Rows sum to 1 over the keys they may attend to, the others get nothing; a row
+    with nothing to attend to sums to 0.
+
+    ``support`` is where the computation can put weight: the visible keys, and the
+    hidden ones a finite mask value still weighs (a row with no visible key is
+    spread over every key under -1e9).
+    """
+    any_support = np.asarray(support.any(axis=-1))
+    with np.errstate(invalid="ignore"):
+        sums = np.where(support, w, 0.0).sum(axis=-1)
+        target = np.where(any_support, 1.0, 0.0)
+        leaked = np.where(support, 0.0, np.abs(w)).max(axis=-1, initial=0.0)
+        off = np.abs(sums - target)
+        bad_sum = np.isfinite(sums) & (off > tol.atol + tol.rtol)
+        bad_leak = leaked > tol.atol
+    bad = bad_sum | bad_leak
+    n_rows = int(np.prod(sums.shape))
+    n = int(bad.sum())
+    if not n:
+        empty = n_rows - int(any_support.sum())
+        largest = float(off[np.isfinite(off)].max(initial=0.0))
+        summary = f"all {n_rows:,} rows sum to 1 (largest |Σ − 1| {largest:.3g})"
+        if empty:
+            summary = (
+                f"{n_rows - empty:,} rows sum to 1 (largest |Σ − 1| {largest:.3g}); "
+                f"{empty:,} with no key to attend to sum to 0"
+            )
+        return Check("weights.rows", "pass", summary, file=label)
+    row = argmax_index(bad)
+    if bad_sum[row]:
+        what = f"sums to {sums[row]:.6g}, not {target[row]:g}"
+    else:
+        what = f"puts {leaked[row]:.3g} on hidden keys"
+    return Check(
+        "weights.rows",
+        "fail",
+        f"{n:,} of {n_rows:,} rows off: row {list(row)} {what}",
+        index=row,
+        file=label,
+        details={
+            "rows_off": n,
+            "bad_sums": int(bad_sum.sum()),
+            "leaking_rows": int(bad_leak.sum()),
+        },
+    )
+
+
+def v_range(
+    v: F64,
+    support: NDArray[np.bool_] | None,
+    n_rows: int,
+    running: tuple[F64, F64] | None = None,
+) -> tuple[F64, F64]:
+    """Per row and column, the smallest and largest of ``v`` (the block's keys, (keys,
+    Ev)) over the keys the row may attend to (``support``, (rows, keys); None: every
+    one); 0 for a row with none.
+
+    Rows that see a prefix of the keys (causal, padding) or a suffix read running
+    minima and maxima, O(keys·Ev) in all; only other rows (windows, arbitrary masks)
+    reduce over their keys a few rows at a time. ``running``: V's running minima and
+    maxima down these keys, when the caller keeps them.
+    """
+    S, Ev = v.shape
+    if support is None:
+        if not S:
+            return np.zeros((n_rows, Ev)), np.zeros((n_rows, Ev))
+        return np.broadcast_to(v.min(axis=0), (n_rows, Ev)), np.broadcast_to(
+            v.max(axis=0), (n_rows, Ev)
+        )
+    lo = np.zeros((n_rows, Ev), dtype=v.dtype)
+    hi = np.zeros((n_rows, Ev), dtype=v.dtype)
+    if S == 0:
+        return lo, hi
+    vis = np.asarray(support, dtype=np.bool_)
+    count = vis.sum(axis=-1)
+    first = np.argmax(vis, axis=-1)
+    last = S - 1 - np.argmax(vis[:, ::-1], axis=-1)
+    contiguous = (count > 0) & (count == last - first + 1)
+    prefix = contiguous & (first == 0)
+    suffix = contiguous & (last == S - 1) & ~prefix
+    if prefix.any():
+        low, high = running or (np.minimum.accumulate(v, axis=0), np.maximum.accumulate(v, axis=0))
+        lo[prefix] = low[last[prefix]]
+        hi[prefix] = high[last[prefix]]
+    if suffix.any():
+        lo[suffix] = np.minimum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
+        hi[suffix] = np.maximum.accumulate(v[::-1], axis=0)[::-1][first[suffix]]
+    rest = np.flatnonzero((count > 0) & ~prefix & ~suffix)
+    step = max(1, (1 << 21) // max(1, S * Ev))
+    for j in range(0, rest.size, step):
+        rows = rest[j : j + step]
+        sel = vis[rows][:, :, None]
+        lo[rows] = np.where(sel, v[None], np.inf).min(axis=1)
+        hi[rows] = np.where(sel, v[None], -np.inf).max(axis=1)
+    return lo, hi
+
+
+def block_support(block: Block) -> NDArray[np.bool_] | None:
+    """Where a block can put weight: its visible keys (a float mask's −inf hides too),
+    and hidden keys a finite mask value still weighs (−1 leaves them weight; −1e9
+    spreads a row with no visible key over every key). None: every key of the block."""
+    if block.all_visible and float(np.min(block.masked, initial=np.inf)) > -math.inf:
+        return None
+    return weighable(block.visible, block.masked, block.weights)
+
+
+def weighable(
+    visible: NDArray[np.bool_], masked: NDArray[Any], weights: NDArray[Any]
+) -> NDArray[np.bool_]:
+    """The visible keys a logit of −inf does not hide, and any key holding weight."""
+    with np.errstate(invalid="ignore"):
+        support: NDArray[np.bool_] = visible & (masked != -math.inf)
+        support |= weights > 0
+    return support
+
+
+def output_range(
+    spec: AttentionSpec,
+    out: F64,
+    bounds_lo: F64,
+    bounds_hi: F64,
+    tol: Tolerance,
+    label: str,
+    merged: bool,
+) -> Check:
+    """Each output inside the per-column range of V over the row's visible keys: it is
+    a convex combination of those rows of V."""
+    if spec.options.dropout > 0:
+        return Check(
+            "output.range",
+            "pass",
+            "skipped: dropout rescales the weights, so the output may leave V's range",
+            file=label,
+            details={"skipped": True},
+        )
+    n = 0
+    first: Index | None = None
+    first_value = 0.0
+    bounds = (0.0, 0.0)
+    for lead in np.ndindex(*spec.lead):
+        lo, hi = bounds_lo[lead], bounds_hi[lead]
+        o = out[lead]
+        slack = tol.atol + tol.rtol * np.maximum(np.abs(lo), np.abs(hi))
+        with np.errstate(invalid="ignore"):
+            bad = np.isfinite(o) & ((o < lo - slack) | (o > hi + slack))
+        k = int(bad.sum())
+        if k and first is None:
+            i, c = argmax_index(bad)
+            first = (*lead, i, c)
+            first_value = float(o[i, c])
+            bounds = (float(lo[i, c]), float(hi[i, c]))
+        n += k
+    if not n:
+        return Check(
+            "output.range", "pass", "every value inside V's range over its visible keys", file=label
+        )
+    assert first is not None
+    at = merged_index(spec, first) if merged else first
+    return Check(
+        "output.range",
+        "fail",
+        f"{n:,} of {out.size:,} outside V's range over the visible keys; "
+        f"{first_value:.6g} at {list(at)} is outside [{bounds[0]:.6g}, {bounds[1]:.6g}]",
+        index=at,
+        file=label,
+        details={"outside": n, "first_value": first_value, "range": list(bounds)},
+    )
+
+
+def lse_weights(
+    masked: F64,
+    lse: F64,
+    lse_dtype: np.dtype[Any],
+    w: F64,
+    visible: NDArray[np.bool_],
+    tol: Tolerance,
+    label: str,
+    equal_nan: bool,
+) -> Check:
+    """The exported weights equal exp(logit − exported LSE) on rows with a key to attend to.
+
+    A row whose LSE is so large that one step of its own format exceeds rtol (−1e9 +
+    log S in float32, under a finite mask value) cannot pin its weights to the
+    tolerance: such rows are counted, not judged.
+    """
+    rows = np.asarray(visible.any(axis=-1)) & np.isfinite(lse)
+    fmt = lse_dtype if lse_dtype.kind == "f" else np.dtype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        step = np.spacing(np.abs(np.where(rows, lse, 0.0)).astype(fmt)).astype(np.float64)
+        coarse = rows & (step > tol.rtol)
+        rows &= ~coarse
+        implied = np.exp(masked - np.where(rows, lse, 0.0)[..., None])
+    implied = np.where(rows[..., None], implied, w)  # rows not judged: compared to themselves
+    m = compare(w, implied, tol.rtol, tol.atol, equal_nan=equal_nan)
+    skipped = int(coarse.sum())
+    note = (
+        f" ({plural(skipped, 'row')} with an LSE too coarse in {fmt} not judged)" if skipped else ""
+    )
+    summary = (
+        f"the exported weights equal exp(logit − LSE){note}"
+        if not m.mismatched
+        else f"weights ≠ exp(logit − LSE): {mismatch_summary(m, tol)}{note}"
+    )
+    return Check(
+        "lse.weights",
+        "fail" if m.mismatched else "pass",
+        summary,
+        index=m.worst_at,
+        file=label,
+        tolerance=tol,
+        mismatch=m,
+        details={"rows_not_judged": skipped},
+    )

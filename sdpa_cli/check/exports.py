@@ -1,0 +1,166 @@
+"""Exported tensors and what they are compared with: the files loaded, the layouts an
+export may have and its fitting into the computation's, the export's format, the reference and naive
+runs, and a run's value of each export (the LSE read off the softmax)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.check.records import Expected
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.block import Block, softmax
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Index, input_dtypes
+from sdpa_cli.engine.trace import Trace, merge_heads
+from sdpa_cli.errors import SpecError
+from sdpa_cli.files.loaders import load_array
+from sdpa_cli.text import printable
+
+F64 = NDArray[np.float64]
+
+RUN_STAGES = ("masked", "weights", "output")
+"""The stages a check compares against: the LSE comes from the masked logits."""
+
+
+# --- files and layouts ------------------------------------------------------------------
+
+
+def load_expected(paths: Mapping[str, str | None]) -> list[Expected]:
+    """``{"output": "out.npy", ...}`` → the exported tensors, loaded (not cast)."""
+    return [
+        Expected(name, load_array(path, name=name), printable(path))
+        for name, path in paths.items()
+        if path is not None
+    ]
+
+
+def expected_shapes(spec: AttentionSpec, name: str) -> tuple[tuple[int, ...], ...]:
+    """The layouts accepted for an exported ``name``: the computation's, and for the
+    output under ``--heads`` the merged ``(..., L, heads·Ev)`` as well."""
+    if name == "weights":
+        return (spec.weights_shape,)
+    if name == "lse":
+        return ((*spec.lead, spec.L),)
+    if spec.options.heads is not None:
+        return (spec.merged_output_shape, spec.output_shape)
+    return (spec.output_shape,)
+
+
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    i = 0
+    while i < len(shape) - 1 and shape[i] == 1:
+        i += 1
+    return shape[i:]
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """An export in the computation's layout (in its own dtype)."""
+
+    exp: Expected
+    values: F64
+    merged: bool
+    """An output in the merged ``(..., L, heads·Ev)`` layout (under ``--heads``)."""
+
+
+def fit_expected(spec: AttentionSpec, exp: Expected) -> Fitted:
+    """The export as float64 in one of :func:`expected_shapes` (leading 1s may differ).
+
+    Raises:
+        SpecError: naming the file, when no layout fits.
+    """
+    got = tuple(exp.values.shape)
+    for shape in expected_shapes(spec, exp.name):
+        if got == shape or _strip_ones(got) == _strip_ones(shape):
+            values = np.asarray(exp.values).reshape(shape)  # read (as float64) chunk by chunk
+            merged = exp.name == "output" and shape != spec.output_shape
+            return Fitted(exp, values, merged)
+    want = " or ".join(str(s) for s in expected_shapes(spec, exp.name))
+    raise SpecError(exp.label, f"has shape {got}; the computation's {exp.name} is {want}")
+
+
+def merged_index(spec: AttentionSpec, at: Index) -> Index:
+    """An index into the split output ``(..., heads, L, Ev)`` as an index into the
+    merged ``(..., L, heads·Ev)`` layout the file has."""
+    *lead, h, i, c = at
+    return (*lead, i, h * spec.Ev + c)
+
+
+# --- the runs compared with -------------------------------------------------------------
+
+
+def export_dtype(spec: AttentionSpec, expected: list[Expected]) -> str:
+    """The format the export was computed in: ``--dtype`` when given, otherwise the
+    narrowest of the exported files' and the inputs' dtypes (float64 when all are)."""
+    if spec.options.emulated:
+        return spec.options.dtype
+    names = {str(e.values.dtype) for e in expected} | set(input_dtypes(spec))
+    return next((d for d in reversed(precision.FORMATS) if d in names), "float64")
+
+
+def as_reference(spec: AttentionSpec, fmt: str) -> AttentionSpec:
+    """``spec`` with every step in the reference format ``fmt``."""
+    options = dataclasses.replace(
+        spec.options, dtype=fmt, accumulate=fmt, softmax_dtype=fmt, logits_dtype=fmt
+    )
+    return dataclasses.replace(spec, options=options)
+
+
+def as_naive(spec: AttentionSpec, dtype: str) -> AttentionSpec:
+    """``spec`` run naively in the export's format: the user's ``--accumulate`` and
+    friends when ``--dtype`` is that format, a kernel's defaults otherwise."""
+    o = spec.options
+    if o.dtype == dtype:
+        return spec
+    options = dataclasses.replace(
+        o, dtype=dtype, accumulate="float32", softmax_dtype="float32", logits_dtype=dtype
+    )
+    return dataclasses.replace(spec, options=options)
+
+
+# --- a run's values of an export --------------------------------------------------------
+
+
+def softmax_lse(masked: NDArray[Any], weights: NDArray[Any]) -> F64:
+    """Each row's logsumexp of the masked logits, read off their softmax: LSE =
+    s_top − log w_top for the row's largest weight (every weight is exp(s − LSE));
+    −inf for a row with no key to attend to, NaN for a row of NaN. Any leading axes;
+    keys last."""
+    if not weights.shape[-1]:
+        return np.full(weights.shape[:-1], -math.inf)
+    top = np.argmax(weights, axis=-1)[..., None]
+    w_top = np.take_along_axis(weights, top, axis=-1)[..., 0].astype(np.float64)
+    s_top = np.take_along_axis(masked, top, axis=-1)[..., 0].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = s_top - np.log(w_top)
+    return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
+
+
+def logsumexp(masked: F64) -> F64:
+    """``log Σ_j exp(logit_j)`` per row (the engine's softmax, max-subtracted); −inf
+    for a row with no visible key (every logit −inf)."""
+    return softmax_lse(masked, softmax(np.asarray(masked, dtype=np.float64)))
+
+
+def block_lse(block: Block) -> F64:
+    """Each row's logsumexp of a block's masked logits (:func:`softmax_lse`)."""
+    return softmax_lse(block.masked, block.weights)
+
+
+def tensor_values(run: Trace, name: str, merged: bool = False) -> F64:
+    """What a run computed for the export ``name``: the output (merged under
+    ``--heads`` when the file is), the weights, or the LSE of the masked logits."""
+    if name == "lse":
+        assert run.masked is not None
+        assert run.weights is not None
+        return softmax_lse(run.masked, run.weights)
+    values = run.stage(name)
+    assert values is not None
+    return merge_heads(run.spec, values) if name == "output" and merged else values

@@ -1,0 +1,105 @@
+"""Which findings fail the run: the kinds gated (``--fail-on``, by default non-finite
+values and overflow in the run's own formats when nothing is exported), a severity
+(``--fail-on-severity``), and a warning of the serious findings neither gates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sdpa_cli.check.records import Check
+from sdpa_cli.check.settings import DEFAULT_GATE, CheckSettings
+from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES, Diagnosis, Finding
+from sdpa_cli.text import plural
+
+
+def gate(settings: CheckSettings, has_expectations: bool) -> tuple[tuple[str, ...], bool]:
+    """The gated kinds, and whether overflow counts only in the run's own formats."""
+    if settings.fail_on is not None:
+        return settings.fail_on, False
+    if has_expectations:
+        return (), False
+    return DEFAULT_GATE, True
+
+
+def finding_checks(
+    diagnosis: Diagnosis,
+    gate: tuple[str, ...],
+    own_formats_only: bool,
+    working: tuple[str, ...],
+    severity: str | None,
+) -> Iterator[Check]:
+    """A check per gated kind, one for ``--fail-on-severity`` when given, and one
+    warning of the serious findings neither gates."""
+    used: set[int] = set()
+    for kind in gate:
+        filtered = own_formats_only and kind == "overflow"
+        hits = [
+            f
+            for f in diagnosis.findings
+            if f.kind == kind and not (filtered and f.dtype not in working)
+        ]
+        used.update(id(f) for f in hits)
+        yield _kind_check(diagnosis, kind, hits, filtered, working)
+    if severity is not None:
+        rank = SEVERITIES.index(severity)
+        hits = [f for f in diagnosis.findings if SEVERITIES.index(f.severity) >= rank]
+        used.update(id(f) for f in hits)
+        yield _severity_check(hits, severity)
+    yield _rest_check([f for f in diagnosis.findings if id(f) not in used])
+
+
+def _kind_check(
+    diagnosis: Diagnosis,
+    kind: str,
+    hits: list[Finding],
+    filtered: bool,
+    working: tuple[str, ...],
+) -> Check:
+    """``findings.<kind>``: fails on any of ``hits`` (overflow only in the run's own
+    formats when ``filtered``)."""
+    if not hits:
+        scope = ""
+        if filtered:
+            scope = f" in {', '.join(working) or 'float64'}, the run's own format"
+            if diagnosis.counts.get(kind):
+                scope += " (other formats: see findings)"
+        return Check(f"findings.{kind}", "pass", f"no {kind} findings{scope}")
+    # Row findings are listed up to --max-findings but all counted.
+    count = len(hits) if filtered else diagnosis.counts.get(kind, len(hits))
+    return Check(
+        f"findings.{kind}",
+        "fail",
+        f"{plural(count, kind + ' finding')}; first: {hits[0].message}",
+        index=hits[0].index,
+        details={"findings": [f.to_dict() for f in hits[:5]], "count": count},
+    )
+
+
+def _severity_check(hits: list[Finding], severity: str) -> Check:
+    """``findings.severity``: fails on any finding at ``severity`` or worse."""
+    if not hits:
+        return Check("findings.severity", "pass", f"no finding at {severity} or worse")
+    return Check(
+        "findings.severity",
+        "fail",
+        f"{plural(len(hits), 'finding')} at {severity} or worse; first: {hits[0].kind}: {hits[0].message}",
+        index=hits[0].index,
+        details={"findings": [f.to_dict() for f in hits[:5]], "count": len(hits)},
+    )
+
+
+def _rest_check(rest: list[Finding]) -> Check:
+    """``findings``: a warning of the findings no gate used, unless all are info."""
+    serious = [f for f in rest if f.severity != "info"]
+    if serious:
+        kinds = sorted({f.kind for f in serious}, key=KINDS.index)
+        return Check(
+            "findings",
+            "warn",
+            f"{plural(len(serious), 'finding')} not gating ({', '.join(kinds)}); "
+            f"first: {serious[0].message}",
+            index=serious[0].index,
+            details={"count": len(serious), "kinds": kinds},
+        )
+    note = f" ({plural(len(rest), 'info finding')})" if rest else ""
+    return Check("findings", "pass", f"nothing worth a warning{note}")

@@ -1,0 +1,195 @@
+"""The settings of ``sdpa check``: :class:`CheckSettings`, and their parsing from flags,
+a manifest, or the ``check`` section of the config file (``[tool.sdpa.check]``).
+
+Keys are spelled as the flags (``fail-on``) or with underscores. One set of rules
+checks every source: a bad value names the flag, or the file and the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES
+from sdpa_cli.engine.options import parse_number
+from sdpa_cli.errors import InputError, SpecError
+from sdpa_cli.files.config import ConfigFile, read_config
+from sdpa_cli.text import printable, shown
+
+REFERENCE_FORMATS = ("float32", "float64")
+"""Formats a check's reference may be computed in."""
+
+CHECK_NAMES = (
+    "rtol",
+    "atol",
+    "reference",
+    "tolerance",
+    "fudge",
+    "fail_on",
+    "fail_on_severity",
+    "equal_nan",
+)
+"""Settings of ``sdpa check`` a config file, a manifest or a flag may give."""
+
+DEFAULT_GATE = ("nonfinite", "overflow")
+"""Finding kinds that fail a check with no expectation: non-finite values, and
+overflow in the run's own formats (the inputs' dtype or ``--dtype``)."""
+
+
+# --- parsing ----------------------------------------------------------------------------
+
+
+def _as_typed(value: Any) -> str:
+    """A value as typed (``0.5``, not ``'0.5'``), on one short line."""
+    text = printable(str(value))
+    return text if len(text) <= 60 else text[:40] + "..."
+
+
+def _kinds(value: Any, where: str) -> tuple[str, ...]:
+    """``overflow,nonfinite`` or a list; ``none`` (or empty) for no kind at all."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        items = [str(v).strip() for v in value]
+    else:
+        raise SpecError(where, f"expected finding kinds, comma-separated, got {shown(value)}")
+    kinds = tuple(k for k in items if k)
+    if kinds in ((), ("none",)):
+        return ()
+    for kind in kinds:
+        if kind not in KINDS:
+            raise SpecError(
+                where, f"unknown finding kind {shown(kind)}; choose from {', '.join(KINDS)}"
+            )
+    return kinds
+
+
+def _flag(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise SpecError(where, f"expected true or false, got {shown(value)}")
+
+
+def _tolerance(value: Any, where: str) -> float:
+    x = parse_number(value, where)
+    if not (math.isfinite(x) and x >= 0):
+        raise SpecError(where, f"must be a finite number ≥ 0, got {_as_typed(value)}")
+    return x
+
+
+def _fudge(value: Any, where: str) -> float:
+    x = parse_number(value, where)
+    if not (math.isfinite(x) and x >= 1):
+        raise SpecError(where, f"must be a finite number ≥ 1, got {_as_typed(value)}")
+    return x
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def parse(value: Any, where: str) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise SpecError(where, f"must be {' or '.join(choices)}, got {shown(value)}")
+        return value
+
+    return parse
+
+
+_CHECK_PARSERS: dict[str, Any] = {
+    "rtol": _tolerance,
+    "atol": _tolerance,
+    "reference": _one_of(REFERENCE_FORMATS),
+    "tolerance": _one_of(("dtype", "measured")),
+    "fudge": _fudge,
+    "fail_on": _kinds,
+    "fail_on_severity": _one_of(SEVERITIES),
+    "equal_nan": _flag,
+}
+
+
+def check_values(raw: Mapping[str, Any], where: str | None = None) -> dict[str, Any]:
+    """Parse ``sdpa check`` settings; keys spelled as the flags or with underscores.
+
+    Raises:
+        SpecError: an unknown key or a bad value, naming ``where`` and the key (or
+            the flag, ``--rtol``, when ``where`` is None).
+    """
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        label = (
+            "--" + name.replace("_", "-") if where is None else f"{where}: {printable(str(key))}"
+        )
+        if name not in CHECK_NAMES:
+            raise SpecError(
+                label,
+                f"unknown check setting; expected {', '.join(n.replace('_', '-') for n in CHECK_NAMES)}",
+            )
+        if value is not None:
+            values[name] = _CHECK_PARSERS[name](value, label)
+    return values
+
+
+def check_config(directory: str = ".", config: ConfigFile | None = None) -> dict[str, Any]:
+    """The ``check`` section of the config file (parsed), or nothing."""
+    source, raw = read_config(directory) if config is None else config
+    section = raw.get("check")
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise InputError(f"{source}: check", "must be a mapping of check settings")
+    return check_values(section, f"{source}: check")
+
+
+def merge_check_settings(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Check settings, each layer over the ones before (config, manifest, flags).
+
+    Tolerances given one way replace those given the other: ``rtol``/``atol`` in a
+    later layer drop an earlier ``tolerance: measured``, and ``measured`` drops an
+    earlier ``rtol``/``atol``.
+    """
+    out: dict[str, Any] = {}
+    for layer in layers:
+        if layer.get("tolerance") == "measured":
+            out.pop("rtol", None)
+            out.pop("atol", None)
+        if ("rtol" in layer or "atol" in layer) and out.get("tolerance") == "measured":
+            out.pop("tolerance")
+        out.update(layer)
+    return out
+
+
+# --- the settings of one run ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """How to judge an export. ``None`` means the default described on each field."""
+
+    rtol: float | None = None
+    """Relative tolerance; with ``atol`` (both or neither). Default: by the export's format."""
+    atol: float | None = None
+    reference: str | None = None
+    """Format of the reference: float32 for 16- and 8-bit exports, float64 otherwise."""
+    tolerance: str = "dtype"
+    """``dtype`` (the defaults of :data:`~sdpa_cli.check.compare.DTYPE_TOLERANCES`) or
+    ``measured``: no worse than the naive computation in the export's format, times
+    ``fudge``."""
+    fudge: float = 2.0
+    fail_on: tuple[str, ...] | None = None
+    """Finding kinds that fail the run; default :data:`DEFAULT_GATE` without
+    expectations, none with them."""
+    fail_on_severity: str | None = None
+    """Fail on any finding at or above this severity."""
+    equal_nan: bool = False
+    """Whether NaN in both the export and the reference counts as a match."""
+
+    def __post_init__(self) -> None:
+        if (self.rtol is None) != (self.atol is None):
+            raise SpecError(
+                "--rtol/--atol", "give both rtol and atol, or neither (defaults by the dtype)"
+            )
+        # Each value as the config file and the flags are checked (one set of rules).
+        check_values({name: getattr(self, name) for name in CHECK_NAMES})
+        if self.tolerance == "measured" and self.rtol is not None:
+            raise SpecError("--tolerance", "measured computes rtol and atol; drop --rtol/--atol")

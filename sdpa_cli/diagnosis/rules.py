@@ -1,0 +1,301 @@
+"""Statistics + thresholds → findings: the ``diagnose`` step and the input rules.
+
+:func:`diagnose` gathers every rule's findings, in :data:`KINDS` order: non-finite
+values and the masks' and the scale's suspects here, the precision rules in
+:mod:`sdpa_cli.diagnosis.formats`, the rows' and heads' in :mod:`sdpa_cli.diagnosis.rows`.
+Findings are data (:mod:`sdpa_cli.diagnosis.findings`), never exceptions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from sdpa_cli.diagnosis.findings import KINDS, Diagnosis, Finding, Thresholds, first_index
+from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
+from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.block import STAGES
+from sdpa_cli.engine.records import finite_std
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Stats, working_formats
+from sdpa_cli.engine.trace import Trace
+from sdpa_cli.text import format_index
+
+
+def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Diagnosis:
+    """Read the statistics (a trace's, or gathered by a pass of one's own) and return
+    every finding, in :data:`KINDS` order."""
+    th = thresholds or Thresholds()
+    stats = source if isinstance(source, Stats) else source.stats
+    spec = stats.spec
+    working = working_formats(spec)
+    found: dict[str, list[Finding]] = {k: [] for k in KINDS}
+    counts: dict[str, int] = {k: 0 for k in KINDS}
+
+    def add(f: Finding, n: int = 1) -> None:
+        counts[f.kind] += n
+        found[f.kind].append(f)
+
+    for f in _nonfinite(spec, stats):
+        add(f)
+    for f in overflow(spec, stats, working):
+        add(f)
+    heads = head_summaries(stats, th)
+    for kind, rows in row_findings(spec, stats, th, working):
+        counts[kind] += len(rows)
+        found[kind].extend(rows[: th.max_findings])
+    for f in _mask_suspect(spec, stats):
+        add(f)
+    for f in _unscaled(spec, stats):
+        add(f)
+    for f in head_findings(heads, th):
+        add(f)
+
+    ordered = tuple(f for k in KINDS for f in found[k])
+    return Diagnosis(
+        findings=ordered,
+        counts={k: n for k, n in counts.items() if n},
+        heads=heads,
+        headroom=headroom(stats),
+        emulation=emulation(spec, stats),
+        thresholds=th,
+    )
+
+
+# --- non-finite values -----------------------------------------------------------------
+
+
+def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
+    """The inputs holding NaN or inf, then the stage where non-finite values first
+    appear (and the output's, when it is not that stage)."""
+    inputs = list(_nonfinite_inputs(spec))
+    yield from inputs
+    yield from _nonfinite_stages(stats, bad_input=bool(inputs))
+
+
+def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
+    """Each input tensor holding NaN or inf (−inf in a bias or float mask hides keys)."""
+    for name in ("q", "k", "v", "bias", "mask"):
+        arr = getattr(spec, name)
+        if arr is None or not precision.is_float(arr.dtype):
+            continue
+        a = spec.as_loaded(name)
+        with np.errstate(invalid="ignore"):
+            # −inf is a legitimate way to hide keys in a bias or float mask.
+            bad = np.isnan(a) | (a == math.inf) if name in ("bias", "mask") else ~np.isfinite(a)
+        n = int(np.count_nonzero(bad))
+        if not n:
+            continue
+        nans = int(np.count_nonzero(np.isnan(a)))
+        label = name.upper() if name in "qkv" else name
+        what = ", ".join(
+            part
+            for part in (f"{nans} NaN" if nans else "", f"{n - nans} inf" if n - nans else "")
+            if part
+        )
+        first = first_index(bad)
+        yield Finding(
+            "nonfinite",
+            "error",
+            f"{label} ({spec.names.get(name, name)}) holds {what}; the first at {format_index(first)}",
+            hint="every score computed from it is NaN or inf; fix the export, or mask those keys",
+            index=first,
+            stage="input",
+            count=n,
+            details={"tensor": name},
+        )
+
+
+def _nonfinite_stages(stats: Stats, *, bad_input: bool) -> Iterator[Finding]:
+    """The first stage holding non-finite values, and the output when it is a later one."""
+    titles = {"raw": "the raw scores", "output": "the output"}
+    first_stage = None
+    for stage in STAGES:
+        record = stats.nonfinite.get(stage)
+        if record is None or not record.count:
+            continue
+        if first_stage is None:
+            first_stage = stage
+            cause = " (from the non-finite input)" if bad_input else ""
+            hint = None
+            if stage in ("raw", "scaled", "capped") and not bad_input:
+                hint = "the inputs' products exceed the format's range; check their magnitudes"
+            elif stage == "weights" and not bad_input:
+                hint = "a +inf or NaN logit makes the softmax NaN (inf − inf)"
+            yield Finding(
+                "nonfinite",
+                "error",
+                f"non-finite values first appear at {titles.get(stage, stage)}{cause}: "
+                f"{record.count}, the first at {format_index(record.first)}",
+                hint=hint,
+                index=record.first,
+                stage=stage,
+                count=record.count,
+            )
+        elif stage == "output":
+            yield Finding(
+                "nonfinite",
+                "error",
+                f"the output holds {record.count} non-finite values; the first at "
+                f"{format_index(record.first)}",
+                index=record.first,
+                stage="output",
+                count=record.count,
+            )
+
+
+# --- the scale -------------------------------------------------------------------------------
+
+
+def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
+    """1/√d_k left out (logits spread enough to saturate) or applied twice (too flat)."""
+    E = spec.E
+    raw_std = stats.raw_std
+    if E < 2 or not math.isfinite(raw_std) or raw_std == 0:
+        return
+    factor = spec.scale / spec.options.temperature
+    logit_std = raw_std * factor
+    sq, sk = finite_std(spec.q), finite_std(spec.k)
+    predicted = math.sqrt(E) * sq * sk
+    numbers = (
+        f"std of QKᵀ {raw_std:.4g} (√d_k·σ_q·σ_k = √{E}·{sq:.3g}·{sk:.3g} = {predicted:.4g}); "
+        f"effective scale {factor:.4g}, so the logits' std is {logit_std:.4g}"
+    )
+    proper = raw_std / math.sqrt(E)
+    details = {
+        "raw_std": raw_std,
+        "predicted_raw_std": predicted,
+        "sigma_q": sq,
+        "sigma_k": sk,
+        "effective_scale": factor,
+        "logit_std": logit_std,
+        "logit_std_with_sqrt_dk": proper,
+    }
+    # Closer (in log) to 1 than to 1/√d_k, and the logits spread enough to saturate.
+    if factor > E**-0.25 and logit_std > 2:
+        yield Finding(
+            "unscaled",
+            "warning",
+            f"1/√d_k looks omitted: {numbers}; with 1/√{E} it would be {proper:.4g}",
+            hint=f"divide the scores by √d_k = {math.sqrt(E):.4g} (--scale sqrt-dk)",
+            stage="scaled",
+            details=details,
+        )
+    # Closer to 1/d_k than to 1/√d_k, and the logits too flat to select anything.
+    elif factor < E**-0.75 and logit_std < 0.5:
+        yield Finding(
+            "unscaled",
+            "warning",
+            f"1/√d_k looks applied twice: {numbers}; with 1/√{E} once it would be {proper:.4g}",
+            hint="the scores were divided by d_k (or scaled before export and again here); "
+            "use --scale sqrt-dk once, or --scale none for pre-scaled Q",
+            stage="scaled",
+            details=details,
+        )
+
+
+# --- masks -------------------------------------------------------------------------------------
+
+
+def _mask_suspect(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
+    """Masks that look wrong: a float mask of 0 and 1, a boolean mask hiding most keys,
+    a finite mask value on fully masked rows, NaN or inf behind hidden keys."""
+    yield from _zero_one_masks(spec)
+    yield from _bool_mask(spec)
+    yield from _finite_mask_value(spec, stats)
+    yield from _hidden_nonfinite(stats)
+
+
+def _zero_one_masks(spec: AttentionSpec) -> Iterator[Finding]:
+    """A float mask or bias holding only 0 and 1: a boolean mask cast to float?"""
+    for name in ("mask", "bias"):
+        arr = getattr(spec, name)
+        if arr is None or arr.dtype == np.bool_:
+            continue
+        a = np.asarray(arr)
+        zeros, ones = a == 0, a == 1
+        if (zeros | ones).all() and zeros.any() and ones.any():
+            yield Finding(
+                "mask_suspect",
+                "warning",
+                f"the float {name} ({spec.names.get(name, name)}) holds only 0 and 1: it adds "
+                "+1 to some logits instead of hiding keys",
+                hint="a boolean mask cast to float? Pass it as bool (True = may attend), "
+                "or as 0 / −inf",
+                stage="input",
+                count=int(ones.sum()),
+                details={"tensor": name},
+            )
+
+
+def _bool_mask(spec: AttentionSpec) -> Iterator[Finding]:
+    """A boolean mask hiding more than half the keys: is True read the wrong way?"""
+    if not spec.mask_is_bool:
+        return
+    o = spec.options
+    assert spec.mask is not None
+    m = np.asarray(spec.mask)
+    allowed = ~m if o.mask_true_means == "masked" else m
+    hidden = 1.0 - float(allowed.mean()) if allowed.size else 0.0
+    if hidden > 0.5:
+        empty_rows = bool((~allowed.any(axis=-1)).any())
+        diag_hidden = False
+        if spec.L == spec.S and spec.L > 1 and allowed.shape[-1] == allowed.shape[-2]:
+            diag = np.diagonal(allowed, axis1=-2, axis2=-1)
+            diag_hidden = float(diag.mean()) < 0.5
+        other = "masked" if o.mask_true_means == "attend" else "attend"
+        yield Finding(
+            "mask_suspect",
+            "warning" if empty_rows or diag_hidden else "info",
+            f"the boolean mask hides {hidden:.0%} of the keys (True = {o.mask_true_means})"
+            + ("; it hides the diagonal" if diag_hidden else "")
+            + ("; it leaves rows with no key" if empty_rows else ""),
+            hint=f"if True means {other} in your framework, pass --mask-true-means {other}",
+            stage="input",
+            details={"hidden_fraction": hidden},
+        )
+
+
+def _finite_mask_value(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
+    """Fully masked rows under a finite mask value: uniform weights, not zeros."""
+    o = spec.options
+    empty = int((stats.n_visible == 0).sum()) if spec.S else 0
+    if empty and math.isfinite(o.effective_mask_value):
+        yield Finding(
+            "mask_suspect",
+            "warning",
+            f"{empty} rows have no visible key, and the finite mask value "
+            f"{o.mask_value_label} makes their weights uniform over hidden keys "
+            "(the output is the mean of V) instead of zero",
+            hint="mask with −inf (and a safe softmax) to get zeros, or make sure no row is "
+            "fully masked",
+            stage="masked",
+            count=empty,
+        )
+
+
+def _hidden_nonfinite(stats: Stats) -> Iterator[Finding]:
+    """K or V holding NaN or inf at keys the mask hides (padding exported unzeroed)."""
+    for name, rec in stats.hidden_bad.items():
+        if not rec.count:
+            continue
+        label = name.upper()
+        effect = (
+            "sdpa's weights ignore it, but kernels that add the mask (−inf + NaN) return NaN"
+            if name == "k"
+            else "0 · NaN = NaN, so the output is poisoned here and in most kernels"
+        )
+        yield Finding(
+            "mask_suspect",
+            "warning",
+            f"{label} holds NaN or inf at keys hidden from {rec.count} (row, key) pairs, the "
+            f"first at {format_index(rec.first)}: {effect}",
+            hint=f"zero the padded rows of {label} before export",
+            index=rec.first,
+            stage="input",
+            count=rec.count,
+            details={"tensor": name},
+        )

@@ -1,0 +1,176 @@
+"""The one block driver: every command walks the computation through :func:`sweep`.
+
+A block is a few query rows of one (batch, head) slice, about :data:`BLOCK_ELEMENTS`
+scores. :func:`sweep` owns how blocks are walked: their order, the thread pool, the
+K and V of each slice converted once and shared (:class:`SliceInputs`), which key
+range a block must compute (keys a causal mask, a window or key padding hides from
+every row of the block are skipped), and progress. A command says only what it wants
+from each block: its ``visit(place)`` computes the block through
+:meth:`Place.attend` and returns a record, which ``sweep`` yields in block order
+whatever the threads did, so results never depend on scheduling.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from sdpa_cli.engine.block import Block, Operands, attend_block, full_keys, key_range, operands
+from sdpa_cli.engine.spec import AttentionSpec
+
+T = TypeVar("T")
+Index = tuple[int, ...]
+
+BLOCK_ELEMENTS = 1 << 19
+"""Scores per block (rows × keys): 4 MiB of float64 (2 MiB of float32) per stage array."""
+
+KeyMode = Literal["visible", "all", "all-if-v-nonfinite"]
+"""Which keys a block computes: ``visible`` skips the key ranges hidden from every row
+of the block (when hidden keys weigh nothing); ``all`` computes every key (a table or a
+whole stage shows them); ``all-if-v-nonfinite`` skips like ``visible`` unless V holds
+NaN or inf (the backward pass: 0 · NaN poisons a dense kernel's dS)."""
+
+Progress = Callable[[int], None]
+"""Told the number of scores done after each block."""
+
+
+def block_rows(spec: AttentionSpec) -> int:
+    """Query rows per block: about :data:`BLOCK_ELEMENTS` scores, at least one row."""
+    return max(1, BLOCK_ELEMENTS // max(spec.S, 1))
+
+
+def iter_blocks(
+    spec: AttentionSpec, rows: int | None = None, leads: Iterable[Index] | None = None
+) -> Iterator[tuple[Index, slice]]:
+    """Every (lead index, query-row slice) pair, in C order (of ``leads`` when given)."""
+    step = rows or block_rows(spec)
+    every = (tuple(int(x) for x in lead) for lead in np.ndindex(*spec.lead))
+    for lead in every if leads is None else leads:
+        for i0 in range(0, spec.L, step):
+            yield lead, slice(i0, min(i0 + step, spec.L))
+
+
+class SliceInputs:
+    """K and V per slice, converted once and shared by the blocks (and threads) that
+    need them; only the most recent few slices are kept."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[Any, ...], Operands] = OrderedDict()
+
+    def get(self, spec: AttentionSpec, lead: Index, emulate: bool = True) -> Operands:
+        key = (id(spec), spec.operand_index("k", lead), spec.operand_index("v", lead), emulate)
+        with self._lock:
+            found = self._cache.get(key)
+            if found is None:
+                found = operands(spec, lead, emulate)
+                self._cache[key] = found
+                while len(self._cache) > self._keep:
+                    self._cache.popitem(last=False)
+            return found
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a block sits: query rows ``rows`` of the slice at ``lead``, over the keys
+    ``keys``; ``inputs`` is the sweep's cache of converted K and V."""
+
+    lead: Index
+    rows: slice
+    keys: slice
+    inputs: SliceInputs
+
+    @property
+    def at(self) -> tuple[int | slice, ...]:
+        """The block's rows of a ``(*lead, L, ...)`` array: ``array[place.at]``."""
+        return (*self.lead, self.rows)
+
+    def attend(self, spec: AttentionSpec, *, emulate: bool = True) -> Block:
+        """Every stage of this block under ``spec`` (the sweep's spec, or another with
+        the same shapes: a reference, another scale)."""
+        inputs = self.inputs.get(spec, self.lead, emulate)
+        return attend_block(
+            spec, self.lead, self.rows, emulate=emulate, keys=self.keys, inputs=inputs
+        )
+
+    def twin(self, spec: AttentionSpec, block: Block) -> Block:
+        """The float64 block an emulated block's statistics are read against: what
+        *would* overflow or flush comes from exact values (the block itself when the
+        run is not emulated)."""
+        return self.attend(spec, emulate=False) if spec.options.emulated else block
+
+
+def _keys(
+    spec: AttentionSpec, lead: Index, rows: slice, mode: KeyMode, inputs: SliceInputs
+) -> slice:
+    if mode == "all":
+        return full_keys(spec)
+    keys = key_range(spec, lead, rows)
+    skipped = (keys.start, keys.stop) != (0, spec.S)
+    if mode == "all-if-v-nonfinite" and skipped and inputs.get(spec, lead, False).v_bad.any():
+        return full_keys(spec)
+    return keys
+
+
+def sweep(
+    spec: AttentionSpec,
+    visit: Callable[[Place], T],
+    *,
+    jobs: int = 1,
+    rows: int | None = None,
+    leads: Iterable[Index] | None = None,
+    keys: KeyMode = "visible",
+    progress: Progress | None = None,
+) -> Iterator[T]:
+    """``visit(place)`` for every block, on ``jobs`` threads, results in block order.
+
+    numpy releases the GIL in matmuls and ufuncs, so threads share the work; at most
+    two blocks per thread are in flight, which bounds the memory. With ``jobs`` = 1
+    everything runs in the calling thread.
+
+    Args:
+        spec: the computation whose blocks are walked.
+        visit: computes what the command wants from one block.
+        jobs: threads computing blocks.
+        rows: query rows per block (default :func:`block_rows`); any value gives the
+            same numbers to rounding.
+        leads: the slices to walk (default every one, in C order).
+        keys: which keys each block computes (:data:`KeyMode`).
+        progress: told the scores done after each block.
+    """
+    inputs = SliceInputs(keep=jobs + 1)
+    places = (
+        Place(lead, r, _keys(spec, lead, r, keys, inputs), inputs)
+        for lead, r in iter_blocks(spec, rows, leads)
+    )
+
+    def done(place: Place, result: T) -> T:
+        if progress is not None:
+            progress((place.rows.stop - place.rows.start) * max(spec.S, 1))
+        return result
+
+    if jobs <= 1:
+        for place in places:
+            yield done(place, visit(place))
+        return
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sdpa") as pool:
+        pending: deque[tuple[Place, Future[T]]] = deque()
+        try:
+            for place in places:
+                pending.append((place, pool.submit(visit, place)))
+                if len(pending) >= 2 * jobs:
+                    first, future = pending.popleft()
+                    yield done(first, future.result())
+            while pending:
+                first, future = pending.popleft()
+                yield done(first, future.result())
+        finally:
+            for _, future in pending:
+                future.cancel()

@@ -1,0 +1,261 @@
+"""The options of a computation, parsed and validated apart from any tensor.
+
+Each option is parsed from text (a flag) or data (a case file, a manifest) by one
+parser; an error names the flag (``--causal-align``) or the file and key it came from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.masks import ALIGNMENTS
+from sdpa_cli.engine.precision import FORMATS
+from sdpa_cli.errors import SpecError
+from sdpa_cli.text import shown
+
+SCALE_NAMES = ("sqrt-dk", "dk", "none")
+FINFO_MIN = float(np.finfo(np.float64).min)
+"""How ``finfo-min`` is stored: resolved against the working format when used."""
+MASK_TRUE_MEANS = ("attend", "masked")
+MAX_SEED = 2**128 - 1
+"""Dropout's Philox key is 128 bits."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every computation option, with its default. See the README's order of operations."""
+
+    scale: str | float = "sqrt-dk"
+    temperature: float = 1.0
+    softcap: float | None = None
+    alibi: bool = False
+    causal: bool = False
+    causal_align: str = "upper-left"
+    mask_true_means: str = "attend"
+    key_lengths: tuple[int, ...] | None = None
+    window: tuple[int, int] | None = None
+    mask_value: float = -math.inf
+    dropout: float = 0.0
+    seed: int = 0
+    heads: int | None = None
+    dtype: str = "float64"
+    accumulate: str = "float32"
+    softmax_dtype: str = "float32"
+    logits_dtype: str = "same"
+    prescale: bool = False
+
+    def __post_init__(self) -> None:
+        # Options built directly (the Python API) get the checks parse_options makes.
+        _choice(self.dtype, "dtype", FORMATS)
+        for name in ("accumulate", "softmax_dtype", "logits_dtype"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, _working_format(name, value, self.dtype, name))
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the pipeline runs in a format narrower than float64 (``--dtype``)."""
+        return self.dtype != "float64"
+
+    @property
+    def mask_value_is_finfo_min(self) -> bool:
+        return self.mask_value == FINFO_MIN
+
+    def mask_value_in(self, name: str) -> float:
+        """The mask value in the format ``name``: ``finfo-min`` is that format's most
+        negative number, as PyTorch's ``torch.finfo(dtype).min``; others are as given."""
+        return -precision.fmt(name).max if self.mask_value_is_finfo_min else self.mask_value
+
+    @property
+    def effective_mask_value(self) -> float:
+        """The hidden logits' value in the working format (float64, or ``--dtype``)."""
+        return self.mask_value_in(self.dtype)
+
+    @property
+    def mask_value_label(self) -> str:
+        """How the mask value reads: ``-inf``, ``finfo-min (float16)`` or the number."""
+        if self.mask_value == -math.inf:
+            return "-inf"
+        if self.mask_value_is_finfo_min:
+            return f"finfo-min ({self.dtype}: {self.effective_mask_value:.6g})"
+        return f"{self.mask_value:g}"
+
+
+OPTION_NAMES = tuple(Options.__dataclass_fields__)
+
+
+# --- parsing option values (from the command line as text, or a case file as data) ---
+
+
+def parse_number(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise SpecError(where, f"expected a number, got {shown(value)}")
+    try:
+        x = float(value)
+    except OverflowError:  # an integer beyond float64's range: as far as a float goes
+        x = math.inf if value > 0 else -math.inf
+    except (TypeError, ValueError):
+        raise SpecError(where, f"expected a number, got {shown(value)}") from None
+    if math.isnan(x):
+        raise SpecError(where, "expected a number, got NaN")
+    return x
+
+
+def _positive(value: Any, where: str) -> float:
+    x = parse_number(value, where)
+    if not (math.isfinite(x) and x > 0):
+        raise SpecError(where, f"must be a positive finite number, got {shown(value)}")
+    return x
+
+
+def _int(value: Any, where: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise SpecError(where, f"expected an integer, got {shown(value)}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise SpecError(where, f"expected an integer, got {shown(value)}") from None
+    if not isinstance(value, int):
+        raise SpecError(where, f"expected an integer, got {shown(value)}")
+    if value < minimum:
+        raise SpecError(where, f"must be ≥ {minimum}, got {shown(value)}")
+    if maximum is not None and value > maximum:
+        raise SpecError(where, f"must be ≤ {maximum}, got {shown(value)}")
+    return value
+
+
+def _int_list(value: Any, where: str) -> tuple[int, ...]:
+    if isinstance(value, str):
+        parts: list[Any] = [p for p in value.split(",")]
+        if any(not p.strip() for p in parts):
+            raise SpecError(where, f"expected integers separated by commas, got {shown(value)}")
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        parts = [value]
+    if not parts:
+        raise SpecError(where, "expected at least one integer")
+    return tuple(_int(p, where) for p in parts)
+
+
+def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SpecError(where, f"expected one of {', '.join(choices)}, got {shown(value)}")
+    return str(value)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise SpecError(where, f"expected true or false, got {shown(value)}")
+
+
+def parse_scale(value: Any, where: str = "--scale") -> str | float:
+    """``sqrt-dk`` (1/√E), ``dk`` (1/E), ``none`` (1) or a positive number."""
+    if isinstance(value, str) and value.strip().lower() in SCALE_NAMES:
+        return value.strip().lower()
+    try:
+        return _positive(value, where)
+    except SpecError:
+        raise SpecError(
+            where, f"expected sqrt-dk, dk, none or a positive number, got {shown(value)}"
+        ) from None
+
+
+def parse_window(value: Any, where: str = "--window") -> tuple[int, int]:
+    """``W`` (left = right = W) or ``LEFT,RIGHT``, each a non-negative integer."""
+    sizes = _int_list(value, where)
+    if len(sizes) == 1:
+        return sizes[0], sizes[0]
+    if len(sizes) == 2:
+        return sizes[0], sizes[1]
+    raise SpecError(where, f"expected W or LEFT,RIGHT, got {shown(value)}")
+
+
+def parse_mask_value(value: Any, where: str = "--mask-value") -> float:
+    """``-inf``, ``finfo-min`` (the working format's most negative number) or a negative number."""
+    if isinstance(value, str) and value.strip().lower() == "finfo-min":
+        return FINFO_MIN
+    x = parse_number(value, where)
+    if not x < 0:
+        raise SpecError(
+            where, f"must be negative (-inf, finfo-min or e.g. -1e9), got {shown(value)}"
+        )
+    return x
+
+
+def _dropout(value: Any, where: str) -> float:
+    p = parse_number(value, where)
+    if not 0.0 <= p < 1.0:
+        raise SpecError(where, f"must be in [0, 1), got {shown(value)}")
+    return p
+
+
+_PARSERS: dict[str, Any] = {
+    "scale": parse_scale,
+    "temperature": _positive,
+    "softcap": _positive,
+    "alibi": _bool,
+    "causal": _bool,
+    "causal_align": lambda v, w: _choice(v, w, ALIGNMENTS),
+    "mask_true_means": lambda v, w: _choice(v, w, MASK_TRUE_MEANS),
+    "key_lengths": _int_list,
+    "window": parse_window,
+    "mask_value": parse_mask_value,
+    "dropout": _dropout,
+    "seed": lambda v, w: _int(v, w, maximum=MAX_SEED),
+    "heads": lambda v, w: _int(v, w, minimum=1),
+    "dtype": lambda v, w: _choice(v, w, FORMATS),
+    "accumulate": lambda v, w: _choice(v, w, (*FORMATS, "same")),
+    "softmax_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
+    "logits_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
+    "prescale": _bool,
+}
+
+
+def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None) -> Options:
+    """Validate option values given as text or data; ``None`` values keep the default.
+
+    Args:
+        raw: option name (``causal_align``) → value as typed or as read from a case file.
+        where: option name → how to name it in an error (``--causal-align``, or
+            ``case.yaml: causal_align``). Defaults to the flag spelling.
+    """
+    where = where or {}
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in _PARSERS:
+            raise SpecError(where.get(name, name), "is not an option")
+        if value is None:
+            continue
+        label = where.get(name, "--" + name.replace("_", "-"))
+        values[name] = _PARSERS[name](value, label)
+    dtype = values.get("dtype", "float64")
+    for name in ("accumulate", "softmax_dtype", "logits_dtype"):
+        label = where.get(name, "--" + name.replace("_", "-"))
+        values[name] = _working_format(name, values.get(name), dtype, label)
+    return Options(**values)
+
+
+_FORMAT_DEFAULTS = {"accumulate": "float32", "softmax_dtype": "float32", "logits_dtype": "same"}
+
+
+def _working_format(name: str, chosen: str | None, dtype: str, label: str) -> str:
+    """``--accumulate``/``--softmax-dtype``/``--logits-dtype``: float64, float32 or the
+    ``--dtype`` format (``same``)."""
+    chosen = _FORMAT_DEFAULTS[name] if chosen is None else chosen
+    if chosen == "same":
+        chosen = dtype
+    if chosen not in ("float64", "float32", dtype):
+        raise SpecError(
+            label, f"must be float64, float32 or the --dtype format ({dtype}), got {shown(chosen)}"
+        )
+    return chosen

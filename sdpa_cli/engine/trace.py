@@ -1,0 +1,168 @@
+"""Whole arrays from blocks: :func:`trace` keeps the stages a command asks for (and
+the statistics of every block) by walking the computation with the block driver.
+
+Nothing score-sized is kept unless asked for; what would not fit in memory is refused
+before anything is allocated (:func:`_check_fits`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.engine.block import STAGES, Block, applicable_stages, attend_block
+from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
+from sdpa_cli.engine.records import Moments
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Stats
+from sdpa_cli.errors import SpecError
+from sdpa_cli.files import limits
+
+F64 = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Every stage of the computation, as whole arrays.
+
+    Score-shaped stages are ``(*lead, L, S)``, ``output`` is ``(*lead, L, Ev)``.
+    Stages that the options do not bring about (``capped``, ``biased``, ``dropped``)
+    and stages not asked for are ``None``. With ``--dtype`` the stages are the
+    emulated values. ``visible`` (which keys each row may see) is kept beside
+    score-shaped stages only. ``stats`` holds the per-row and per-stage statistics of
+    every block, gathered as it was computed, for the diagnostics.
+    """
+
+    spec: AttentionSpec
+    raw: F64 | None
+    scaled: F64 | None
+    capped: F64 | None
+    biased: F64 | None
+    masked: F64 | None
+    visible: NDArray[np.bool_] | None
+    weights: F64 | None
+    dropped: F64 | None
+    output: F64 | None
+    stats: Stats
+    summaries: Mapping[str, Moments] = field(default_factory=dict)
+    """Per stage asked to be summarised: range, mean and non-finite count of its
+    visible values over the whole tensor (gathered block by block)."""
+
+    def stage(self, name: str) -> F64 | None:
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+    @property
+    def merged_output(self) -> F64 | None:
+        """The output with heads merged back, ``(..., L, heads · Ev)``, under ``--heads``."""
+        return None if self.output is None else merge_heads(self.spec, self.output)
+
+
+def merge_heads(spec: AttentionSpec, output: F64) -> F64:
+    """An output ``(..., heads, L, Ev)`` as returned, ``(..., L, heads · Ev)``, under
+    ``--heads`` (as it is otherwise)."""
+    if spec.options.heads is None:
+        return output
+    return np.moveaxis(output, -3, -2).reshape(spec.merged_output_shape)
+
+
+ROW_STATS_BYTES = 64
+"""What the statistics keep per query row (a few float64 and int64 arrays)."""
+
+
+def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
+    """Refuse, before allocating, a trace that cannot fit in memory (rather than be killed)."""
+    scores = math.prod(spec.weights_shape)
+    need = scores if keep - {"output"} else 0  # the boolean visibility
+    need += ROW_STATS_BYTES * math.prod((*spec.lead, spec.L))  # always gathered
+    need += sum(8 * (math.prod(spec.output_shape) if s == "output" else scores) for s in keep)
+    available = limits.available_memory()
+    if available is not None and need > available:
+        gib = 2.0**30
+        raise SpecError(
+            f"scores {spec.weights_shape}",
+            f"keeping {len(keep)} stage(s) whole in float64, with the per-row statistics, "
+            f"needs {need / gib:.1f} GiB, but {available / gib:.1f} GiB of memory is "
+            "available; ask for fewer --stages, or slice the inputs",
+        )
+
+
+def trace(
+    spec: AttentionSpec,
+    stages: tuple[str, ...] | None = None,
+    rows: int | None = None,
+    *,
+    gather_stats: bool = True,
+    summarize: tuple[str, ...] = (),
+    jobs: int = 1,
+    progress: Progress | None = None,
+) -> Trace:
+    """Run the engine over every block and keep the stages asked for (default: all).
+
+    Statistics for the diagnostics are gathered from every block as it is computed.
+    With ``--dtype`` each block is computed twice, emulated (kept) and in float64
+    (compared against, then dropped). With no stage kept, nothing score-sized
+    outlives its block, and keys hidden from a whole block (causal, window,
+    padding) are not computed at all.
+
+    Args:
+        spec: the validated computation.
+        stages: names from :data:`STAGES` to keep; the others are not stored.
+        rows: query rows per block (default :func:`block_rows`); any value gives the
+            same numbers to rounding.
+        gather_stats: False for a trace used only for its values (a reference to
+            compare against): no statistics, no float64 twin of an emulated block.
+        summarize: stages whose whole-tensor range is gathered (kept or not).
+        jobs: threads computing blocks.
+        progress: told the scores done after each block.
+    """
+    keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
+    ws, os_ = spec.weights_shape, spec.output_shape
+    _check_fits(spec, keep)
+    arrays: dict[str, Any] = {
+        s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
+    }
+    visible = np.empty(ws, dtype=np.bool_) if keep - {"output"} else None
+    stats = Stats.empty(spec)
+    summaries = {s: Moments() for s in summarize if s in applicable_stages(spec)}
+
+    def visit(place: Place) -> Any:
+        block = place.attend(spec)
+        records = stats.measure(block, place.twin(spec, block)) if gather_stats else None
+        seen = {s: Moments() for s in summaries}
+        for name, moments in seen.items():
+            moments.add(getattr(block, name), None if name == "output" else block.visible)
+        if visible is not None:
+            visible[place.at] = block.visible
+        for name, arr in arrays.items():
+            arr[place.at] = getattr(block, name)
+        return records, seen
+
+    # Score-shaped stages are kept whole, every key of them; otherwise only the keys a
+    # block can see are computed (the output is the same either way).
+    keys: KeyMode = "all" if visible is not None else "visible"
+    for records, seen in sweep(spec, visit, jobs=jobs, rows=rows, keys=keys, progress=progress):
+        if records is not None:
+            stats.merge(records)
+        for name, moments in seen.items():
+            summaries[name].merge(moments)
+    if gather_stats:
+        stats.add_all_moments()
+    return Trace(
+        spec=spec,
+        visible=visible,
+        stats=stats,
+        summaries=summaries,
+        **{s: arrays.get(s) for s in STAGES},
+    )
+
+
+def shown_blocks(
+    spec: AttentionSpec, positions: list[tuple[int, ...]], rows: range
+) -> dict[tuple[int, ...], Block]:
+    """What a table shows: query rows ``rows`` of each slice at ``positions``, every key."""
+    return {lead: attend_block(spec, lead, slice(rows.start, rows.stop)) for lead in positions}

@@ -1,0 +1,100 @@
+"""Case files: one YAML or JSON mapping holding ``q``, ``k``, ``v`` (inline nested lists
+or paths relative to the case file), optional ``bias`` and ``mask``, options and a
+description."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from numpy.typing import NDArray
+
+from sdpa_cli.errors import InputError
+from sdpa_cli.files.loaders import Source, load_array, sniff
+from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
+
+TENSOR_KEYS = ("q", "k", "v", "bias", "mask")
+TEXT_KEYS = ("description",)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A case file: tensors, options and a description, all keyed by name.
+
+    Attributes:
+        tensors: ``q``, ``k``, ``v`` and optionally ``bias``, ``mask``, as arrays.
+        sources: tensor name → where it came from (``case.yaml: q`` or a path).
+        options: option name (underscored) → the value as written.
+        where: option name → ``case.yaml: name``, for messages.
+    """
+
+    path: Path
+    tensors: dict[str, NDArray[Any]]
+    sources: dict[str, str]
+    options: dict[str, Any]
+    where: dict[str, str]
+    description: str | None
+
+
+def is_case_file(text: str) -> bool:
+    """Whether a single positional argument should be read as a case file."""
+    return Path(text).suffix.lower() in TEXT_SUFFIXES
+
+
+def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
+    """Read a YAML or JSON case file holding ``q``, ``k``, ``v`` and options.
+
+    Tensor entries are inline nested lists or paths relative to the case file.
+    """
+    src = Source.parse(path_text)
+    data = _read_mapping(src)
+    known = set(TENSOR_KEYS) | set(TEXT_KEYS) | set(option_names)
+    tensors: dict[str, NDArray[Any]] = {}
+    sources: dict[str, str] = {}
+    options: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    description = None
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in known:
+            raise InputError(
+                src.label, f"unknown key {raw_key!r:.60} (known: {', '.join(sorted(known))})"
+            )
+        if key in TENSOR_KEYS:
+            tensors[key], sources[key] = _tensor(key, value, src)
+        elif key == "description":
+            description = str(value)
+        else:
+            options[key] = value
+            where[key] = f"{src.label}: {raw_key}"
+    missing = [k for k in ("q", "k", "v") if k not in tensors]
+    if missing:
+        raise InputError(src.label, f"a case file needs q, k and v; missing {', '.join(missing)}")
+    return Case(src.path, tensors, sources, options, where, description)
+
+
+def _read_mapping(src: Source) -> dict[Any, Any]:
+    """The mapping a case file holds; anything else is refused, pointing to Q K V files."""
+    fmt = sniff(src.path, src.label)
+    if fmt not in ("json", "yaml"):
+        raise InputError(
+            src.label,
+            "a single input must be a case file (.yaml or .json); give Q K V as three files",
+        )
+    data = parse_text(src.path, fmt, src.label)
+    if not isinstance(data, dict):
+        raise InputError(
+            src.label,
+            "a case file must be a mapping with q, k and v (and options); give Q K V as three files otherwise",
+        )
+    return data
+
+
+def _tensor(key: str, value: Any, src: Source) -> tuple[NDArray[Any], str]:
+    """A tensor entry of a case file and where it came from: a path relative to the
+    case file, or inline nested lists."""
+    if isinstance(value, str):
+        ref = Source.parse(value, src.path.parent)
+        return load_array(ref, name=key), ref.label
+    return nested_to_array(value, src.label, key), f"{src.label}: {key}"

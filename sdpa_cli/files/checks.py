@@ -1,0 +1,95 @@
+"""The checks every reader shares: file-system errors as one line naming the file, a
+header's dtype and shape, the member picked from a file holding several, and a parser's
+message made short enough for one line."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from sdpa_cli.errors import InputError
+from sdpa_cli.text import printable
+
+MAX_DEPTH = 32
+"""Nesting deeper than any tensor sdpa handles (numpy allows 64 axes)."""
+MAX_DIM = int(np.iinfo(np.intp).max)
+"""The longest axis numpy can index."""
+
+
+@contextlib.contextmanager
+def reading(label: str) -> Iterator[None]:
+    """Errors of the file system, as one line naming the file."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise InputError(label, "no such file") from None
+    except PermissionError:
+        raise InputError(label, "permission denied") from None
+    except OSError as exc:
+        raise InputError(label, f"cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # os.stat and open refuse a path holding a NUL
+        if "null" not in str(exc):
+            raise
+        raise InputError(label, "is not a usable file name: it holds a NUL character") from None
+
+
+def check_dtype(dtype: np.dtype[Any], label: str) -> None:
+    """A header's dtype: plain real numbers (bool, int, uint, float), never objects."""
+    if dtype.hasobject:
+        raise InputError(label, "holds Python objects (a pickle); sdpa never unpickles")
+    if dtype.names is not None:
+        raise InputError(label, f"has a structured dtype {dtype}; expected a plain numeric array")
+    if dtype.kind not in "biuf":
+        kinds = {
+            "c": "complex",
+            "U": "string",
+            "S": "bytes",
+            "M": "datetime",
+            "m": "timedelta",
+            "V": "raw bytes",
+        }
+        raise InputError(
+            label, f"has {kinds.get(dtype.kind, str(dtype))} dtype {dtype}; expected real numbers"
+        )
+
+
+def check_shape(shape: tuple[int, ...], label: str) -> None:
+    """A header's shape: at most MAX_DEPTH axes, each 0..MAX_DIM (numpy's header parser
+    lets (-1,) and (2**64, 0) through)."""
+    if len(shape) > MAX_DEPTH:
+        raise InputError(label, f"has {len(shape)} axes; sdpa reads up to {MAX_DEPTH}")
+    bad = [n for n in shape if not 0 <= n <= MAX_DIM]
+    if bad:
+        raise InputError(
+            label,
+            f"has a corrupt header: shape {shape!r:.60} has an axis of {bad[0]}; "
+            f"expected 0 to {MAX_DIM}",
+        )
+
+
+def pick_member(label: str, names: list[str], member: str | None, noun: str) -> tuple[str, str]:
+    """The member of a file holding several (``file:name``), or its only one; and the
+    label naming it (``label`` already ends in ``:member`` when one was given)."""
+    if not names:
+        raise InputError(label, f"holds no {noun}s")
+    listed = ", ".join(printable(n) for n in names)
+    if member is None:
+        if len(names) != 1:
+            raise InputError(
+                label,
+                f"holds {len(names)} {noun}s; pick one with {label}:NAME (names: {listed})",
+            )
+        return names[0], f"{label}:{printable(names[0])}"
+    if member not in names:
+        raise InputError(label, f"has no {noun} {member!r} (names: {listed})")
+    return member, label
+
+
+def one_line(problem: object, limit: int = 200) -> str:
+    """A parser's message on one short line (PyYAML's may take several; numpy's quote
+    a header of up to 10,000 characters)."""
+    text = " ".join(str(problem).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

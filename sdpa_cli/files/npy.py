@@ -1,0 +1,162 @@
+"""``.npy`` and ``.npz`` files, read with their safety checks: the magic bytes, the
+header (never unpickled), the declared size against the bytes that follow, and for an
+archive member, the size it expands to against the memory available (a zip bomb)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import zipfile
+import zlib
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.errors import InputError
+from sdpa_cli.files import limits
+from sdpa_cli.files.checks import check_dtype, check_shape, one_line, pick_member
+
+NPY_MAGIC = b"\x93NUMPY"
+NPY_VERSIONS = ((1, 0), (2, 0), (3, 0))
+"""The header versions numpy writes (2.0 and 3.0 share a reader)."""
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+"""A zip archive's first bytes: a local file header, or the end record of an empty archive."""
+
+_LZMA_ERRORS: tuple[type[Exception], ...] = ()
+# imported here, in a guard: lzma is optional; a Python built without it reads no such members
+with contextlib.suppress(ImportError):
+    import lzma
+
+    _LZMA_ERRORS = (lzma.LZMAError,)
+_DECOMPRESS_ERRORS: tuple[type[Exception], ...] = (zlib.error, *_LZMA_ERRORS)
+"""A damaged compressed stream."""
+_ARCHIVE_ERRORS: tuple[type[Exception], ...] = (
+    zipfile.BadZipFile,
+    *_DECOMPRESS_ERRORS,
+    NotImplementedError,
+    RuntimeError,
+    OSError,
+    EOFError,
+)
+"""What reading a damaged, encrypted or exotic archive member raises: not a header's fault."""
+
+
+def _numpy_header(fh: IO[bytes], version: tuple[int, int]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """The shape and dtype in the header after the magic bytes of ``version``."""
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    return shape, dtype
+
+
+def _corrupt_header(label: str, exc: Exception) -> InputError:
+    """A header numpy's parser refused (ValueError, SyntaxError, TokenError...)."""
+    return InputError(label, f"has a corrupt .npy header ({type(exc).__name__}: {one_line(exc)})")
+
+
+def _read_npy_header(path: Path, label: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+    """The shape and dtype a ``.npy`` header declares, and where its data starts."""
+    try:
+        with path.open("rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            if version not in NPY_VERSIONS:
+                raise InputError(label, f"unsupported .npy version {version}")
+            shape, dtype = _numpy_header(fh, version)
+            return shape, dtype, fh.tell()
+    except InputError:
+        raise
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, TokenError...
+        raise _corrupt_header(label, exc) from None
+
+
+def load_npy(path: Path, label: str) -> NDArray[Any]:
+    """Read the header, check the declared size against the file, then memory-map."""
+    shape, dtype, offset = _read_npy_header(path, label)
+    check_dtype(dtype, label)
+    check_shape(shape, label)
+    count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
+    needed = count * dtype.itemsize
+    available = path.stat().st_size - offset
+    if needed > available:
+        raise InputError(
+            label,
+            f"is truncated: its header declares {shape} {dtype} ({needed} bytes) but {available} bytes follow",
+        )
+    if count == 0:
+        return np.zeros(shape, dtype=dtype)
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
+    except (ValueError, OSError) as exc:
+        raise InputError(label, f"cannot be read as .npy ({one_line(exc)})") from None
+
+
+def load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
+    """One member of an archive; ``label`` already ends in ``:member`` when one was given."""
+    member_label = label
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+            member, member_label = pick_member(label, sorted(infos), member, "array")
+            _check_npz_member(zf, infos[member], member_label)
+            with zf.open(infos[member]) as fh:  # read_array reads the header again
+                return np.lib.format.read_array(fh, allow_pickle=False)
+    except InputError:
+        raise
+    except MemoryError:
+        raise InputError(
+            member_label, "does not fit in memory once decompressed; save it with np.save"
+        ) from None
+    except zipfile.BadZipFile as exc:
+        raise InputError(label, f"is not a valid .npz archive ({one_line(exc)})") from None
+    except _DECOMPRESS_ERRORS as exc:
+        raise InputError(
+            member_label, f"is corrupt: it does not decompress ({one_line(exc)})"
+        ) from None
+    except NotImplementedError as exc:  # a compression method zipfile does not know
+        raise InputError(member_label, f"cannot be read: {one_line(exc)}") from None
+    except RuntimeError as exc:  # zipfile's word for a password-protected member
+        problem = "is encrypted" if "encrypted" in str(exc) else f"cannot be read: {one_line(exc)}"
+        raise InputError(member_label, problem) from None
+    except (ValueError, OSError, EOFError, zipfile.LargeZipFile) as exc:
+        raise InputError(label, f"cannot be read as .npz ({one_line(exc)})") from None
+
+
+def _check_npz_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str) -> None:
+    """Read a member's header and check what it declares against the sizes in the
+    archive, before a byte of its data is decompressed."""
+    with zf.open(info) as fh:
+        try:
+            shape, dtype = _numpy_header(fh, np.lib.format.read_magic(fh))
+        except _ARCHIVE_ERRORS:
+            raise
+        except Exception as exc:  # ValueError, SyntaxError, TokenError...
+            raise _corrupt_header(label, exc) from None
+    check_dtype(dtype, label)
+    check_shape(shape, label)
+    count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
+    declared = count * dtype.itemsize
+    if declared > info.file_size:
+        raise InputError(
+            label,
+            f"is truncated: declares {shape} {dtype} ({declared} bytes) in a {info.file_size}-byte member",
+        )
+    _check_expansion(label, shape, dtype, declared, info.compress_size)
+
+
+def _check_expansion(
+    label: str, shape: tuple[int, ...], dtype: np.dtype[Any], declared: int, stored: int
+) -> None:
+    """Refuse, before allocating, a compressed member that would not fit in memory once
+    read (a zip bomb): unlike ``.npy`` and ``.safetensors``, it cannot be memory-mapped."""
+    available = limits.available_memory()
+    if available is not None and declared > available:
+        gib = 2.0**30
+        raise InputError(
+            label,
+            f"expands to {declared / gib:.1f} GiB ({shape} {dtype}) from {stored} bytes stored, "
+            f"but {available / gib:.1f} GiB of memory is available; save it with np.save "
+            "(memory-mapped) instead",
+        )

@@ -1,0 +1,174 @@
+"""The one theme and the view every renderer shares: styles and heat colors, what a
+table shows (:class:`View`, the slices and rows), headings and wrapped notes.
+
+Colors only say what the text already says: every cell shows its value as text, so a
+piped or colorless view reads the same.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+
+import numpy as np
+from rich.console import RenderableType
+from rich.style import Style
+from rich.text import Text
+
+from sdpa_cli.diagnosis.stages import FORMULAS, TITLES
+from sdpa_cli.engine.spec import AttentionSpec
+
+THEME = {
+    "title": Style(bold=True),
+    "label": Style(color="cyan"),
+    "muted": Style(dim=True),
+    "masked": Style(color="grey50", italic=True),
+    "hidden_value": Style(color="grey50", dim=True),
+    "note": Style(color="yellow"),
+    "leak": Style(color="yellow", bold=True, underline=True),
+    "nonfinite": Style(color="magenta", bold=True),
+}
+MUTED = THEME["muted"]
+SEVERITY_STYLE = {
+    "error": Style(color="red", bold=True),
+    "warning": Style(color="yellow", bold=True),
+    "info": Style(color="cyan"),
+}
+NEGATIVE = (59, 110, 190)  # blue
+POSITIVE = (200, 70, 60)  # red
+WEIGHT = (230, 150, 30)  # amber
+BACKGROUND = (30, 30, 30)
+
+STAGE_TITLES = {stage: (title, FORMULAS[stage]) for stage, title in TITLES.items()}
+"""Forward stage → (title, formula), from :mod:`sdpa_cli.diagnosis.stages`."""
+
+
+@dataclass(frozen=True)
+class View:
+    """What to show: which stages and which part of a large tensor."""
+
+    stages: tuple[str, ...]
+    batch: int | None = None
+    head: int | None = None
+    rows: slice | None = None
+    keys: slice | None = None
+    max_rows: int = 16
+    max_slices: int = 1
+    precision: int = 4
+    width: int = 80
+    explicit_stages: bool = False
+
+
+# --- heat colors ------------------------------------------------------------------------------
+
+
+def _blend(rgb: tuple[int, int, int], t: float) -> Style:
+    """A cell style: ``rgb`` at strength t ∈ [0, 1] over the background."""
+    t = min(max(t, 0.0), 1.0)
+    r, g, b = (round(c0 + (c1 - c0) * t) for c0, c1 in zip(BACKGROUND, rgb, strict=True))
+    fg = "black" if (0.299 * r + 0.587 * g + 0.114 * b) > 140 else "white"
+    return Style(color=fg, bgcolor=f"rgb({r},{g},{b})")
+
+
+def cell_style(x: float, scale: float, *, weights: bool = False) -> Style:
+    """Heat color of a cell: with ``weights``, amber on 0 → 1 (``scale`` unused);
+    otherwise diverging around 0, blue to red over ±scale. Non-finite values stand out."""
+    if not math.isfinite(x):
+        return THEME["nonfinite"]
+    if weights:
+        return _blend(WEIGHT, x)
+    if scale <= 0:
+        return Style()
+    return _blend(POSITIVE if x >= 0 else NEGATIVE, abs(x) / scale)
+
+
+# --- which slices and rows --------------------------------------------------------------------
+
+
+def slice_positions(spec: AttentionSpec, view: View) -> list[tuple[int, ...]]:
+    """The (…, batch, head) positions to show, filtered by ``--batch`` and ``--head``."""
+    picked = []
+    for idx in np.ndindex(*spec.lead):
+        if view.head is not None and spec.lead and idx[-1] != view.head:
+            continue
+        if view.batch is not None and len(spec.lead) >= 2 and idx[-2] != view.batch:
+            continue
+        picked.append(tuple(int(i) for i in idx))
+    return picked
+
+
+def slice_label(spec: AttentionSpec, idx: tuple[int, ...]) -> str:
+    """``batch 1 · head 3 (kv head 1)`` for a lead position."""
+    if not idx:
+        return ""
+    parts = [f"axis {a} = {i}" for a, i in enumerate(idx[:-2])]
+    if len(idx) >= 2:
+        parts.append(f"batch {idx[-2]}")
+    head = f"head {idx[-1]}"
+    if spec.group > 1:
+        head += f" (kv head {idx[-1] // spec.group})"
+    parts.append(head)
+    return " · ".join(parts)
+
+
+def _window(n: int, chosen: slice | None, cap: int) -> tuple[range, bool]:
+    """Indices to show along an axis of length n, and whether some were cut."""
+    r = range(n)[chosen] if chosen is not None else range(n)
+    return (r[:cap], len(r) > cap)
+
+
+def layout(spec: AttentionSpec, view: View) -> tuple[list[tuple[int, ...]], range, bool]:
+    """What a ``compute`` table shows: the slices (at most ``--max-slices``), the query
+    rows, and whether rows were cut."""
+    rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
+    return slice_positions(spec, view)[: view.max_slices], rows, cut_rows
+
+
+def more_slices(n_positions: int, view: View) -> list[RenderableType]:
+    """A note on the slices ``--max-slices`` left out (none when none were)."""
+    hidden = n_positions - view.max_slices
+    if hidden <= 0:
+        return []
+    return [
+        Text(
+            f"… {hidden} more {'slice' if hidden == 1 else 'slices'} not shown; "
+            "pick one with --batch/--head or raise --max-slices",
+            THEME["note"],
+        ),
+        Text(""),
+    ]
+
+
+# --- headings and notes -----------------------------------------------------------------------
+
+
+def rule(text: str, width: int) -> Text:
+    """``── text ─────``: a heading across the width."""
+    return Text(f"── {text} " + "─" * max(0, width - len(text) - 4), THEME["title"])
+
+
+def titled(title: str, formula: str) -> Text:
+    """``weights  softmax over keys``: a bold name, then a muted formula."""
+    return Text.assemble((title, THEME["title"]), "  ", (formula, THEME["muted"]))
+
+
+def stage_title(stage: str) -> Text:
+    """A stage's name and formula."""
+    return titled(*STAGE_TITLES[stage])
+
+
+def note_text(
+    note: str, width: int, indent: int = 2, *, first: int | None = None, style: Style | None = None
+) -> Text:
+    """Text wrapped to the width, indented (the first line by ``first``, default the
+    same), with no trailing spaces, so a piped trace has none either."""
+    lines = textwrap.wrap(
+        note,
+        max(width, 30),
+        initial_indent=" " * (indent if first is None else first),
+        subsequent_indent=" " * indent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    return Text("\n".join(lines), style=style or "")

@@ -1,0 +1,99 @@
+"""The header panel every command's view opens with: shapes, dims, the scale, and
+every option that changed the computation (masks, bias, dropout, emulated dtype)."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.render.common import THEME
+from sdpa_cli.text import shape
+
+
+def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
+    """Shapes, the scale and every option that changed the computation."""
+    o = spec.options
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style=THEME["label"], no_wrap=True)
+    grid.add_column(overflow="fold")
+    names = spec.names
+    for n in ("q", "k", "v", "bias", "mask"):
+        if n not in spec.shapes or (n in ("bias", "mask")):
+            continue
+        source = names.get(n, "")
+        origin = f"  {source}" if source and ": " not in source and source != n.upper() else ""
+        grid.add_row(n.upper(), Text(f"{shape(spec.shapes[n])}{origin}"))
+    queries = "query" if spec.L == 1 else "queries"
+    keys = "key" if spec.S == 1 else "keys"
+    dims = f"L = {spec.L} {queries}, S = {spec.S} {keys}, E = {spec.E}, Ev = {spec.Ev}"
+    if o.heads is not None:
+        dims += f", split into {o.heads} heads"
+    if spec.group > 1:
+        dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
+    grid.add_row("dims", Text(dims))
+    grid.add_row(
+        "scores", Text(f"{shape(spec.weights_shape)}   output {shape(spec.merged_output_shape)}")
+    )
+    scale = spec.scale_label
+    if o.temperature != 1:
+        scale += f", temperature {o.temperature:g} (effective {spec.scale / o.temperature:.6g})"
+    grid.add_row("scale", Text(scale))
+    if o.softcap is not None:
+        grid.add_row("softcap", Text(f"{o.softcap:g} · tanh(scaled / {o.softcap:g})"))
+    if spec.bias is not None:
+        grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {shape(spec.shapes['bias'])}"))
+    if o.alibi:
+        shown = spec.alibi_slopes[:8]
+        slopes = ", ".join(f"{s:.4g}" for s in shown) + (", …" if spec.H > 8 else "")
+        grid.add_row("ALiBi", Text(f"−slope_h · |i + S − L − j|, slopes {slopes}"))
+    for label, text in mask_lines(spec):
+        grid.add_row(label, Text(text))
+    if o.dropout:
+        grid.add_row(
+            "dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}")
+        )
+    if o.emulated:
+        stored = (
+            "every stage stored in " + o.dtype
+            if o.logits_dtype == o.dtype
+            else f"logits stored in {o.logits_dtype}, weights and output in {o.dtype}"
+        )
+        how = f"emulated: inputs and {stored}, matmuls accumulated in {o.accumulate}, softmax in {o.softmax_dtype}"
+        grid.add_row("dtype", Text(how))
+    if o.prescale:
+        grid.add_row("prescale", Text("Q and K each × √scale before the matmul: raw = scaled"))
+    return Panel(grid, title=title, title_align="left", box=box.ROUNDED, expand=False)
+
+
+def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
+    """One line per mask, plus the alignment and mask value when they matter."""
+    o = spec.options
+    lines: list[tuple[str, str]] = []
+    aligned = o.causal or o.window is not None
+    if o.causal:
+        rule = "j ≤ i" if o.causal_align == "upper-left" else "j ≤ i + S − L"
+        lines.append(("causal", f"{o.causal_align} ({rule})"))
+    if o.window is not None:
+        left, right = o.window
+        lines.append(("window", f"{left} left, {right} right (−{left} ≤ j − i − offset ≤ {right})"))
+    if aligned and spec.L != spec.S:
+        off = spec.S - spec.L if o.causal_align == "lower-right" else 0
+        lines.append(("alignment", f"L ≠ S: {o.causal_align}, diagonal offset {off}"))
+    if o.key_lengths is not None:
+        per = "per batch item" if len(o.key_lengths) > 1 else "every item"
+        lengths = ", ".join(str(n) for n in o.key_lengths)
+        lines.append(("key lengths", f"first {lengths} keys valid ({per}; the rest is padding)"))
+    if spec.mask is not None:
+        kind = "boolean, True = " + ("masked" if o.mask_true_means == "masked" else "may attend")
+        if not spec.mask_is_bool:
+            kind = "float, added to the logits"
+        lines.append(
+            ("mask", f"{spec.names.get('mask', 'mask')} {shape(spec.shapes['mask'])}, {kind}")
+        )
+    if lines:
+        lines.append(("mask value", o.mask_value_label))
+    return lines
