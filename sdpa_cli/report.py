@@ -23,7 +23,7 @@ from sdpa_cli.check.records import Check, CheckReport, failure_lines
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
 from sdpa_cli.engine.block import STAGES, applicable_stages
-from sdpa_cli.engine.trace import Trace
+from sdpa_cli.engine.trace import Trace, merge_heads
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.files.writers import write_atomic
 from sdpa_cli.text import json_number
@@ -189,7 +189,7 @@ def to_json(data: dict[str, Any]) -> str:
 
 
 def to_yaml(data: dict[str, Any]) -> str:
-    import yaml
+    import yaml  # imported here: a JSON run never pays for yaml
 
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
 
@@ -250,8 +250,6 @@ def save_grad_npz(grads: Gradients, path: str) -> None:
     """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
     loaded, and the ``dout`` used, to ``path``, atomically."""
     arrays = {n: np.asarray(grads.loaded(n)) for n in grads.present()}
-    from sdpa_cli.engine.trace import merge_heads
-
     arrays["dout"] = merge_heads(grads.spec, grads.dout)
 
     def write(fh: BinaryIO) -> None:
@@ -409,7 +407,7 @@ def junit_xml(results: list[CaseResult], *, suite: str = "sdpa check") -> bytes:
     A case that could not be checked is one testcase with an ``<error>``; a warning is
     a passing testcase whose ``<system-out>`` says why.
     """
-    import xml.etree.ElementTree as ET
+    import xml.etree.ElementTree as ET  # imported here: only --junit needs it
 
     root = ET.Element("testsuites", name=suite)
     totals = {"tests": 0, "failures": 0, "errors": 0}

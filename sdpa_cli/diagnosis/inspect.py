@@ -14,7 +14,7 @@ What a file holds:
 - ``.safetensors``: every tensor, in name order (the loader re-reads the JSON header
   for each, a few KiB in practice); ``file.safetensors:name`` one tensor.
 - ``.json``/``.yaml``: a mapping is a case file, read by
-  :func:`~sdpa_cli.files.loaders.load_case` (so it is refused as ``sdpa compute`` would
+  :func:`~sdpa_cli.files.cases.load_case` (so it is refused as ``sdpa compute`` would
   refuse it) and reported tensor by tensor (``q``, ``k``, ``v``, ``bias``, ``mask``,
   inline or from the files they name); anything else is one nested list, named
   after the file.

@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.options import OPTION_NAMES, parse_options
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.errors import SpecError
+from sdpa_cli.files.cases import is_case_file, load_case
+from sdpa_cli.files.loaders import load_array
+from sdpa_cli.text import printable
 
 
 def load_spec(
@@ -22,12 +26,6 @@ def load_spec(
     ``flag_where`` names where a flag's value came from (a manifest entry) for
     messages; by default a flag is named by its spelling, ``--causal-align``.
     """
-    from sdpa_cli.engine.options import OPTION_NAMES, parse_options
-    from sdpa_cli.engine.spec import build_spec
-    from sdpa_cli.files.cases import is_case_file, load_case
-    from sdpa_cli.files.loaders import load_array
-    from sdpa_cli.text import printable
-
     tensors: dict[str, Any] = {}
     names: dict[str, str] = {}
     raw: dict[str, Any] = {}

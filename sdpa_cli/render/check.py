@@ -40,7 +40,7 @@ def checks_table(checks: tuple[Check, ...]) -> Table:
 
 
 def failure_panel(check: Check) -> Panel:
-    """A failed check in full (:func:`~sdpa_cli.report.failure_lines`); a listed
+    """A failed check in full (:func:`~sdpa_cli.check.records.failure_lines`); a listed
     finding and its hint hang from their bullet when they wrap."""
     body: list[RenderableType] = []
     bullets: Table | None = None
