@@ -102,7 +102,12 @@ def json_number(x: float) -> float | str:
 def shown(value: Any) -> str:
     """``repr(value)`` cut short: a 5000-digit number or a list nested 900 deep read
     from a case file still makes one short line (and no RecursionError)."""
-    return _REPR.repr(value)
+    try:
+        return _REPR.repr(value)
+    except ValueError:  # an integer past Python's 4,300-digit limit for str()
+        if isinstance(value, int):
+            return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+        return f"a {type(value).__name__} too long to show"
 
 
 def printable(text: str) -> str:

@@ -1,0 +1,109 @@
+"""The one block driver: every block once, in order, whatever the threads; the key
+ranges it hands out; one slice when asked; progress."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sdpa_cli.engine.block import attend_block
+from sdpa_cli.engine.driver import Place, iter_blocks, sweep
+from sdpa_cli.engine.options import parse_options
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+
+RNG = np.random.default_rng(7)
+
+
+def spec_of(L: int = 13, S: int = 13, **options: object) -> AttentionSpec:
+    q, k, v = (RNG.standard_normal((2, 3, n, 4)) for n in (L, S, S))
+    return build_spec(q, k, v, options=parse_options(dict(options)))
+
+
+def places(
+    spec: AttentionSpec, **kwargs: object
+) -> list[tuple[tuple[int, ...], int, int, int, int]]:
+    def visit(p: Place) -> tuple[tuple[int, ...], int, int, int, int]:
+        return p.lead, p.rows.start, p.rows.stop, p.keys.start, p.keys.stop
+
+    return list(sweep(spec, visit, **kwargs))  # type: ignore[arg-type]
+
+
+def test_every_row_of_every_slice_is_visited_once_in_c_order() -> None:
+    spec = spec_of()
+    seen = places(spec, rows=4)
+    assert [s[0] for s in seen[::4]] == [(b, h) for b in range(2) for h in range(3)]
+    for lead in {s[0] for s in seen}:
+        rows = [(s[1], s[2]) for s in seen if s[0] == lead]
+        assert rows == [(0, 4), (4, 8), (8, 12), (12, 13)]
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_threads_yield_the_same_results_in_the_same_order(jobs: int) -> None:
+    spec = spec_of(causal=True)
+
+    def visit(p: Place) -> tuple[tuple[int, ...], int, float]:
+        return p.lead, p.rows.start, float(p.attend(spec).output.sum())
+
+    serial = list(sweep(spec, visit, rows=3))
+    threaded = list(sweep(spec, visit, rows=3, jobs=jobs))
+    assert threaded == serial
+
+
+def test_visible_keys_skip_what_a_causal_mask_hides_from_the_whole_block() -> None:
+    spec = spec_of(L=8, S=8, causal=True)
+    for _, _, i1, k0, k1 in places(spec, rows=2):
+        assert (k0, k1) == (0, i1)  # row i sees keys 0..i: the block's last row sees most
+    assert all((k0, k1) == (0, 8) for *_, k0, k1 in places(spec, rows=2, keys="all"))
+
+
+def test_a_finite_mask_value_computes_every_key() -> None:
+    """Hidden keys still take weight in a fully masked row under a finite mask value."""
+    spec = spec_of(L=8, S=8, causal=True, mask_value=-1e9)
+    assert all((k0, k1) == (0, 8) for *_, k0, k1 in places(spec, rows=2))
+
+
+def test_nonfinite_v_makes_the_backward_keys_dense() -> None:
+    q, k, v = (RNG.standard_normal((1, 1, 6, 4)) for _ in range(3))
+    v[0, 0, 5, 1] = np.nan
+    spec = build_spec(q, k, v, options=parse_options({"causal": True}))
+    dense = places(spec, rows=2, keys="all-if-v-nonfinite")
+    assert all((k0, k1) == (0, 6) for *_, k0, k1 in dense)
+    assert places(spec, rows=2)[0][3:] == (0, 2)
+
+
+def test_leads_walk_only_the_slices_asked_for() -> None:
+    spec = spec_of()
+    seen = places(spec, rows=5, leads=[(1, 2)])
+    assert {s[0] for s in seen} == {(1, 2)}
+    assert [(s[1], s[2]) for s in seen] == [(0, 5), (5, 10), (10, 13)]
+
+
+def test_progress_counts_every_score_once() -> None:
+    spec = spec_of(L=11, S=7)
+    told: list[int] = []
+    list(sweep(spec, lambda p: None, rows=4, progress=told.append))
+    assert sum(told) == 2 * 3 * 11 * 7
+
+
+def test_place_attend_is_attend_block_over_its_keys() -> None:
+    spec = spec_of(L=9, S=9, causal=True)
+    for block in sweep(spec, lambda p: p.attend(spec), rows=4):
+        whole = attend_block(spec, block.lead_index, block.rows)
+        np.testing.assert_allclose(block.output, whole.output, rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(block.weights, whole.weights[:, block.keys])
+
+
+def test_the_twin_of_an_emulated_block_is_float64() -> None:
+    spec = spec_of(dtype="float16")
+    twins = list(sweep(spec, lambda p: p.twin(spec, p.attend(spec)), rows=13))
+    exact = [attend_block(spec, t.lead_index, t.rows, emulate=False) for t in twins]
+    for t, e in zip(twins, exact, strict=True):
+        np.testing.assert_array_equal(t.output, e.output)
+    plain = spec_of()
+    block = next(sweep(plain, lambda p: p.twin(plain, p.attend(plain))))
+    assert block.output.dtype == np.float64
+
+
+def test_iter_blocks_of_an_empty_query_axis_is_empty() -> None:
+    spec = spec_of(L=0)
+    assert list(iter_blocks(spec)) == []

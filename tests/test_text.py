@@ -1,0 +1,96 @@
+"""The one formatter: numbers, plurals, indices and values as every message reads them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sdpa_cli.text import (
+    ceil_sig,
+    decimals,
+    finite_or_none,
+    format_index,
+    json_number,
+    percent,
+    plural,
+    printable,
+    prose,
+    shape,
+    share,
+    shown,
+    sig,
+)
+
+
+def test_sig_is_plain_ascii_significant_digits() -> None:
+    assert sig(0.123456) == "0.1235"
+    assert sig(-1e-9) == "-1e-09"
+    assert sig(123456.0, 3) == "1.23e+05"
+    assert sig(math.inf) == "inf"
+
+
+def test_prose_uses_the_true_minus_and_infinity() -> None:
+    assert prose(-0.5) == "−0.5"
+    assert prose(-math.inf) == "−∞"
+    assert prose(math.inf) == "∞"
+    assert prose(math.nan) == "nan"
+    assert prose(-0.000123456, 3) == "−0.000123"
+
+
+@pytest.mark.parametrize(
+    ("x", "precision", "expected"),
+    [
+        (0.0, 4, "0.0000"),
+        (0.88159, 4, "0.8816"),
+        (-1.0, 4, "-1.0000"),
+        (0.00001, 4, "1.00e-05"),
+        (2.5e6, 4, "2.50e+06"),
+        (math.nan, 4, "nan"),
+        (-math.inf, 2, "-inf"),
+        (0.004, 2, "4.0e-03"),
+    ],
+)
+def test_decimals_fall_back_to_scientific_when_they_would_hide_the_number(
+    x: float, precision: int, expected: str
+) -> None:
+    assert decimals(x, precision) == expected
+
+
+def test_ceil_sig_rounds_up_so_the_tolerance_passes() -> None:
+    assert ceil_sig(0.9061) == "0.907"
+    assert float(ceil_sig(332.513)) >= 332.513
+    assert ceil_sig(0.001) == "0.001"
+    assert ceil_sig(0.0) == "0"
+
+
+def test_percentages_keep_two_significant_digits_when_small() -> None:
+    assert percent(0.9336) == "93.36%"
+    assert percent(0.0) == "0.00%"
+    assert percent(0.000061) == "0.0061%"
+    assert share(1, 3) == "33.3%"
+    assert share(1, 0) == "0%"
+
+
+def test_plurals_indices_and_shapes() -> None:
+    assert plural(1, "row") == "1 row"
+    assert plural(0, "row") == "0 rows"
+    assert format_index((0, 2, 5)) == "[0, 2, 5]"
+    assert format_index(None) == "[]"
+    assert shape((2, 4)) == "(2, 4)"
+
+
+def test_json_numbers_spell_what_json_cannot() -> None:
+    assert json_number(1.5) == 1.5
+    assert json_number(math.nan) == "NaN"
+    assert json_number(-math.inf) == "-Infinity"
+    assert finite_or_none(math.inf) is None
+    assert finite_or_none(2) == 2.0
+
+
+def test_values_from_files_stay_one_short_line() -> None:
+    assert shown(10**5000) == "an integer of about 5001 digits"
+    assert len(shown(list(range(1000)))) < 80
+    assert len(shown([10**5000])) < 60
+    assert printable("a\nb") == "a\\nb"
+    assert printable("q.npy") == "q.npy"
