@@ -46,8 +46,9 @@ fmt: $(VENV)/.dev-installed
 
 # Re-render the golden text files under tests/golden; review them in the diff.
 golden: $(VENV)/.dev-installed
-	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_render_explain.py \
-		tests/test_render_check.py tests/test_render_grad.py tests/test_render_inspect.py
+	SDPA_REGEN_GOLDEN=1 $(BIN)/python -m pytest -q tests/render/test_render.py \
+		tests/render/test_render_explain.py tests/render/test_render_check.py \
+		tests/render/test_render_grad.py tests/render/test_render_inspect.py
 
 # `sdpa check` vs PyTorch's SDPA and a naive numpy version: times, peak RSS, targets.
 # A report, not a test (many minutes); bench-quick runs small shapes. Without torch
@@ -60,7 +61,7 @@ bench-quick: $(VENV)/.dev-installed
 	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
 	$(BIN)/python bench/bench.py --quick
 
-# Fuzz the command line (tests/test_fuzz.py) for FUZZ_SECONDS: rounds of FUZZ_EXAMPLES
+# Fuzz the command line (tests/cli/test_fuzz.py) for FUZZ_SECONDS: rounds of FUZZ_EXAMPLES
 # fresh random examples per test until the time is spent (the last round may run a
 # minute over). Stops at the first failure; hypothesis keeps it in .hypothesis/ and
 # replays it first next time. `make test` runs a small fixed set of the same tests.
@@ -71,7 +72,7 @@ fuzz: $(VENV)/.dev-installed
 	while [ $$(date +%s) -lt $$end ]; do \
 		echo "fuzz round $$round: $$(( end - $$(date +%s) )) s left"; \
 		SDPA_FUZZ=1 SDPA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q \
-			-p no:cacheprovider tests/test_fuzz.py || exit 1; \
+			-p no:cacheprovider tests/cli/test_fuzz.py || exit 1; \
 		round=$$((round + 1)); \
 	done; echo "fuzz: $$((round - 1)) rounds, no failure"
 

@@ -29,8 +29,8 @@ from sdpa_cli.files.cases import load_case
 from sdpa_cli.render.common import View, note_text
 from sdpa_cli.render.explain import BARS, bar, diverging_bar, render_explain
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 WIDTH = 80
 
 
@@ -85,7 +85,7 @@ def check_golden(name: str, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     assert path.exists(), (
         f"missing golden file {path}; run `make golden` "
-        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/test_render_explain.py)"
+        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/render/test_render_explain.py)"
     )
     assert text == path.read_text(encoding="utf-8")
 

@@ -46,7 +46,7 @@ FUZZING = os.environ.get("SDPA_FUZZ") == "1"
 FUZZ_EXAMPLES = int(os.environ.get("SDPA_FUZZ_EXAMPLES", "1000"))
 SLOW_SLICES = 10_000
 """Empty inputs declaring more (batch, head) slices than this are left out: the engine
-visits empty slices one by one (tests/test_catalog.py pins that as an xfail)."""
+visits empty slices one by one (tests/cli/test_catalog.py pins that as an xfail)."""
 
 
 def budget(examples: int) -> settings:

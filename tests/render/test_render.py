@@ -25,8 +25,8 @@ from sdpa_cli.render.common import View, layout
 from sdpa_cli.render.compute import render_compute
 from sdpa_cli.text import decimals
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 def sample_spec(name: str, **overrides: object) -> AttentionSpec:

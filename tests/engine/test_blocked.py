@@ -51,7 +51,7 @@ BLOCKINGS = (1, 3, 7, None)
 """Query rows per block: one row (BLAS's gemv path), blocks cut inside every mask, the default."""
 
 BOUNDED = settings(max_examples=40, deadline=None)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted(p.name for p in (ROOT / "samples").glob("*.yaml"))
 
 FLOAT32_RUN: dict[str, Any] = {

@@ -2,7 +2,7 @@
 color off, on the bundled samples.
 
 Regenerate with ``make golden`` (or ``SDPA_REGEN_GOLDEN=1 python -m pytest -q
-tests/test_render_grad.py``) and review the diff: a change in a golden file is a change
+tests/render/test_render_grad.py``) and review the diff: a change in a golden file is a change
 in what users read.
 
 The numeric check's relative errors are rounding noise (1e-16 … 1e-9) that differs from
@@ -22,8 +22,8 @@ from clirunner import invoke
 
 from sdpa_cli.errors import ExitCode
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 BATCHED = ("samples/batched_q.npy", "samples/batched_k.npy", "samples/batched_v.npy")
 
@@ -81,7 +81,7 @@ def check_golden(name: str, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     assert path.exists(), (
         f"missing golden file {path}; run `make golden` "
-        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/test_render_grad.py)"
+        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/render/test_render_grad.py)"
     )
     assert text == path.read_text(encoding="utf-8")
 

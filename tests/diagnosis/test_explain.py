@@ -50,7 +50,7 @@ from sdpa_cli.files.cases import load_case
 from sdpa_cli.report import explain_payload
 
 F64 = NDArray[np.float64]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SQRT2 = math.sqrt(2.0)
 BOUNDED = settings(max_examples=30, deadline=None)
 EXPLAIN_NAME = {"dropped": "dropout"}

@@ -39,7 +39,7 @@ from sdpa_cli.errors import ExitCode
 
 F64 = NDArray[np.float64]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted(p.name for p in (ROOT / "samples").glob("*.yaml"))
 QKV = ("q.npy", "k.npy", "v.npy")
 B, H, L, S, E = 2, 4, 8, 8, 4

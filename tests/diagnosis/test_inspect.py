@@ -568,7 +568,7 @@ def test_tables_fit_the_width_without_folding_short_cells(workdir: Path, width: 
     arrays: dict[str, NDArray[Any]] = {long_name: np.full((64, 64), -1.5e5, np.float32)}
     np.savez("m.npz", **arrays)  # type: ignore[arg-type]
     np.save("q.npy", np.random.default_rng(8).normal(size=(2, 4, 6, 8)))
-    scorecard = str(Path(__file__).parent.parent / "samples" / "scorecard.yaml")
+    scorecard = str(Path(__file__).parents[2] / "samples" / "scorecard.yaml")
     reports = [inspect_file(p) for p in ("q.npy", "m.npz", scorecard)]
     console = Console(file=StringIO(), width=width, no_color=True, color_system=None)
     console.print(*render_inspect(reports, width))

@@ -2,7 +2,7 @@
 with color off, on the bundled samples.
 
 Regenerate with ``make golden`` (or ``SDPA_REGEN_GOLDEN=1 python -m pytest -q
-tests/test_render_inspect.py``) and review the diff: a change in a golden file is a
+tests/render/test_render_inspect.py``) and review the diff: a change in a golden file is a
 change in what users read.
 """
 
@@ -16,8 +16,8 @@ from clirunner import invoke
 
 from sdpa_cli.errors import ExitCode
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 EXPORTS = ("samples/check/out_scale_bug.npy", "samples/check/lse.npy")
 
@@ -69,7 +69,7 @@ def check_golden(name: str, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     assert path.exists(), (
         f"missing golden file {path}; run `make golden` "
-        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/test_render_inspect.py)"
+        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/render/test_render_inspect.py)"
     )
     assert text == path.read_text(encoding="utf-8")
 

@@ -902,7 +902,7 @@ def test_e2e_no_color_flag_on_a_terminal(qkv: dict[str, F64], workdir: Path) -> 
 
 # --- findings ------------------------------------------------------------------------------
 
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
 def sample(name: str) -> str:
