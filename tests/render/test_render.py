@@ -7,12 +7,12 @@ change in what users read.
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from golden_files import check_golden
 from rich.console import Console
 
 from sdpa_cli.diagnosis.rules import diagnose
@@ -26,7 +26,6 @@ from sdpa_cli.render.compute import render_compute
 from sdpa_cli.text import decimals
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 def sample_spec(name: str, **overrides: object) -> AttentionSpec:
@@ -45,14 +44,6 @@ def render_text(spec: AttentionSpec, width: int, **view: Any) -> str:
     console.print(render_compute(result, view_, shown, diagnose(result)))
     out = console.file.getvalue()  # type: ignore[attr-defined]
     return "\n".join(line.rstrip() for line in out.splitlines()) + "\n"
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("SDPA_REGEN_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"missing golden file {path}; run `make golden`"
-    assert text == path.read_text(encoding="utf-8")
 
 
 CASES: dict[str, tuple[str, int, dict[str, Any], dict[str, Any]]] = {

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from golden_files import check_golden
 from rich.console import Console
 from rich.text import Text
 
@@ -30,7 +30,6 @@ from sdpa_cli.render.common import View, note_text
 from sdpa_cli.render.explain import BARS, bar, diverging_bar, render_explain
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 WIDTH = 80
 
 
@@ -77,17 +76,6 @@ def render_text(ex: Explanation, *, walk: bool) -> str:
     console.print(render_explain(ex, view, walk=walk))
     out = console.file.getvalue()  # type: ignore[attr-defined]
     return "\n".join(line.rstrip() for line in out.splitlines()) + "\n"
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("SDPA_REGEN_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), (
-        f"missing golden file {path}; run `make golden` "
-        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/render/test_render_explain.py)"
-    )
-    assert text == path.read_text(encoding="utf-8")
 
 
 def causal() -> str:

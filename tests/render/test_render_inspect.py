@@ -8,16 +8,15 @@ change in what users read.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from clirunner import invoke
+from golden_files import check_golden
 
 from sdpa_cli.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 EXPORTS = ("samples/check/out_scale_bug.npy", "samples/check/lse.npy")
 
@@ -61,17 +60,6 @@ def render(args: tuple[str, ...], width: int, code: int, stderr: str) -> str:
     assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
     assert result.stderr == stderr
     return "\n".join(line.rstrip() for line in result.stdout.splitlines()) + "\n"
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("SDPA_REGEN_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), (
-        f"missing golden file {path}; run `make golden` "
-        "(or SDPA_REGEN_GOLDEN=1 python -m pytest -q tests/render/test_render_inspect.py)"
-    )
-    assert text == path.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("golden", sorted(CASES))
