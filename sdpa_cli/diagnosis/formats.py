@@ -62,10 +62,10 @@ def _stage_overflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]
     """The stages whose values go beyond a checked format's range."""
     for d in stats.checked:
         for stage in OVERFLOW_STAGES:
-            rec = stats.overflow[(stage, d)]
+            rec = stats.records.overflow[(stage, d)]
             # A logit stage is reported where some value first goes out of range, not
             # where it merely inherits the stage before's overflow: causes, not echoes.
-            if not stats.fresh_overflow[(stage, d)].count:
+            if not stats.records.fresh_overflow[(stage, d)].count:
                 continue
             f = precision.fmt(d)
             what, unit = _OVERFLOW_WHAT[stage]
@@ -91,7 +91,7 @@ def _stage_overflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]
 def _exp_overflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
     """Logits whose exp overflows a narrow format when the row max is not subtracted."""
     for d in stats.narrow:
-        rec = stats.exp_overflow[d]
+        rec = stats.records.exp_overflow[d]
         if rec.count:
             f = precision.fmt(d)
             yield Finding(
@@ -119,7 +119,7 @@ def _mask_value_overflow(
     if not (math.isfinite(mv) and _anything_hidden(stats)):
         return
     # Logits are not stored in float8 (FP8 kernels keep them in float32).
-    for d in stats.mask_add_overflow:
+    for d in stats.records.mask_add_overflow:
         f = precision.fmt(d)
         # finfo-min is each format's own minimum: it never overflows by itself.
         own = spec.options.mask_value_is_finfo_min
@@ -137,7 +137,7 @@ def _mask_value_overflow(
                 count=None,
             )
             continue
-        rec = stats.mask_add_overflow[d]
+        rec = stats.records.mask_add_overflow[d]
         if rec.count:
             yield Finding(
                 "overflow",
@@ -174,9 +174,9 @@ def headroom(stats: Stats) -> dict[str, dict[str, float]]:
     for d in stats.checked:
         f = precision.fmt(d)
         out[d] = {
-            stage: f.headroom(stats.absmax[stage].extreme)
+            stage: f.headroom(stats.records.absmax[stage].extreme)
             for stage in OVERFLOW_STAGES
-            if stats.absmax[stage].count
+            if stats.records.absmax[stage].count
         }
     return out
 
@@ -190,7 +190,7 @@ def emulation(spec: AttentionSpec, stats: Stats) -> Emulation | None:
         return None
     u = precision.fmt(o.dtype).unit_roundoff
     stages = []
-    for stage, err in stats.errors.items():
+    for stage, err in stats.records.errors.items():
         normwise = err.max_abs / err.ref_absmax if err.ref_absmax > 0 else 0.0
         problem = None
         if err.new_nonfinite.count:

@@ -114,7 +114,7 @@ def _nonfinite_stages(stats: Stats, *, bad_input: bool) -> Iterator[Finding]:
     titles = {"raw": "the raw scores", "output": "the output"}
     first_stage = None
     for stage in STAGES:
-        record = stats.nonfinite.get(stage)
+        record = stats.records.nonfinite.get(stage)
         if record is None or not record.count:
             continue
         if first_stage is None:
@@ -279,7 +279,7 @@ def _finite_mask_value(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
 
 def _hidden_nonfinite(stats: Stats) -> Iterator[Finding]:
     """K or V holding NaN or inf at keys the mask hides (padding exported unzeroed)."""
-    for name, rec in stats.hidden_bad.items():
+    for name, rec in stats.records.hidden_bad.items():
         if not rec.count:
             continue
         label = name.upper()

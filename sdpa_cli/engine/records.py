@@ -235,13 +235,8 @@ class Records:
         )
 
     def merge(self, later: Records) -> None:
-        merge_records(self, later)
-
-
-def merge_records(into: Any, later: Records) -> None:
-    """Fold ``later``'s records into the same-named ones of ``into`` (a Records, or the
-    Stats that holds the whole run's), record by record."""
-    for f in dataclasses.fields(Records):
-        mine = getattr(into, f.name)
-        for key, record in getattr(later, f.name).items():
-            mine[key].merge(record)
+        """Fold ``later``'s records into these, record by record, in block order."""
+        for f in dataclasses.fields(self):
+            mine = getattr(self, f.name)
+            for key, record in getattr(later, f.name).items():
+                mine[key].merge(record)

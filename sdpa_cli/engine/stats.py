@@ -9,7 +9,6 @@ keeps a score-sized array, so the diagnostics cost little on huge inputs.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -22,10 +21,7 @@ from sdpa_cli.engine.records import (
     OVERFLOW_STAGES,
     Moments,
     Records,
-    StageError,
-    Where,
     largest,
-    merge_records,
     offset_index,
     product_moments,
 )
@@ -91,15 +87,9 @@ class Stats:
     entropy: F64
     underflow: dict[str, NDArray[np.int32]]
     lost: dict[str, F64]
-    absmax: dict[str, Where]
-    nonfinite: dict[str, Where]
-    overflow: dict[tuple[str, str], Where]
-    fresh_overflow: dict[tuple[str, str], Where]
-    exp_overflow: dict[str, Where]
-    mask_add_overflow: dict[str, Where]
-    hidden_bad: dict[str, Where]
+    records: Records
+    """The per-stage records of every block so far, merged in block order."""
     moments: Moments
-    errors: dict[str, StageError]
     _bad_keys: dict[tuple[str, Index], NDArray[np.bool_]] = field(default_factory=dict)
 
     @classmethod
@@ -112,7 +102,6 @@ class Stats:
         # and the formats the run uses. bfloat16 flushes only below 4.6e-41, its exp
         # overflows where float32's does, and float8 never holds logits.
         narrow = tuple(dict.fromkeys(["float16", *working]))
-        records = Records.empty(spec, checked, narrow)
         return cls(
             spec=spec,
             checked=checked,
@@ -123,8 +112,8 @@ class Stats:
             entropy=np.zeros(rows),
             underflow={d: np.zeros(rows, np.int32) for d in narrow},
             lost={d: np.zeros(rows) for d in narrow},
+            records=Records.empty(spec, checked, narrow),
             moments=Moments(),
-            **{f.name: getattr(records, f.name) for f in dataclasses.fields(Records)},
         )
 
     def observe(self, block: Block, reference: Block) -> None:
@@ -136,7 +125,7 @@ class Stats:
 
     def merge(self, records: Records) -> None:
         """Fold in a block's records, in block order."""
-        merge_records(self, records)
+        self.records.merge(records)
 
     def add_moments(self, lead: Index, *, emulate: bool = True) -> None:
         """The moments of the slice's scaled scores (from Q and K: see

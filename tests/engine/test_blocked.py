@@ -589,9 +589,9 @@ def test_threads_keep_the_first_place_of_each_finding() -> None:
     in block 2 of slice (0, 0); a later block's must not win."""
     spec = spread_out_trouble()
     two = trace(spec, stages=(), rows=2, jobs=2)
-    assert two.stats.nonfinite["raw"].first == (0, 1, 6, 0)
-    assert two.stats.overflow[("raw", "float16")].first is not None
-    assert two.stats.overflow[("raw", "float16")].first[:3] == (0, 0, 5)
+    assert two.stats.records.nonfinite["raw"].first == (0, 1, 6, 0)
+    assert two.stats.records.overflow[("raw", "float16")].first is not None
+    assert two.stats.records.overflow[("raw", "float16")].first[:3] == (0, 0, 5)
 
 
 def check_report(spec: AttentionSpec, jobs: int) -> CheckReport:
