@@ -58,22 +58,26 @@ def iter_blocks(
 
 class SliceInputs:
     """K and V per slice, converted once and shared by the blocks (and threads) that
-    need them; only the most recent few slices are kept."""
+    need them. Kept for the most recent ``keep`` slices, every conversion of a slice
+    together (a check reads one slice as the reference, the emulated run and its
+    float64 twin: evicting by conversion would convert the slice again every block)."""
 
     def __init__(self, keep: int = 2) -> None:
         self._keep = keep
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[Any, ...], Operands] = OrderedDict()
+        self._cache: OrderedDict[Index, dict[tuple[Any, ...], Operands]] = OrderedDict()
 
     def get(self, spec: AttentionSpec, lead: Index, emulate: bool = True) -> Operands:
         key = (id(spec), spec.operand_index("k", lead), spec.operand_index("v", lead), emulate)
         with self._lock:
-            found = self._cache.get(key)
-            if found is None:
-                found = operands(spec, lead, emulate)
-                self._cache[key] = found
+            of_slice = self._cache.get(lead)
+            if of_slice is None:
+                of_slice = self._cache[lead] = {}
                 while len(self._cache) > self._keep:
                     self._cache.popitem(last=False)
+            found = of_slice.get(key)
+            if found is None:
+                found = of_slice[key] = operands(spec, lead, emulate)
             return found
 
 

@@ -107,3 +107,30 @@ def test_the_twin_of_an_emulated_block_is_float64() -> None:
 def test_iter_blocks_of_an_empty_query_axis_is_empty() -> None:
     spec = spec_of(L=0)
     assert list(iter_blocks(spec)) == []
+
+
+def test_each_slice_is_converted_once_per_spec_however_many_blocks_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A check reads each slice as the reference, the emulated run and its float64 twin:
+    each conversion is made once per slice, not once per block."""
+    import sdpa_cli.engine.driver as driver
+
+    calls: list[tuple[tuple[int, ...], bool]] = []
+    real = driver.operands
+
+    def counted(spec: AttentionSpec, lead: tuple[int, ...], emulate: bool = True) -> object:
+        calls.append((lead, emulate))
+        return real(spec, lead, emulate)
+
+    monkeypatch.setattr(driver, "operands", counted)
+    spec = spec_of(L=12, S=12, dtype="float16")
+    reference = spec_of(L=12, S=12)
+
+    def visit(p: Place) -> None:
+        p.twin(spec, p.attend(spec))
+        p.attend(reference)
+
+    list(sweep(spec, visit, rows=3))
+    assert len(calls) == 3 * 2 * 3  # three conversions of each of the six slices
+    assert len(set(calls)) == 2 * 6  # (slice, emulated or not); the two specs differ
