@@ -258,7 +258,7 @@ def save_grad_npz(grads: Gradients, path: str) -> None:
     write_atomic(path, write)
 
 
-# --- sdpa check -------------------------------------------------------------------------
+# --- sdpa inspect -----------------------------------------------------------------------
 
 
 def inspect_payload(results: Sequence[FileReport | Unreadable]) -> dict[str, Any]:
@@ -321,9 +321,13 @@ def _tensor_payload(t: TensorStats) -> dict[str, Any]:
     }
 
 
-def _nan_to_none(x: float) -> float | None:
-    """A statistic with no value (NaN) as ``null``."""
-    return None if math.isnan(x) else x
+def _nan_to_none(x: float) -> float | str | None:
+    """A statistic with no value (NaN) as ``null``; an infinite one (the mean of huge
+    finite values can overflow) as ``"Infinity"``, as everywhere in sdpa's JSON."""
+    return None if math.isnan(x) else json_number(x)
+
+
+# --- sdpa check -------------------------------------------------------------------------
 
 
 def check_payload(report: CheckReport, *, name: str | None = None) -> dict[str, Any]:

@@ -502,6 +502,21 @@ def test_cli_json_parses_and_carries_the_values(workdir: Path) -> None:
     assert (empty["size"], empty["min"], empty["std"]) == (0, None, None)
 
 
+def test_cli_json_of_finite_values_whose_mean_overflows(workdir: Path) -> None:
+    """Regression: the mean of huge finite float64 values is inf, which standard JSON
+    cannot hold; it was an internal error (exit 3), it is the string "Infinity"."""
+    a = np.array([1e308, 1e308, -1e308, 1.5e308])
+    np.save("big.npy", a)
+    result = invoke("inspect", "big.npy", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    t = strict_json(result.stdout)["files"][0]["tensors"][0]
+    with np.errstate(over="ignore"):
+        mean = float(np.sum(a) / a.size)
+    assert math.isinf(mean)
+    assert t["mean"] == "Infinity"
+    assert (t["min"], t["max"]) == (-1e308, 1.5e308)
+
+
 def test_cli_missing_file_is_one_error_line(workdir: Path) -> None:
     line = assert_one_error_line(invoke("inspect", "missing.npy"))
     assert line == "sdpa: error: missing.npy: no such file"
