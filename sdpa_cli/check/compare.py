@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.text import ceil_sig, percent
 
 F64 = NDArray[np.float64]
@@ -92,11 +93,6 @@ class Mismatch:
             d[key] = None if d[key] is None else list(d[key])
         d["fraction"] = self.fraction
         return d
-
-
-def argmax_index(a: NDArray[Any]) -> Index:
-    """The full index of ``a``'s largest element (of its first True, for a mask)."""
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(a)), a.shape))
 
 
 def _enough(t: float, passes: Callable[[float], NDArray[np.bool_]]) -> float:

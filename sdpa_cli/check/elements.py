@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.check.compare import Tolerance, argmax_index, compare, mismatch_summary
+from sdpa_cli.check.compare import Tolerance, compare, mismatch_summary
 from sdpa_cli.check.exports import merged_index
 from sdpa_cli.check.records import Check
 from sdpa_cli.engine.block import Block
+from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Index
 from sdpa_cli.text import plural

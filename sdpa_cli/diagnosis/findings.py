@@ -16,9 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
 from sdpa_cli.engine.stats import Index
 from sdpa_cli.text import finite_or_none
 
@@ -224,8 +221,3 @@ class Diagnosis:
 def index_list(at: Index | None) -> list[int] | None:
     """An index as JSON writes it: a list, or None."""
     return None if at is None else list(at)
-
-
-def first_index(flagged: NDArray[np.bool_]) -> Index:
-    """The full index of the first True of ``flagged``: where a finding points."""
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(flagged)), flagged.shape))

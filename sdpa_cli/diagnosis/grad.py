@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Thresholds, first_index
+from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Thresholds
 from sdpa_cli.diagnosis.rows import saturation_hint
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.grad import Gradients, norm
+from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.text import finite_or_none, format_index, plural
 
 F64 = NDArray[np.float64]
@@ -180,10 +181,10 @@ def _nonfinite(grads: Gradients) -> Iterator[Finding]:
             "gradient_nonfinite",
             "error",
             f"{LABEL[name]} has {plural(n, 'non-finite value')} ({nans} NaN, {n - nans} inf), "
-            f"first at {format_index(first_index(bad))}",
+            f"first at {format_index(argmax_index(bad))}",
             hint="a NaN or inf in Q, K, V, the bias or dO reaches every gradient it "
             "touches: see the forward findings for where it enters",
-            index=first_index(bad),
+            index=argmax_index(bad),
             stage=name,
             count=n,
         )

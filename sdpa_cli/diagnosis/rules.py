@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from sdpa_cli.diagnosis.findings import KINDS, Diagnosis, Finding, Thresholds, first_index
+from sdpa_cli.diagnosis.findings import KINDS, Diagnosis, Finding, Thresholds
 from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
 from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import STAGES
-from sdpa_cli.engine.records import finite_std
+from sdpa_cli.engine.records import argmax_index, finite_std
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.trace import Trace
@@ -96,7 +96,7 @@ def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
             for part in (f"{nans} NaN" if nans else "", f"{n - nans} inf" if n - nans else "")
             if part
         )
-        first = first_index(bad)
+        first = argmax_index(bad)
         yield Finding(
             "nonfinite",
             "error",

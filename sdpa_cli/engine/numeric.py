@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine.block import attend_block
 from sdpa_cli.engine.grad import OPERAND, Gradients, random_stream
+from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
 
 F64 = NDArray[np.float64]
@@ -151,4 +152,4 @@ def _loaded_index(spec: AttentionSpec, operand: str, shape: tuple[int, ...], idx
     marker = np.zeros(shape, np.bool_)
     marker[idx] = True
     loaded = spec.as_loaded(operand, marker)
-    return tuple(int(i) for i in np.unravel_index(int(np.argmax(loaded)), loaded.shape))
+    return argmax_index(loaded)

@@ -77,6 +77,12 @@ def largest(a: F64, base: Index) -> tuple[float, Index | None]:
     return float(a.flat[flat]), offset_index(base, np.unravel_index(flat, a.shape))
 
 
+def argmax_index(a: NDArray[Any]) -> Index:
+    """The full index of ``a``'s largest element (of its first True, for a mask): where
+    a finding, a mismatch or a probe points."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(a)), a.shape))
+
+
 def offset_index(base: Index, offset: tuple[Any, ...]) -> Index:
     """``base`` (…, i0, 0) shifted by a (row, col) offset."""
     return (*base[:-2], base[-2] + int(offset[0]), base[-1] + int(offset[1]))
