@@ -12,23 +12,21 @@ Stage names are the engine's, except ``dropped``, which is ``dropout`` here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from sdpa_cli.diagnosis.explained import Explanation, RowStats, StageExplained
 from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Thresholds
-from sdpa_cli.diagnosis.notes import CHANGED, slice_variance, stage_notes
-from sdpa_cli.diagnosis.notes import SlicePass as _SlicePass
+from sdpa_cli.diagnosis.notes import gather_slice, slice_variance, stage_notes
 from sdpa_cli.diagnosis.rows import RowClasses, classify_rows, row_flags
+from sdpa_cli.diagnosis.rules import nonfinite_values
 from sdpa_cli.diagnosis.scales import ScaleRun, compare_scales
 from sdpa_cli.diagnosis.scorecard import scorecard
-from sdpa_cli.engine.block import STAGES, Block, applicable_stages, attend_block, softmax
-from sdpa_cli.engine.driver import sweep
-from sdpa_cli.engine.records import Moments
+from sdpa_cli.engine.block import STAGES, Block, applicable_stages, attend_block
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index, Stats, working_formats
+from sdpa_cli.engine.stats import Stats, working_formats
+from sdpa_cli.engine.types import Index
 from sdpa_cli.text import format_index, plural
 
 NAMES = {"dropped": "dropout"}
@@ -47,48 +45,6 @@ def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
     return tuple(s for s in applicable_stages(spec) if s != "masked" or masks)
 
 
-def _slice_pass(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> _SlicePass:
-    """Every row of the slice at ``lead``, block by block; no score-sized array kept."""
-    gathered = _SlicePass(moments={s: Moments() for s in stages})
-    with np.errstate(invalid="ignore", over="ignore"):
-        # Every key of every row: the notes describe the stages over the whole slice.
-        for block in sweep(spec, lambda place: place.attend(spec), leads=[lead], keys="all"):
-            visible = block.attended
-            for s in stages:
-                values = getattr(block, s)
-                # The masked logits are described over the keys they let through.
-                gathered.moments[s].add(values, visible if s == "masked" else None)
-            gathered.cells += visible.size
-            gathered.hidden += int(visible.size - np.count_nonzero(visible))
-            gathered.visible_per_row += visible.sum(axis=1).tolist()
-            pre_mask = block.logits_before("masked")
-            gathered.hidden_nonfinite += int(np.count_nonzero(~visible & ~np.isfinite(pre_mask)))
-            mass = np.where(visible, 0.0, softmax(pre_mask)).sum(axis=1)
-            gathered.hidden_mass += mass.tolist()
-            if block.capped is not None:
-                moved = np.abs(block.capped - block.scaled) > CHANGED * np.abs(block.scaled)
-                gathered.capped_changed += int(np.count_nonzero(moved))
-            if block.biased is not None and spec.S:
-                before = block.logits_before("biased")
-                gathered.top_moved += int(
-                    np.count_nonzero(
-                        np.argmax(np.where(visible, before, -np.inf), axis=1)
-                        != np.argmax(np.where(visible, block.biased, -np.inf), axis=1)
-                    )
-                )
-            sums = block.weights.sum(axis=1)
-            has_keys = visible.any(axis=1) & np.isfinite(sums)
-            if has_keys.any():
-                err = float(np.abs(sums[has_keys] - 1.0).max())
-                gathered.row_sum_error = max(gathered.row_sum_error, err)
-            if block.dropped is not None:
-                live = block.weights > 0
-                gathered.dropped_zeroed += int(np.count_nonzero(live & (block.dropped == 0)))
-                gathered.dropped_kept += int(np.count_nonzero(live & (block.dropped != 0)))
-                gathered.dropped_sums.add(block.dropped.sum(axis=1), has_keys)
-    return gathered
-
-
 # --- findings in their place -------------------------------------------------------------------
 
 
@@ -103,10 +59,7 @@ def _in_slice(f: Finding, spec: AttentionSpec, lead: Index) -> bool:
     if f.kind == "nonfinite" and isinstance(tensor, str):
         arr = getattr(spec, tensor)
         part = np.asarray(arr[spec.operand_index(tensor, lead)], dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            if tensor in ("bias", "mask"):
-                return bool((np.isnan(part) | (part == math.inf)).any())
-            return bool((~np.isfinite(part)).any())
+        return bool(nonfinite_values(tensor, part).any())
     return f.index is None or tuple(f.index[: len(lead)]) == lead
 
 
@@ -160,7 +113,7 @@ def explain(
     """
     th = diagnosis.thresholds
     engine = explained_stages(spec)
-    gathered = _slice_pass(spec, lead, engine)
+    gathered = gather_slice(spec, lead, engine)
     variance = slice_variance(spec, lead, gathered)
     classes = classify_rows(stats, th, lead)
     notes = stage_notes(spec, gathered, stats, th, classes, lead, variance)

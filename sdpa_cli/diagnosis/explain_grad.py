@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from sdpa_cli.diagnosis.explained import Backward, StageExplained
 from sdpa_cli.diagnosis.findings import Finding
@@ -21,10 +20,8 @@ from sdpa_cli.diagnosis.stages import BACKWARD_STAGES, GRADIENT_STAGE
 from sdpa_cli.engine.grad import Gradients, backward_block
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index
-from sdpa_cli.text import plural, prose
-
-F64 = NDArray[np.float64]
+from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.text import plural, prose, sig
 
 
 def _span(values: F64) -> str:
@@ -184,7 +181,7 @@ def _d_scaled_note(spec: AttentionSpec, scaled: F64) -> str:
 
 def _d_query_note(spec: AttentionSpec, health: GradDiagnosis, lead: Index) -> str:
     o = spec.options
-    factor = spec.scale / o.temperature
+    factor = spec.factor
     sqrt_dk = (
         " The 1/√d_k that keeps the logits O(1) also keeps dQ and dK from growing with √d_k."
         if o.scale == "sqrt-dk"
@@ -194,7 +191,7 @@ def _d_query_note(spec: AttentionSpec, health: GradDiagnosis, lead: Index) -> st
     return (
         f"The scores' factor, {spec.scale_label}"
         + (f", ÷ temperature {o.temperature:g}" if o.temperature != 1 else "")
-        + f", multiplies their gradient too: dQ = dS · K · {factor:.4g}.{sqrt_dk} ‖dQ‖ of "
+        + f", multiplies their gradient too: dQ = dS · K · {sig(factor)}.{sqrt_dk} ‖dQ‖ of "
         f"this head: {prose(head_norm, 3)}."
     )
 
@@ -210,7 +207,7 @@ def _group(spec: AttentionSpec, lead: Index) -> str:
 def _d_key_note(spec: AttentionSpec, health: GradDiagnosis, lead: Index) -> str:
     """dK gathers every row's dS; the kv head's keys that get none."""
     kv = spec.operand_index("k", lead)
-    factor = spec.scale / spec.options.temperature
+    factor = spec.factor
     kv_head = next((h for h in health.kv_heads if h.index == kv), None)
     none_get = ""
     if kv_head is not None and (kv_head.hidden or kv_head.starved):
@@ -219,7 +216,7 @@ def _d_key_note(spec: AttentionSpec, health: GradDiagnosis, lead: Index) -> str:
             f"({kv_head.hidden} hidden from every query, {kv_head.starved} weighted 0 by all)."
         )
     return (
-        f"dK = dSᵀ · Q · {factor:.4g}: each key's gradient gathers every query row's dS "
+        f"dK = dSᵀ · Q · {sig(factor)}: each key's gradient gathers every query row's dS "
         f"(all {spec.L}, not only those shown){_group(spec, lead)}.{none_get}"
     )
 

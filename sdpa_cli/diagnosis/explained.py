@@ -20,9 +20,7 @@ from sdpa_cli.diagnosis.grad import GradDiagnosis
 from sdpa_cli.diagnosis.scales import ScaleRun
 from sdpa_cli.diagnosis.scorecard import Scorecard
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index
-
-F64 = NDArray[np.float64]
+from sdpa_cli.engine.types import F64, Index
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ and heads) and :mod:`sdpa_cli.diagnosis.grad` (gradients).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sdpa_cli.engine.stats import Index
+from sdpa_cli.engine.types import Index
 from sdpa_cli.text import finite_or_none
 
 KINDS = (
@@ -221,3 +221,30 @@ class Diagnosis:
 def index_list(at: Index | None) -> list[int] | None:
     """An index as JSON writes it: a list, or None."""
     return None if at is None else list(at)
+
+
+class Tally:
+    """Findings gathered kind by kind: each counted, listed in ``kinds`` order; a row
+    kind lists at most ``limit`` rows and counts them all."""
+
+    def __init__(self, kinds: Sequence[str]) -> None:
+        self._found: dict[str, list[Finding]] = {k: [] for k in kinds}
+        self._counts: dict[str, int] = {k: 0 for k in kinds}
+
+    def add(self, findings: Iterable[Finding]) -> None:
+        for f in findings:
+            self._counts[f.kind] += 1
+            self._found[f.kind].append(f)
+
+    def rows(self, kind: str, rows: Sequence[Finding], limit: int) -> None:
+        self._counts[kind] += len(rows)
+        self._found[kind].extend(rows[:limit])
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(f for found in self._found.values() for f in found)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The kinds found, with how many of each (listed or not)."""
+        return {k: n for k, n in self._counts.items() if n}

@@ -98,7 +98,7 @@ def _exp_overflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
                 "overflow",
                 severity_for(d, working),
                 f"exp without max-subtraction overflows {d}: {plural(rec.count, 'logit')} above "
-                f"log({sig(f.max)}) = {f.exp_limit:.4g} (largest {sig(rec.extreme)} at "
+                f"log({sig(f.max)}) = {sig(f.exp_limit)} (largest {sig(rec.extreme)} at "
                 f"{format_index(rec.extreme_at)})",
                 hint="a softmax that subtracts the row max first (every framework's) is safe; "
                 "a hand-written exp(x) / Σexp(x) is not",

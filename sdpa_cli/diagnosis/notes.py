@@ -9,6 +9,7 @@ slice's own numbers (:func:`slice_variance`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,10 +17,13 @@ import numpy as np
 from sdpa_cli.diagnosis.explained import Variance
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rows import RowClasses
+from sdpa_cli.engine.block import softmax
+from sdpa_cli.engine.driver import slice_blocks
 from sdpa_cli.engine.records import Moments, finite_std
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index, Stats
-from sdpa_cli.text import plural, prose, share
+from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.types import Index
+from sdpa_cli.text import plural, prose, share, sig
 
 CHANGED = 0.01
 """A soft-capped logit counts as changed when it moved by more than this fraction."""
@@ -41,6 +45,47 @@ class SlicePass:
     dropped_kept: int = 0
     dropped_sums: Moments = field(default_factory=Moments)
     row_sum_error: float = 0.0
+
+
+def gather_slice(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> SlicePass:
+    """Every row of the slice at ``lead``, block by block; no score-sized array kept."""
+    gathered = SlicePass(moments={s: Moments() for s in stages})
+    with np.errstate(invalid="ignore", over="ignore"):
+        for block in slice_blocks(spec, lead):
+            visible = block.attended
+            for s in stages:
+                values = getattr(block, s)
+                # The masked logits are described over the keys they let through.
+                gathered.moments[s].add(values, visible if s == "masked" else None)
+            gathered.cells += visible.size
+            gathered.hidden += int(visible.size - np.count_nonzero(visible))
+            gathered.visible_per_row += visible.sum(axis=1).tolist()
+            pre_mask = block.logits_before("masked")
+            gathered.hidden_nonfinite += int(np.count_nonzero(~visible & ~np.isfinite(pre_mask)))
+            mass = np.where(visible, 0.0, softmax(pre_mask)).sum(axis=1)
+            gathered.hidden_mass += mass.tolist()
+            if block.capped is not None:
+                moved = np.abs(block.capped - block.scaled) > CHANGED * np.abs(block.scaled)
+                gathered.capped_changed += int(np.count_nonzero(moved))
+            if block.biased is not None and spec.S:
+                before = block.logits_before("biased")
+                gathered.top_moved += int(
+                    np.count_nonzero(
+                        np.argmax(np.where(visible, before, -np.inf), axis=1)
+                        != np.argmax(np.where(visible, block.biased, -np.inf), axis=1)
+                    )
+                )
+            sums = block.weights.sum(axis=1)
+            has_keys = visible.any(axis=1) & np.isfinite(sums)
+            if has_keys.any():
+                err = float(np.abs(sums[has_keys] - 1.0).max())
+                gathered.row_sum_error = max(gathered.row_sum_error, err)
+            if block.dropped is not None:
+                live = block.weights > 0
+                gathered.dropped_zeroed += int(np.count_nonzero(live & (block.dropped == 0)))
+                gathered.dropped_kept += int(np.count_nonzero(live & (block.dropped != 0)))
+                gathered.dropped_sums.add(block.dropped.sum(axis=1), has_keys)
+    return gathered
 
 
 def _span(m: Moments) -> str:
@@ -65,7 +110,7 @@ def slice_variance(spec: AttentionSpec, lead: Index, gathered: SlicePass) -> Var
         return None
     sq = finite_std(spec.q[spec.operand_index("q", lead)])
     sk = finite_std(spec.k[spec.operand_index("k", lead)])
-    factor = spec.scale / spec.options.temperature
+    factor = spec.factor
     raw_std = raw.std if not spec.options.prescale else raw.std / factor
     return Variance(
         E=spec.E,
@@ -157,7 +202,7 @@ def _capped_note(spec: AttentionSpec, gathered: SlicePass) -> str:
     return (
         f"Soft cap C·tanh(x / C) with C = {cap:g}: {_change(m['scaled'], m['capped'])}; "
         f"{gathered.capped_changed:,} of {gathered.cells:,} logits moved by more "
-        f"than {CHANGED:.0%} (those beyond about ±{0.17 * cap:.3g}); nothing can "
+        f"than {CHANGED:.0%} (those beyond about ±{sig(0.17 * cap, 3)}); nothing can "
         f"pass ±{cap:g}."
     )
 
@@ -169,7 +214,7 @@ def _biased_note(spec: AttentionSpec, gathered: SlicePass, lead: Index) -> str:
         what.append(f"the bias {spec.names.get('bias', 'bias')}")
     if spec.options.alibi:
         h = lead[-1] if lead else 0
-        what.append(f"ALiBi (slope {float(spec.alibi_slopes[h]):.4g} × distance)")
+        what.append(f"ALiBi (slope {sig(float(spec.alibi_slopes[h]))} × distance)")
     before = m["capped"] if "capped" in m else m["scaled"]
     return (
         f"Added {' and '.join(what)}: {_change(before, m['biased'])}; the top key "
@@ -262,7 +307,7 @@ def _weights_note(
     weights = (
         "Softmax over each row: e^(x − row max) / Σ e^(x − row max), so every weight "
         f"is in [0, 1] and each row with a visible key sums to 1 (largest deviation "
-        f"{gathered.row_sum_error:.2g})."
+        f"{sig(gathered.row_sum_error, 2)})."
     )
     if rows_ok.any():
         mw = stats.max_weight[lead][rows_ok]
@@ -293,7 +338,7 @@ def _dropped_note(spec: AttentionSpec, gathered: SlicePass) -> str:
         f"Dropout p = {o.dropout:g} (seed {o.seed}): zeroed "
         f"{gathered.dropped_zeroed:,} of {kept:,} nonzero weights "
         f"({share(gathered.dropped_zeroed, kept)}); the kept ones × 1/(1 − p) = "
-        f"{1 / (1 - o.dropout):.4g}, so row sums now run {_span(gathered.dropped_sums)} "
+        f"{sig(1 / (1 - o.dropout))}, so row sums now run {_span(gathered.dropped_sums)} "
         "(1 only on average)."
     )
 

@@ -19,7 +19,8 @@ from numpy.typing import NDArray
 from sdpa_cli.diagnosis.findings import Finding, HeadSummary, Thresholds
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import F64, Index, Stats
+from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.text import format_index, plural, sig
 
 LOST_MASS = 1e-3
@@ -154,7 +155,7 @@ def _underflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
                 "underflow",
                 "warning" if serious else "info",
                 f"row {format_index(idx)}: {plural(int(counts[idx]), 'weight')} "
-                f"(together {lost:.3g}) flush to zero in {d} (below {sig(f.tiny / 2)})",
+                f"(together {sig(lost, 3)}) flush to zero in {d} (below {sig(f.tiny / 2)})",
                 hint="harmless when the lost weight is tiny; otherwise keep the weights in "
                 "float32 or bfloat16",
                 index=idx,
@@ -165,14 +166,19 @@ def _underflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
             )
 
 
+def scale_looks_omitted(spec: AttentionSpec) -> bool:
+    """The effective scale is closer, in log, to 1 than to 1/√d_k: the mark of a
+    1/√d_k left out."""
+    return spec.E > 1 and spec.factor > spec.E**-0.25
+
+
 def saturation_hint(spec: AttentionSpec) -> str:
     """Why a row saturates: the scale when it looks like 1/√d_k was left out, the
     logits' gaps otherwise."""
-    factor = spec.scale / spec.options.temperature
-    if spec.E > 1 and factor > spec.E**-0.25:
+    if scale_looks_omitted(spec):
         return (
             f"the scale is {spec.scale_label}: was 1/√d_k (1/√{spec.E} = "
-            f"{1 / math.sqrt(spec.E):.4g}) applied? Without it the logits' spread grows "
+            f"{sig(1 / math.sqrt(spec.E))}) applied? Without it the logits' spread grows "
             "with √d_k and the softmax saturates"
         )
     return (

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from sdpa_cli.diagnosis.findings import KINDS, Diagnosis, Finding, Thresholds
+from sdpa_cli.diagnosis.findings import KINDS, Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
-from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings
+from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings, scale_looks_omitted
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import STAGES
 from sdpa_cli.engine.records import argmax_index, finite_std
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.trace import Trace
-from sdpa_cli.text import format_index
+from sdpa_cli.text import format_index, sig
 
 
 def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Diagnosis:
@@ -32,32 +34,18 @@ def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Dia
     stats = source if isinstance(source, Stats) else source.stats
     spec = stats.spec
     working = working_formats(spec)
-    found: dict[str, list[Finding]] = {k: [] for k in KINDS}
-    counts: dict[str, int] = {k: 0 for k in KINDS}
-
-    def add(f: Finding, n: int = 1) -> None:
-        counts[f.kind] += n
-        found[f.kind].append(f)
-
-    for f in _nonfinite(spec, stats):
-        add(f)
-    for f in overflow(spec, stats, working):
-        add(f)
+    tally = Tally(KINDS)
+    tally.add(_nonfinite(spec, stats))
+    tally.add(overflow(spec, stats, working))
     heads = head_summaries(stats, th)
     for kind, rows in row_findings(spec, stats, th, working):
-        counts[kind] += len(rows)
-        found[kind].extend(rows[: th.max_findings])
-    for f in _mask_suspect(spec, stats):
-        add(f)
-    for f in _unscaled(spec, stats):
-        add(f)
-    for f in head_findings(heads, th):
-        add(f)
-
-    ordered = tuple(f for k in KINDS for f in found[k])
+        tally.rows(kind, rows, th.max_findings)
+    tally.add(_mask_suspect(spec, stats))
+    tally.add(_unscaled(spec, stats))
+    tally.add(head_findings(heads, th))
     return Diagnosis(
-        findings=ordered,
-        counts={k: n for k, n in counts.items() if n},
+        findings=tally.findings,
+        counts=tally.counts,
         heads=heads,
         headroom=headroom(stats),
         emulation=emulation(spec, stats),
@@ -76,6 +64,15 @@ def _nonfinite(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     yield from _nonfinite_stages(stats, bad_input=bool(inputs))
 
 
+def nonfinite_values(name: str, a: NDArray[Any]) -> NDArray[np.bool_]:
+    """Where input ``name`` holds a value no score can be computed from: NaN or inf,
+    but not −inf in a bias or float mask, a legitimate way to hide keys."""
+    with np.errstate(invalid="ignore"):
+        if name in ("bias", "mask"):
+            return np.isnan(a) | (a == math.inf)  # type: ignore[no-any-return]
+        return ~np.isfinite(a)  # type: ignore[no-any-return]
+
+
 def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
     """Each input tensor holding NaN or inf (−inf in a bias or float mask hides keys)."""
     for name in ("q", "k", "v", "bias", "mask"):
@@ -83,9 +80,7 @@ def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
         if arr is None or not precision.is_float(arr.dtype):
             continue
         a = spec.as_loaded(name)
-        with np.errstate(invalid="ignore"):
-            # −inf is a legitimate way to hide keys in a bias or float mask.
-            bad = np.isnan(a) | (a == math.inf) if name in ("bias", "mask") else ~np.isfinite(a)
+        bad = nonfinite_values(name, a)
         n = int(np.count_nonzero(bad))
         if not n:
             continue
@@ -156,13 +151,13 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     raw_std = stats.raw_std
     if E < 2 or not math.isfinite(raw_std) or raw_std == 0:
         return
-    factor = spec.scale / spec.options.temperature
+    factor = spec.factor
     logit_std = raw_std * factor
     sq, sk = finite_std(spec.q), finite_std(spec.k)
     predicted = math.sqrt(E) * sq * sk
     numbers = (
-        f"std of QKᵀ {raw_std:.4g} (√d_k·σ_q·σ_k = √{E}·{sq:.3g}·{sk:.3g} = {predicted:.4g}); "
-        f"effective scale {factor:.4g}, so the logits' std is {logit_std:.4g}"
+        f"std of QKᵀ {sig(raw_std)} (√d_k·σ_q·σ_k = √{E}·{sig(sq, 3)}·{sig(sk, 3)} = {sig(predicted)}); "
+        f"effective scale {sig(factor)}, so the logits' std is {sig(logit_std)}"
     )
     proper = raw_std / math.sqrt(E)
     details = {
@@ -175,12 +170,12 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         "logit_std_with_sqrt_dk": proper,
     }
     # Closer (in log) to 1 than to 1/√d_k, and the logits spread enough to saturate.
-    if factor > E**-0.25 and logit_std > 2:
+    if scale_looks_omitted(spec) and logit_std > 2:
         yield Finding(
             "unscaled",
             "warning",
-            f"1/√d_k looks omitted: {numbers}; with 1/√{E} it would be {proper:.4g}",
-            hint=f"divide the scores by √d_k = {math.sqrt(E):.4g} (--scale sqrt-dk)",
+            f"1/√d_k looks omitted: {numbers}; with 1/√{E} it would be {sig(proper)}",
+            hint=f"divide the scores by √d_k = {sig(math.sqrt(E))} (--scale sqrt-dk)",
             stage="scaled",
             details=details,
         )
@@ -189,7 +184,7 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         yield Finding(
             "unscaled",
             "warning",
-            f"1/√d_k looks applied twice: {numbers}; with 1/√{E} once it would be {proper:.4g}",
+            f"1/√d_k looks applied twice: {numbers}; with 1/√{E} once it would be {sig(proper)}",
             hint="the scores were divided by d_k (or scaled before export and again here); "
             "use --scale sqrt-dk once, or --scale none for pre-scaled Q",
             stage="scaled",

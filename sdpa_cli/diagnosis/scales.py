@@ -9,18 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rows import classify_rows
 from sdpa_cli.engine.block import attend_block
-from sdpa_cli.engine.driver import sweep
+from sdpa_cli.engine.driver import slice_blocks
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index, Stats
-
-F64 = NDArray[np.float64]
+from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.text import sig
 
 SCALE_RULES = (("none", "none (×1)"), ("sqrt-dk", "1/√d_k"), ("dk", "1/d_k"))
 
@@ -74,7 +71,7 @@ def _scale_run(
     # The row statistics and rules of the findings, gathered over this slice only.
     stats = Stats.empty(run)
     logits = Moments()
-    for block in sweep(run, lambda place: place.attend(run), leads=[lead], keys="all"):
+    for block in slice_blocks(run, lead):
         stats.observe(block, block)
         logits.add(block.logits_before("masked"), block.attended)
     shown = attend_block(run, lead, slice(rows.start, rows.stop)).weights
@@ -95,7 +92,7 @@ def _scale_run(
     return ScaleRun(
         rule=rule,
         label=label,
-        factor=run.scale / run.options.temperature,
+        factor=run.factor,
         weights=shown,
         max_weight=stats.max_weight[lead][picked],
         normalized_entropy=classes.normalized[picked],
@@ -119,10 +116,10 @@ def compare_scales(
     for rule, name in SCALE_RULES:
         current = o.scale == rule
         matched |= current
-        label = name if rule == "none" else f"{name} = {spec.with_scale(rule).scale:.4g}"
+        label = name if rule == "none" else f"{name} = {sig(spec.with_scale(rule).scale)}"
         runs.append(_scale_run(spec, lead, rows, th, rule, label, current))
     if not matched:
-        runs.append(_scale_run(spec, lead, rows, th, o.scale, f"this run: {spec.scale:.4g}", True))
+        runs.append(_scale_run(spec, lead, rows, th, o.scale, f"this run: {sig(spec.scale)}", True))
     balanced = [r.label.split(" =")[0] for r in runs if r.verdict.startswith("balanced")]
     default = runs[1]
     if not default.rows:
@@ -134,6 +131,6 @@ def compare_scales(
     if not default.verdict.startswith("balanced"):
         conclusion += (
             f"; the standard 1/√d_k is {default.verdict.split(':')[0]} here (logit std "
-            f"{default.logit_std:.4g})"
+            f"{sig(default.logit_std)})"
         )
     return tuple(runs), conclusion + "."

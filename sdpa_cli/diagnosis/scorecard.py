@@ -11,14 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import attend_block
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index
-
-F64 = NDArray[np.float64]
+from sdpa_cli.engine.types import F64, Index
 
 TERMS_UP_TO = 4
 """Dot products are written out term by term up to this key dim."""

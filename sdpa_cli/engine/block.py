@@ -29,8 +29,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import masks, precision
 from sdpa_cli.engine.spec import AttentionSpec
-
-F64 = NDArray[np.float64]
+from sdpa_cli.engine.types import F64
 
 STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "output")
 """Every stage, in the order of computation."""
@@ -336,7 +335,7 @@ def attend_block(
 
 def _scores(spec: AttentionSpec, ar: Arithmetic, q: F64, k: F64) -> tuple[F64, F64]:
     """The raw scores Q Kᵀ and the scaled scores (raw · scale / temperature)."""
-    factor = spec.scale / spec.options.temperature
+    factor = spec.factor
     if spec.options.prescale:
         # Q and K each scaled by √scale first (ONNX's reference does this against
         # overflow): the raw product is already the scaled logits.

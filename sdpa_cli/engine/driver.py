@@ -23,9 +23,9 @@ import numpy as np
 
 from sdpa_cli.engine.block import Block, Operands, attend_block, full_keys, key_range, operands
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.types import Index
 
 T = TypeVar("T")
-Index = tuple[int, ...]
 
 BLOCK_ELEMENTS = 1 << 19
 """Scores per block (rows × keys): 4 MiB of float64 (2 MiB of float32) per stage array."""
@@ -178,3 +178,9 @@ def sweep(
         finally:
             for _, future in pending:
                 future.cancel()
+
+
+def slice_blocks(spec: AttentionSpec, lead: Index) -> Iterator[Block]:
+    """Every block of the slice at ``lead``, every key of it, in order: for what
+    describes a whole slice (``explain``'s notes, the scale comparison)."""
+    return sweep(spec, lambda place: place.attend(spec), leads=[lead], keys="all")

@@ -14,15 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from sdpa_cli.engine.block import attend_block
 from sdpa_cli.engine.grad import OPERAND, Gradients, random_stream
 from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
-
-F64 = NDArray[np.float64]
-Index = tuple[int, ...]
+from sdpa_cli.engine.types import F64, Index
 
 
 @dataclass(frozen=True)

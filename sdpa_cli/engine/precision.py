@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-F64 = NDArray[np.float64]
+from sdpa_cli.engine.types import F64
 
 FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 """Every format ``--dtype`` can emulate, widest first."""

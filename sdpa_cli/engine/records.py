@@ -16,9 +16,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine.block import applicable_stages
 from sdpa_cli.engine.spec import AttentionSpec
-
-F64 = NDArray[np.float64]
-Index = tuple[int, ...]
+from sdpa_cli.engine.types import F64, Index
 
 OVERFLOW_STAGES = ("raw", "scaled", "masked", "output")
 """Stages checked for overflow: QKᵀ as many kernels store it, the logits, the output."""

@@ -72,6 +72,11 @@ class AttentionSpec:
         return alibi_slopes(self.H)
 
     @property
+    def factor(self) -> float:
+        """What multiplies Q Kᵀ: the scale over the temperature."""
+        return self.scale / self.options.temperature
+
+    @property
     def H(self) -> int:
         """Query heads: the last leading axis (1 when there is none)."""
         return self.lead[-1] if self.lead else 1

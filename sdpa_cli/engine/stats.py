@@ -26,9 +26,7 @@ from sdpa_cli.engine.records import (
     product_moments,
 )
 from sdpa_cli.engine.spec import AttentionSpec
-
-F64 = NDArray[np.float64]
-Index = tuple[int, ...]
+from sdpa_cli.engine.types import F64, Index
 
 
 class _Extremes:
@@ -136,7 +134,7 @@ class Stats:
         k = np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64)
         if emulate and o.emulated:
             q, k = precision.round_to(q, o.dtype), precision.round_to(k, o.dtype)
-        self.moments.merge(product_moments(q, k, spec.scale / o.temperature))
+        self.moments.merge(product_moments(q, k, spec.factor))
 
     def add_all_moments(self) -> None:
         """Every slice's score moments, as the float64 reference computes them."""
@@ -161,7 +159,7 @@ class Stats:
         ref_ext = ext if reference is block else _Extremes()
         spec = self.spec
         if native_dtype(spec) is not None and not spec.options.prescale and block.raw.size:
-            factor = spec.scale / spec.options.temperature
+            factor = spec.factor
             if not (math.isnan(factor) or math.isinf(factor)):
                 for e, b in ((ext, block), (ref_ext, reference)):
                     e.scaled_from(b, factor, None if b.all_visible else b.visible)
@@ -405,7 +403,7 @@ class Stats:
     @property
     def raw_std(self) -> float:
         """The observed standard deviation of Q Kᵀ (from the scaled logits / scale)."""
-        factor = self.spec.scale / self.spec.options.temperature
+        factor = self.spec.factor
         return self.moments.std / factor
 
 

@@ -911,3 +911,14 @@ def test_help_lists_grad_and_grad_has_an_example() -> None:
     for option in ("--dout", "--check-numeric", "--samples", "--tolerance", "--vanishing"):
         assert option in text
     assert "Exit codes:" in text
+
+
+def test_explain_backward_writes_an_infinite_norm_as_the_forward_notes_do(workdir: Path) -> None:
+    """One way to write an infinite number in prose (text.prose): ``∞``, as the forward
+    notes write it (the backward notes printed ``inf`` before they shared it)."""
+    np.save("q.npy", np.array([[1e-308]]))
+    np.save("k.npy", np.array([[1e308], [-1e308]]))
+    np.save("v.npy", np.array([[10.0], [-10.0]]))
+    data = explain_json("q.npy", "k.npy", "v.npy", "--scale", "none", "--backward")
+    assert data["backward"]["norms"]["dq"] is None  # JSON holds no infinity: null
+    assert backward_stages(data)["d_query"]["note"].endswith("‖dQ‖ of this head: ∞.")

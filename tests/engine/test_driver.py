@@ -114,16 +114,16 @@ def test_each_slice_is_converted_once_per_spec_however_many_blocks_read_it(
 ) -> None:
     """A check reads each slice as the reference, the emulated run and its float64 twin:
     each conversion is made once per slice, not once per block."""
-    import sdpa_cli.engine.driver as driver
+    from sdpa_cli.engine import block
 
     calls: list[tuple[tuple[int, ...], bool]] = []
-    real = driver.operands
+    real = block.operands
 
     def counted(spec: AttentionSpec, lead: tuple[int, ...], emulate: bool = True) -> object:
         calls.append((lead, emulate))
         return real(spec, lead, emulate)
 
-    monkeypatch.setattr(driver, "operands", counted)
+    monkeypatch.setattr("sdpa_cli.engine.driver.operands", counted)
     spec = spec_of(L=12, S=12, dtype="float16")
     reference = spec_of(L=12, S=12)
 
@@ -134,3 +134,13 @@ def test_each_slice_is_converted_once_per_spec_however_many_blocks_read_it(
     list(sweep(spec, visit, rows=3))
     assert len(calls) == 3 * 2 * 3  # three conversions of each of the six slices
     assert len(set(calls)) == 2 * 6  # (slice, emulated or not); the two specs differ
+
+
+def test_slice_blocks_are_every_row_of_one_slice_with_every_key() -> None:
+    from sdpa_cli.engine.driver import slice_blocks
+
+    spec = spec_of(L=9, S=9, causal=True)
+    blocks = list(slice_blocks(spec, (1, 2)))
+    assert {b.lead_index for b in blocks} == {(1, 2)}
+    assert sum(b.rows.stop - b.rows.start for b in blocks) == 9
+    assert all((b.keys.start, b.keys.stop) == (0, 9) for b in blocks)
