@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
+import yaml
 from numpy.typing import NDArray
 
 from sdpa_cli._version import __version__
-from sdpa_cli.check.records import Check, CheckReport, failure_lines
+from sdpa_cli.check.records import CaseResult, Check, CheckReport, failure_lines
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
 from sdpa_cli.engine.block import STAGES, applicable_stages
@@ -29,7 +30,6 @@ from sdpa_cli.files.writers import write_atomic
 from sdpa_cli.text import json_number
 
 if TYPE_CHECKING:
-    from sdpa_cli.check.manifest import CaseResult
     from sdpa_cli.diagnosis.explained import Explanation
     from sdpa_cli.diagnosis.grad import GradDiagnosis
     from sdpa_cli.engine.grad import Gradients
@@ -189,8 +189,6 @@ def to_json(data: dict[str, Any]) -> str:
 
 
 def to_yaml(data: dict[str, Any]) -> str:
-    import yaml  # imported here: a JSON run never pays for yaml
-
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
 
 

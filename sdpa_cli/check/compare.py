@@ -17,10 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine.records import argmax_index
-from sdpa_cli.text import ceil_sig, percent
-
-F64 = NDArray[np.float64]
-Index = tuple[int, ...]
+from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.text import ceil_sig, format_index, percent, sig
 
 DTYPE_TOLERANCES: Mapping[str, tuple[float, float]] = {
     # (rtol, atol). float16 and bfloat16: the floors of PyTorch's own SDPA kernel tests
@@ -291,23 +289,21 @@ def measured_tolerance(reference: F64, naive: F64, export_dtype: str, fudge: flo
     rtol = fudge * max(float(rel.max(initial=0.0)), rtol0)
     if rtol > 1e30:
         rtol = rtol0
-    return Tolerance(rtol, atol, f"measured ×{fudge:g} (naive {export_dtype})")
+    return Tolerance(rtol, atol, f"measured ×{sig(fudge, 6)} (naive {export_dtype})")
 
 
 def mismatch_summary(m: Mismatch, tol: Tolerance) -> str:
     """``37 of 4,096 (0.90%) beyond rtol 0.001, atol 0.001; greatest |Δ| 0.0125``."""
     head = f"{m.mismatched:,} of {m.total:,} ({percent(m.fraction)})"
     if not m.mismatched:
-        return f"all {m.total:,} within rtol {tol.rtol:g}, atol {tol.atol:g} (greatest |Δ| {m.max_abs:.3g})"
+        return f"all {m.total:,} within rtol {sig(tol.rtol, 6)}, atol {sig(tol.atol, 6)} (greatest |Δ| {sig(m.max_abs, 3)})"
     extra = []
     if m.nan_mismatches:
         extra.append(f"{m.nan_mismatches:,} NaN")
     if m.inf_mismatches:
         extra.append(f"{m.inf_mismatches:,} inf")
     kinds = f" ({', '.join(extra)})" if extra else ""
-    return (
-        f"{head}{kinds} beyond rtol {tol.rtol:g}, atol {tol.atol:g}; greatest |Δ| {m.max_abs:.3g}"
-    )
+    return f"{head}{kinds} beyond rtol {sig(tol.rtol, 6)}, atol {sig(tol.atol, 6)}; greatest |Δ| {sig(m.max_abs, 3)}"
 
 
 def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
@@ -315,27 +311,29 @@ def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
     lines = [
         f"mismatched elements: {m.mismatched:,} / {m.total:,} ({percent(m.fraction)})",
         f"NaN mismatches: {m.nan_mismatches:,} · inf mismatches: {m.inf_mismatches:,}",
-        f"greatest absolute difference: {m.max_abs:.6g} at index {_at(m.max_abs_at)}",
-        f"greatest relative difference: {m.max_rel:.6g} at index {_at(m.max_rel_at)}",
+        f"greatest absolute difference: {sig(m.max_abs, 6)} at index {_at(m.max_abs_at)}",
+        f"greatest relative difference: {sig(m.max_rel, 6)} at index {_at(m.max_rel_at)}",
     ]
     if m.worst_at is not None:
+        assert m.worst_actual is not None
+        assert m.worst_reference is not None
         lines.append(
-            f"worst element: index {list(m.worst_at)}: got {m.worst_actual:.8g}, "
-            f"reference {m.worst_reference:.8g}"
+            f"worst element: index {format_index(m.worst_at)}: got {sig(m.worst_actual, 8)}, "
+            f"reference {sig(m.worst_reference, 8)}"
         )
     if tol is not None:
-        lines.append(f"tolerance: rtol {tol.rtol:g}, atol {tol.atol:g} ({tol.source})")
+        lines.append(f"tolerance: rtol {sig(tol.rtol, 6)}, atol {sig(tol.atol, 6)} ({tol.source})")
         if m.mismatched:
             if m.passing_atol is None:
                 lines.append("would pass with: no tolerance (non-finite mismatches)")
             else:
                 rtol_text = "none" if m.passing_rtol is None else ceil_sig(m.passing_rtol)
                 lines.append(
-                    f"would pass with: atol ≥ {ceil_sig(m.passing_atol)} (rtol {tol.rtol:g}) "
-                    f"or rtol ≥ {rtol_text} (atol {tol.atol:g})"
+                    f"would pass with: atol ≥ {ceil_sig(m.passing_atol)} (rtol {sig(tol.rtol, 6)}) "
+                    f"or rtol ≥ {rtol_text} (atol {sig(tol.atol, 6)})"
                 )
     return lines
 
 
 def _at(at: Index | None) -> str:
-    return "-" if at is None else str(list(at))
+    return "-" if at is None else format_index(at)

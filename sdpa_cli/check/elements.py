@@ -17,10 +17,8 @@ from sdpa_cli.check.records import Check
 from sdpa_cli.engine.block import Block
 from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index
-from sdpa_cli.text import plural
-
-F64 = NDArray[np.float64]
+from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.text import format_index, plural, sig
 
 
 def finite_check(name: str, values: F64, label: str) -> Check:
@@ -33,7 +31,7 @@ def finite_check(name: str, values: F64, label: str) -> Check:
     return Check(
         f"{name}.finite",
         "fail",
-        f"{n:,} of {values.size:,} not finite ({nan:,} NaN, {n - nan:,} inf); first at {list(at)}",
+        f"{n:,} of {values.size:,} not finite ({nan:,} NaN, {n - nan:,} inf); first at {format_index(at)}",
         index=at,
         file=label,
         details={"nonfinite": n, "nan": nan, "inf": n - nan},
@@ -66,7 +64,7 @@ def weights_range(w: F64, tol: Tolerance, label: str) -> Check:
     return Check(
         "weights.range",
         "fail",
-        f"{n:,} of {w.size:,} outside [0, 1]; first {w[at]:.6g} at {list(at)}",
+        f"{n:,} of {w.size:,} outside [0, 1]; first {sig(w[at], 6)} at {format_index(at)}",
         index=at,
         file=label,
         details={"outside": n, "first_value": float(w[at])},
@@ -95,22 +93,22 @@ def weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str)
     if not n:
         empty = n_rows - int(any_support.sum())
         largest = float(off[np.isfinite(off)].max(initial=0.0))
-        summary = f"all {n_rows:,} rows sum to 1 (largest |Σ − 1| {largest:.3g})"
+        summary = f"all {n_rows:,} rows sum to 1 (largest |Σ − 1| {sig(largest, 3)})"
         if empty:
             summary = (
-                f"{n_rows - empty:,} rows sum to 1 (largest |Σ − 1| {largest:.3g}); "
+                f"{n_rows - empty:,} rows sum to 1 (largest |Σ − 1| {sig(largest, 3)}); "
                 f"{empty:,} with no key to attend to sum to 0"
             )
         return Check("weights.rows", "pass", summary, file=label)
     row = argmax_index(bad)
     if bad_sum[row]:
-        what = f"sums to {sums[row]:.6g}, not {target[row]:g}"
+        what = f"sums to {sig(sums[row], 6)}, not {sig(target[row], 6)}"
     else:
-        what = f"puts {leaked[row]:.3g} on hidden keys"
+        what = f"puts {sig(leaked[row], 3)} on hidden keys"
     return Check(
         "weights.rows",
         "fail",
-        f"{n:,} of {n_rows:,} rows off: row {list(row)} {what}",
+        f"{n:,} of {n_rows:,} rows off: row {format_index(row)} {what}",
         index=row,
         file=label,
         details={
@@ -236,7 +234,8 @@ def output_range(
         "output.range",
         "fail",
         f"{n:,} of {out.size:,} outside V's range over the visible keys; "
-        f"{first_value:.6g} at {list(at)} is outside [{bounds[0]:.6g}, {bounds[1]:.6g}]",
+        f"{sig(first_value, 6)} at {format_index(at)} is outside "
+        f"[{sig(bounds[0], 6)}, {sig(bounds[1], 6)}]",
         index=at,
         file=label,
         details={"outside": n, "first_value": first_value, "range": list(bounds)},

@@ -15,15 +15,14 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.records import Expected
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.block import Block, softmax
+from sdpa_cli.engine.block import Block
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.stats import Index, input_dtypes
+from sdpa_cli.engine.stats import input_dtypes
 from sdpa_cli.engine.trace import Trace, merge_heads
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.loaders import load_array
 from sdpa_cli.text import printable
-
-F64 = NDArray[np.float64]
 
 RUN_STAGES = ("masked", "weights", "output")
 """The stages a check compares against: the LSE comes from the masked logits."""
@@ -141,12 +140,6 @@ def softmax_lse(masked: NDArray[Any], weights: NDArray[Any]) -> F64:
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = s_top - np.log(w_top)
     return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
-
-
-def logsumexp(masked: F64) -> F64:
-    """``log Σ_j exp(logit_j)`` per row (the engine's softmax, max-subtracted); −inf
-    for a row with no visible key (every logit −inf)."""
-    return softmax_lse(masked, softmax(np.asarray(masked, dtype=np.float64)))
 
 
 def block_lse(block: Block) -> F64:

@@ -12,7 +12,7 @@ from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES, Diagnosis, Finding
 from sdpa_cli.text import plural
 
 
-def gate(settings: CheckSettings, has_expectations: bool) -> tuple[tuple[str, ...], bool]:
+def gated_kinds(settings: CheckSettings, has_expectations: bool) -> tuple[tuple[str, ...], bool]:
     """The gated kinds, and whether overflow counts only in the run's own formats."""
     if settings.fail_on is not None:
         return settings.fail_on, False

@@ -9,9 +9,6 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
 from sdpa_cli.check.compare import compare, measured_tolerance
 from sdpa_cli.check.exports import (
     RUN_STAGES,
@@ -24,10 +21,10 @@ from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.engine.spec import AttentionSpec, scale_factor
 from sdpa_cli.engine.trace import Trace, trace
+from sdpa_cli.engine.types import F64
+from sdpa_cli.text import sig
 
-F64 = NDArray[np.float64]
-
-SUSPECT_LIMIT = 1 << 22
+_SUSPECT_LIMIT = 1 << 22
 """Scores in a case above which a failed comparison is not re-tried under other options."""
 
 
@@ -65,7 +62,10 @@ def with_hints(
 ) -> list[Check]:
     """A hint on each failed comparison that one changed option would pass, or that
     the measured tolerance (the naive low-precision error) would. Each alternative is
-    computed once, for every failed comparison."""
+    computed once, for every failed comparison; a case of more than
+    :data:`_SUSPECT_LIMIT` scores gets none."""
+    if math.prod(spec.weights_shape) > _SUSPECT_LIMIT:
+        return checks
     failing = {
         c.name.removesuffix(".close"): c
         for c in checks
@@ -132,8 +132,8 @@ def _tolerance_hints(
         tol = measured_tolerance(ref[name], naive_values, export, settings.fudge)
         if not compare(fitted[name].values, ref[name], tol.rtol, tol.atol).mismatched:
             hints[name] = (
-                f"it passes --tolerance measured (rtol {tol.rtol:.3g}, atol {tol.atol:.3g}): "
-                f"no worse than the naive {export} computation ×{settings.fudge:g}, "
+                f"it passes --tolerance measured (rtol {sig(tol.rtol, 3)}, atol {sig(tol.atol, 3)}): "
+                f"no worse than the naive {export} computation ×{sig(settings.fudge, 6)}, "
                 "as PyTorch's kernel tests judge"
             )
     return hints

@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from sdpa_cli.check.exports import load_expected
-from sdpa_cli.check.records import CheckReport
+from sdpa_cli.check.records import CaseResult
 from sdpa_cli.check.run import run_checks
-from sdpa_cli.check.settings import CHECK_NAMES, CheckSettings, check_values, merge_check_settings
-from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.check.settings import CHECK_NAMES, Overrides, check_values, merge_check_settings
 from sdpa_cli.engine.inputs import load_spec
 from sdpa_cli.engine.options import OPTION_NAMES
 from sdpa_cli.errors import InputError, SdpaError
@@ -54,20 +53,6 @@ class ManifestCase:
     options: Mapping[str, Any] = field(default_factory=dict)
     where: Mapping[str, str] = field(default_factory=dict)
     check: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    """A case's report, or the one-line reason it could not be checked."""
-
-    name: str
-    report: CheckReport | None = None
-    error: str | None = None
-    internal: bool = False
-
-    @property
-    def passed(self) -> bool:
-        return self.report is not None and self.report.passed
 
 
 def _entries(
@@ -163,29 +148,13 @@ def load_manifest(path: str) -> list[ManifestCase]:
     return cases
 
 
-@dataclass(frozen=True)
-class Overrides:
-    """What the command line adds to every case: the config file's check settings
-    (under the case's), and flags (over them)."""
-
-    config: Mapping[str, Any] = field(default_factory=dict)
-    check_flags: Mapping[str, Any] = field(default_factory=dict)
-    option_flags: Mapping[str, Any] = field(default_factory=dict)
-    thresholds: Thresholds = field(default_factory=Thresholds)
-
-
-def case_settings(case: ManifestCase, over: Overrides) -> dict[str, Any]:
-    """A case's check settings: the config file's, the manifest's, the flags'."""
-    return merge_check_settings(over.config, case.check, over.check_flags)
-
-
 def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
     """Load, compute and judge one case; never raises for a bad case."""
     try:
         flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}
         where = {k: w for k, w in case.where.items() if over.option_flags.get(k) is None}
         spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where)
-        settings = CheckSettings(**case_settings(case, over))
+        settings = over.settings(case.check)
         expected = load_expected(case.expect)
         return CaseResult(case.name, run_checks(spec, expected, settings, over.thresholds))
     except SdpaError as exc:

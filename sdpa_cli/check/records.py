@@ -1,6 +1,7 @@
 """The records of ``sdpa check``: an export (:class:`Expected`), one check's verdict
-(:class:`Check`) and its text in full (:func:`failure_lines`), and everything
-concluded about one case (:class:`CheckReport`)."""
+(:class:`Check`) and its text in full (:func:`failure_lines`), everything
+concluded about one case (:class:`CheckReport`), and a named case's report or the
+reason it has none (:class:`CaseResult`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import Mismatch, Tolerance, mismatch_lines
 from sdpa_cli.diagnosis.findings import Diagnosis
-from sdpa_cli.engine.stats import Index
-from sdpa_cli.text import plural
+from sdpa_cli.engine.types import Index
+from sdpa_cli.text import format_index, plural
 
 TENSORS = ("output", "weights", "lse")
 """What an export may hold: the output, the attention weights, the logsumexp per row."""
@@ -90,7 +91,7 @@ def failure_lines(check: Check) -> list[str]:
     else:
         lines.append(check.summary)
         if check.index is not None:
-            lines.append(f"index: {list(check.index)}")
+            lines.append(f"index: {format_index(check.index)}")
     if check.hint:
         lines.append(f"hint: {check.hint}")
     return lines
@@ -114,3 +115,17 @@ class CheckReport:
     @property
     def failed(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.passed)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """A case's report, or the one-line reason it could not be checked."""
+
+    name: str
+    report: CheckReport | None = None
+    error: str | None = None
+    internal: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.report is not None and self.report.passed

@@ -41,8 +41,8 @@ from sdpa_cli.check.exports import (
     fit_expected,
     tensor_values,
 )
-from sdpa_cli.check.gate import finding_checks, gate
-from sdpa_cli.check.hints import SUSPECT_LIMIT, with_hints
+from sdpa_cli.check.gate import finding_checks, gated_kinds
+from sdpa_cli.check.hints import with_hints
 from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
@@ -52,11 +52,9 @@ from sdpa_cli.engine.driver import Place, Progress, sweep
 from sdpa_cli.engine.records import Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
-from sdpa_cli.engine.trace import Trace, merge_heads, trace
+from sdpa_cli.engine.trace import Trace, merge_heads, split_heads_of_output, trace
+from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import SpecError
-
-F64 = NDArray[np.float64]
-
 
 # --- the pass ---------------------------------------------------------------------------
 
@@ -174,15 +172,15 @@ def run_checks(
     naive_spec = as_naive(spec, export) if measured and expected else None
     found = _judge_pass(spec, ref_spec, naive_spec, set(fitted), jobs, progress)
     diagnosis = diagnose(found.stats, thresholds)
-    gated, own_only = gate(settings, bool(expected))
+    gated, own_only = gated_kinds(settings, bool(expected))
     findings = finding_checks(
         diagnosis, gated, own_only, working_formats(spec), settings.fail_on_severity
     )
-    checks = (
-        _export_checks(spec, settings, fitted, export, ref_spec, naive_spec, found)
-        if expected
-        else []
-    )
+    checks: list[Check] = []
+    if expected:
+        against = _compared_with(spec, settings, fitted, export, ref_spec, naive_spec, found)
+        checks = _export_checks(spec, fitted, against, found, settings.equal_nan)
+        checks = with_hints(checks, spec, settings, fitted, against.values, export, ref_format)
     checks.extend(findings)
     return CheckReport(
         checks=tuple(checks),
@@ -216,17 +214,14 @@ class _Against:
 
 def _export_checks(
     spec: AttentionSpec,
-    settings: CheckSettings,
     fitted: Mapping[str, Fitted],
-    export: str,
-    ref_spec: AttentionSpec,
-    naive_spec: AttentionSpec | None,
+    against: _Against,
     found: _Pass,
+    nan: bool,
 ) -> list[Check]:
-    """The checks of the exported tensors, in order: output, weights, LSE; then the
-    hints of the failed comparisons."""
-    against = _compared_with(spec, settings, fitted, export, ref_spec, naive_spec, found)
-    ref, tols, nan = against.values, against.tolerances, settings.equal_nan
+    """The checks of the exported tensors, in order: output, weights, LSE (``nan``:
+    whether NaN on both sides counts as a match)."""
+    ref, tols = against.values, against.tolerances
     checks: list[Check] = []
     if "output" in fitted:
         checks += _output_checks(spec, fitted["output"], ref["output"], tols["output"], found, nan)
@@ -237,9 +232,6 @@ def _export_checks(
         )
     if "lse" in fitted:
         checks += _lse_checks(fitted, against, nan)
-    if math.prod(spec.weights_shape) <= SUSPECT_LIMIT:
-        ref_format = ref_spec.options.dtype
-        checks = with_hints(checks, spec, settings, fitted, ref, export, ref_format)
     return checks
 
 
@@ -308,10 +300,7 @@ def _output_checks(
     spec: AttentionSpec, f: Fitted, ref: F64, tol: Tolerance, found: _Pass, equal_nan: bool
 ) -> list[Check]:
     """The exported output: finite, inside V's range, close to the reference."""
-    split = f.values
-    if f.merged:
-        heads = spec.merged_output_shape[-1] // spec.Ev
-        split = np.moveaxis(f.values.reshape(*f.values.shape[:-1], heads, spec.Ev), -2, -3)
+    split = split_heads_of_output(spec, f.values) if f.merged else f.values
     assert found.lo is not None
     assert found.hi is not None
     label = f.exp.label

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES
-from sdpa_cli.engine.options import parse_number
+from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES, Thresholds
+from sdpa_cli.engine.options import parse_bool, parse_number
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.files.config import ConfigFile, read_config
-from sdpa_cli.text import printable, shown
+from sdpa_cli.text import as_typed, printable, shown
 
 REFERENCE_FORMATS = ("float32", "float64")
 """Formats a check's reference may be computed in."""
@@ -41,12 +41,6 @@ overflow in the run's own formats (the inputs' dtype or ``--dtype``)."""
 # --- parsing ----------------------------------------------------------------------------
 
 
-def _as_typed(value: Any) -> str:
-    """A value as typed (``0.5``, not ``'0.5'``), on one short line."""
-    text = printable(str(value))
-    return text if len(text) <= 60 else text[:40] + "..."
-
-
 def _kinds(value: Any, where: str) -> tuple[str, ...]:
     """``overflow,nonfinite`` or a list; ``none`` (or empty) for no kind at all."""
     if isinstance(value, str):
@@ -66,23 +60,17 @@ def _kinds(value: Any, where: str) -> tuple[str, ...]:
     return kinds
 
 
-def _flag(value: Any, where: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise SpecError(where, f"expected true or false, got {shown(value)}")
-
-
 def _tolerance(value: Any, where: str) -> float:
     x = parse_number(value, where)
     if not (math.isfinite(x) and x >= 0):
-        raise SpecError(where, f"must be a finite number ≥ 0, got {_as_typed(value)}")
+        raise SpecError(where, f"must be a finite number ≥ 0, got {as_typed(value)}")
     return x
 
 
 def _fudge(value: Any, where: str) -> float:
     x = parse_number(value, where)
     if not (math.isfinite(x) and x >= 1):
-        raise SpecError(where, f"must be a finite number ≥ 1, got {_as_typed(value)}")
+        raise SpecError(where, f"must be a finite number ≥ 1, got {as_typed(value)}")
     return x
 
 
@@ -103,7 +91,7 @@ _CHECK_PARSERS: dict[str, Any] = {
     "fudge": _fudge,
     "fail_on": _kinds,
     "fail_on_severity": _one_of(SEVERITIES),
-    "equal_nan": _flag,
+    "equal_nan": parse_bool,
 }
 
 
@@ -193,3 +181,23 @@ class CheckSettings:
         check_values({name: getattr(self, name) for name in CHECK_NAMES})
         if self.tolerance == "measured" and self.rtol is not None:
             raise SpecError("--tolerance", "measured computes rtol and atol; drop --rtol/--atol")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line adds to every case: the config file's check settings
+    (under the case's), flags (over them) and the findings' thresholds."""
+
+    config: Mapping[str, Any] = field(default_factory=dict)
+    check_flags: Mapping[str, Any] = field(default_factory=dict)
+    option_flags: Mapping[str, Any] = field(default_factory=dict)
+    """Options of the computation given as flags (those not given left out)."""
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    def settings(self, case: Mapping[str, Any] | None = None) -> CheckSettings:
+        """A case's settings: the config file's, the case's (a manifest's), the flags'.
+
+        Raises:
+            SpecError: settings that do not fit together.
+        """
+        return CheckSettings(**merge_check_settings(self.config, case or {}, self.check_flags))

@@ -20,8 +20,8 @@ from sdpa_cli.cli.options import (
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
-    from sdpa_cli.check.manifest import CaseResult
-    from sdpa_cli.diagnosis.findings import Thresholds
+    from sdpa_cli.check.records import CaseResult
+    from sdpa_cli.check.settings import Overrides
 
 CHECK_EXIT_CODES_HELP = (
     "Exit codes: 0 every check passed · 1 a check failed · 2 bad usage, or an input "
@@ -140,7 +140,7 @@ def check(
     # imported here: keeps sdpa --help fast
     from sdpa_cli.report import check_exit_code
 
-    limits, config, given = _settings(
+    over = _overrides(
         given_thresholds,
         {
             "rtol": rtol,
@@ -152,6 +152,7 @@ def check(
             "fail_on_severity": fail_on_severity,
             "equal_nan": equal_nan,
         },
+        flags,
     )
     expect = {"output": expect_output, "weights": expect_weights, "lse": expect_lse}
     title = None
@@ -162,55 +163,47 @@ def check(
                 "the manifest lists inputs and expectations; give no Q K V, --bias, --mask "
                 "or --expect-* beside it",
             )
-        results = _run_manifest(manifest, config, given, flags, limits, threads)
+        results = _run_manifest(manifest, over, threads)
     else:
-        title, results = _run_case(
-            inputs, bias_path, mask_path, expect, flags, config, given, limits, threads
-        )
+        title, results = _run_case(inputs, bias_path, mask_path, expect, over, threads)
     json_text = _write_reports(results, manifest, junit, report)
     _show(results, manifest, title, fmt, json_text, color)
     return int(check_exit_code(results))
 
 
-def _settings(
-    given_thresholds: Mapping[str, str | None], flags: Mapping[str, Any]
-) -> tuple[Thresholds, dict[str, Any], dict[str, Any]]:
-    """The thresholds, the config file's check settings and the flags' (parsed); the
-    config file is read once, for both."""
+def _overrides(
+    given_thresholds: Mapping[str, str | None],
+    check_flags: Mapping[str, Any],
+    option_flags: Mapping[str, Any],
+) -> Overrides:
+    """What the command line gives every case: the thresholds, the config file's check
+    settings, the check flags (parsed) and the options given; the config file is read
+    once, for the thresholds and the check settings."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.check.settings import check_config, check_values
+    from sdpa_cli.check.settings import Overrides, check_config, check_values
     from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.files.config import read_config
 
     config_file = read_config()
     limits = thresholds(given_thresholds, config=config_file)
-    return limits, check_config(config=config_file), check_values(flags)
+    return Overrides(
+        config=check_config(config=config_file),
+        check_flags=check_values(check_flags),
+        option_flags={k: v for k, v in option_flags.items() if v is not None},
+        thresholds=limits,
+    )
 
 
-def _run_manifest(
-    manifest: str,
-    config: Mapping[str, Any],
-    given: Mapping[str, Any],
-    flags: Mapping[str, Any],
-    limits: Thresholds,
-    threads: int,
-) -> list[CaseResult]:
+def _run_manifest(manifest: str, over: Overrides, threads: int) -> list[CaseResult]:
     """Every case of the manifest, ``threads`` at a time; settings that do not fit
     together stop the run (exit 2) before any case runs."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.check.manifest import Overrides, case_settings, load_manifest, run_cases
-    from sdpa_cli.check.settings import CheckSettings
+    from sdpa_cli.check.manifest import load_manifest, run_cases
 
     cases = load_manifest(manifest)
-    over = Overrides(
-        config=config,
-        check_flags=given,
-        option_flags={k: v for k, v in flags.items() if v is not None},
-        thresholds=limits,
-    )
     for case in cases:
         try:
-            CheckSettings(**case_settings(case, over))
+            over.settings(case.check)
         except SpecError as exc:
             raise SpecError(f"{manifest}: case {case.name}", str(exc)) from None
     return run_cases(cases, over, threads)
@@ -221,29 +214,27 @@ def _run_case(
     bias_path: str | None,
     mask_path: str | None,
     expect: Mapping[str, str | None],
-    flags: Mapping[str, Any],
-    config: Mapping[str, Any],
-    given: Mapping[str, Any],
-    limits: Thresholds,
+    over: Overrides,
     threads: int,
 ) -> tuple[str, list[CaseResult]]:
     """The one case given on the command line, and its title (the case file's
     description, or the inputs)."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.check.exports import load_expected
-    from sdpa_cli.check.manifest import CaseResult
+    from sdpa_cli.check.records import CaseResult
     from sdpa_cli.check.run import run_checks
-    from sdpa_cli.check.settings import CheckSettings, merge_check_settings
     from sdpa_cli.engine.inputs import load_spec
 
     if not inputs:
         raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
-    settings = CheckSettings(**merge_check_settings(config, given))
-    spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    settings = over.settings()
+    spec, description = load_spec(inputs, bias_path, mask_path, over.option_flags)
     expected = load_expected(expect)
     title = (description or "").strip() or " ".join(inputs)
     with progress_bar(spec, "checking") as progress:
-        report = run_checks(spec, expected, settings, limits, jobs=threads, progress=progress)
+        report = run_checks(
+            spec, expected, settings, over.thresholds, jobs=threads, progress=progress
+        )
     return title, [CaseResult(title, report)]
 
 

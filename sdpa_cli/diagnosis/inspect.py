@@ -36,7 +36,6 @@ spread. Overflow and underflow are decided by the cast itself
 from __future__ import annotations
 
 import math
-import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +48,9 @@ from sdpa_cli.engine.options import OPTION_NAMES
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.cases import load_case
-from sdpa_cli.files.checks import reading
 from sdpa_cli.files.loaders import Source, sniff
-from sdpa_cli.files.npy import load_npy, load_npz
-from sdpa_cli.files.safetensors import load_safetensors, read_safetensors_header
+from sdpa_cli.files.npy import load_npy, load_npz, npz_members
+from sdpa_cli.files.safetensors import load_safetensors, safetensors_members
 from sdpa_cli.files.structured import nested_to_array, parse_text
 
 CHUNK = 1 << 20
@@ -199,7 +197,8 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
                 inspect_array(load(src.path, src.member, src.label), src.member, chunk=chunk)
             )
         else:
-            names = _npz_names(src) if fmt == "npz" else _safetensors_names(src)
+            members = npz_members if fmt == "npz" else safetensors_members
+            names = members(src.path, src.label)
             for name in names:
                 label = f"{src.label}:{name}"
                 try:
@@ -223,35 +222,6 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
             arr = nested_to_array(data, src.label)
             rows.append(inspect_array(arr, src.path.stem, chunk=chunk))
     return FileReport(path=src.label, format=fmt, case=case, tensors=tuple(rows))
-
-
-def _npz_names(src: Source) -> list[str]:
-    """The members of an archive, as :func:`~sdpa_cli.files.npy.load_npz` names them.
-
-    Raises:
-        InputError: a broken archive, or one holding no arrays (the loader's words).
-    """
-    try:
-        with reading(src.label), zipfile.ZipFile(src.path) as zf:
-            names = sorted({i.filename.removesuffix(".npy") for i in zf.infolist()})
-    except zipfile.BadZipFile as exc:
-        raise InputError(src.label, f"is not a valid .npz archive ({exc})") from None
-    if not names:
-        raise InputError(src.label, "holds no arrays")
-    return names
-
-
-def _safetensors_names(src: Source) -> list[str]:
-    """The tensors of a safetensors file, in name order, after the header's checks.
-
-    Raises:
-        InputError: a corrupt header, or one holding no tensors (the loader's words).
-    """
-    header, _ = read_safetensors_header(src.path, src.label)
-    names = sorted(k for k in header if k != "__metadata__")
-    if not names:
-        raise InputError(src.label, "holds no tensors")
-    return names
 
 
 def refused(name: str, exc: InputError) -> TensorStats:

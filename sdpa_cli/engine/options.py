@@ -152,7 +152,8 @@ def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
-def _bool(value: Any, where: str) -> bool:
+def parse_bool(value: Any, where: str) -> bool:
+    """A true boolean (a YAML or JSON ``true``/``false``); text such as ``"yes"`` is refused."""
     if isinstance(value, bool):
         return value
     raise SpecError(where, f"expected true or false, got {shown(value)}")
@@ -203,8 +204,8 @@ _PARSERS: dict[str, Any] = {
     "scale": parse_scale,
     "temperature": _positive,
     "softcap": _positive,
-    "alibi": _bool,
-    "causal": _bool,
+    "alibi": parse_bool,
+    "causal": parse_bool,
     "causal_align": lambda v, w: _choice(v, w, ALIGNMENTS),
     "mask_true_means": lambda v, w: _choice(v, w, MASK_TRUE_MEANS),
     "key_lengths": _int_list,
@@ -217,7 +218,7 @@ _PARSERS: dict[str, Any] = {
     "accumulate": lambda v, w: _choice(v, w, (*FORMATS, "same")),
     "softmax_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
     "logits_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
-    "prescale": _bool,
+    "prescale": parse_bool,
 }
 
 

@@ -20,10 +20,9 @@ from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files import limits
-
-F64 = NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,15 @@ def merge_heads(spec: AttentionSpec, output: F64) -> F64:
     if spec.options.heads is None:
         return output
     return np.moveaxis(output, -3, -2).reshape(spec.merged_output_shape)
+
+
+def split_heads_of_output(spec: AttentionSpec, values: NDArray[Any]) -> NDArray[Any]:
+    """An array shaped like the output as returned (heads merged under ``--heads``,
+    leading 1s optional) → the engine's layout ``(*lead, L, Ev)``."""
+    if spec.options.heads is not None:
+        parts = values.reshape(*values.shape[:-1], spec.options.heads, spec.Ev)
+        values = np.moveaxis(parts, -2, -3)
+    return values.reshape(spec.output_shape)
 
 
 ROW_STATS_BYTES = 64

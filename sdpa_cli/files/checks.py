@@ -1,6 +1,5 @@
 """The checks every reader shares: file-system errors as one line naming the file, a
-header's dtype and shape, the member picked from a file holding several, and a parser's
-message made short enough for one line."""
+header's dtype and shape, and the member picked from a file holding several."""
 
 from __future__ import annotations
 
@@ -86,10 +85,3 @@ def pick_member(label: str, names: list[str], member: str | None, noun: str) -> 
     if member not in names:
         raise InputError(label, f"has no {noun} {member!r} (names: {listed})")
     return member, label
-
-
-def one_line(problem: object, limit: int = 200) -> str:
-    """A parser's message on one short line (PyYAML's may take several; numpy's quote
-    a header of up to 10,000 characters)."""
-    text = " ".join(str(problem).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import zipfile
 import zlib
 from pathlib import Path
@@ -16,7 +17,8 @@ from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
 from sdpa_cli.files import limits
-from sdpa_cli.files.checks import check_dtype, check_shape, one_line, pick_member
+from sdpa_cli.files.checks import check_dtype, check_shape, pick_member, reading
+from sdpa_cli.text import one_line
 
 NPY_MAGIC = b"\x93NUMPY"
 NPY_VERSIONS = ((1, 0), (2, 0), (3, 0))
@@ -53,8 +55,11 @@ def _numpy_header(fh: IO[bytes], version: tuple[int, int]) -> tuple[tuple[int, .
 
 
 def _corrupt_header(label: str, exc: Exception) -> InputError:
-    """A header numpy's parser refused (ValueError, SyntaxError, TokenError...)."""
-    return InputError(label, f"has a corrupt .npy header ({type(exc).__name__}: {one_line(exc)})")
+    """A header numpy's parser refused (ValueError, SyntaxError, TokenError...), in its
+    words less the memory addresses they may quote (``<ast.Name object at 0x7f…>``), so
+    the message is the same on every run."""
+    problem = one_line(re.sub(r" at 0x[0-9a-fA-F]+", "", str(exc)))
+    return InputError(label, f"has a corrupt .npy header ({type(exc).__name__}: {problem})")
 
 
 def _read_npy_header(path: Path, label: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
@@ -93,12 +98,37 @@ def load_npy(path: Path, label: str) -> NDArray[Any]:
         raise InputError(label, f"cannot be read as .npy ({one_line(exc)})") from None
 
 
+def _arrays(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """An archive's members by the name of the array each holds (``q.npy`` → ``q``)."""
+    return {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+
+
+def _not_an_archive(label: str, exc: zipfile.BadZipFile) -> InputError:
+    return InputError(label, f"is not a valid .npz archive ({one_line(exc)})")
+
+
+def npz_members(path: Path, label: str) -> list[str]:
+    """The names of an archive's arrays, sorted, as :func:`load_npz` names them.
+
+    Raises:
+        InputError: a broken archive, or one holding no arrays.
+    """
+    try:
+        with reading(label), zipfile.ZipFile(path) as zf:
+            names = sorted(_arrays(zf))
+    except zipfile.BadZipFile as exc:
+        raise _not_an_archive(label, exc) from None
+    if not names:
+        raise InputError(label, "holds no arrays")
+    return names
+
+
 def load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
     """One member of an archive; ``label`` already ends in ``:member`` when one was given."""
     member_label = label
     try:
         with zipfile.ZipFile(path) as zf:
-            infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+            infos = _arrays(zf)
             member, member_label = pick_member(label, sorted(infos), member, "array")
             _check_npz_member(zf, infos[member], member_label)
             with zf.open(infos[member]) as fh:  # read_array reads the header again
@@ -110,7 +140,7 @@ def load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
             member_label, "does not fit in memory once decompressed; save it with np.save"
         ) from None
     except zipfile.BadZipFile as exc:
-        raise InputError(label, f"is not a valid .npz archive ({one_line(exc)})") from None
+        raise _not_an_archive(label, exc) from None
     except _DECOMPRESS_ERRORS as exc:
         raise InputError(
             member_label, f"is corrupt: it does not decompress ({one_line(exc)})"

@@ -101,6 +101,25 @@ def _header_bytes(path: Path, label: str) -> bytes:
             return fh.read(n)
 
 
+def _tensor_names(header: dict[str, Any]) -> list[str]:
+    """The tensors a header lists, in name order (``__metadata__`` is free text)."""
+    return sorted(k for k in header if k != "__metadata__")
+
+
+def safetensors_members(path: Path, label: str) -> list[str]:
+    """The names of a file's tensors, in name order, as :func:`load_safetensors` names
+    them, once the header is checked.
+
+    Raises:
+        InputError: a corrupt header, or one listing no tensors.
+    """
+    header, _ = read_safetensors_header(path, label)
+    names = _tensor_names(header)
+    if not names:
+        raise InputError(label, "holds no tensors")
+    return names
+
+
 def _json_type(value: Any) -> str:
     """The JSON name of a parsed value's type, for messages."""
     if isinstance(value, bool):
@@ -145,8 +164,7 @@ def load_safetensors(path: Path, member: str | None, label: str) -> NDArray[Any]
     bfloat16 and float8 tensors come back as ``ml_dtypes`` arrays.
     """
     header, start = read_safetensors_header(path, label)
-    names = sorted(k for k in header if k != "__metadata__")
-    member, member_label = pick_member(label, names, member, "tensor")
+    member, member_label = pick_member(label, _tensor_names(header), member, "tensor")
     entry = header[member]
     dtype, shape = _entry_dtype_and_shape(entry, member_label)
     buffer = path.stat().st_size - start

@@ -15,7 +15,8 @@ import yaml
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.checks import MAX_DEPTH, one_line, reading
+from sdpa_cli.files.checks import MAX_DEPTH, reading
+from sdpa_cli.text import one_line
 
 TEXT_SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 MAX_TEXT_BYTES = 256 << 20

@@ -30,11 +30,12 @@ from reference import Stages, attention
 
 from sdpa_cli import assert_attention_close
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
-from sdpa_cli.check.exports import logsumexp
+from sdpa_cli.check.exports import softmax_lse
 from sdpa_cli.check.records import Check, CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import KINDS, Thresholds
+from sdpa_cli.engine.block import softmax
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.errors import SpecError
@@ -688,6 +689,12 @@ def masked_logits() -> F64:
     x[1, 0, 0] = -math.inf
     x[1, 2] = -math.inf
     return x
+
+
+def logsumexp(masked: F64) -> F64:
+    """``log Σ_j exp(logit_j)`` per row, read off the engine's softmax by
+    :func:`softmax_lse` as check reads it; −inf for a row with no visible key."""
+    return softmax_lse(masked, softmax(np.asarray(masked, dtype=np.float64)))
 
 
 def test_logsumexp_matches_a_float64_loop() -> None:

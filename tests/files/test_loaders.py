@@ -292,6 +292,20 @@ def test_npy_with_corrupt_header_refused(tmp_path: Path) -> None:
     assert "header" in err.problem
 
 
+def test_npy_corrupt_header_message_has_no_memory_address(tmp_path: Path) -> None:
+    """Regression: numpy's parser words a bare name in the header as ``malformed node or
+    string on line 1: <ast.Name object at 0x7f…>``, an address that changes every run."""
+    header = b"{'descr': garbage, 'fortran_order': False, 'shape': (2,), }"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    path = tmp_path / "bad.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
+    err = input_error(path)
+    assert err.where == str(path)
+    assert err.problem.startswith("has a corrupt .npy header (")
+    assert "<ast.Name object>" in err.problem  # the object named, its address dropped
+    assert "0x" not in err.problem
+
+
 @pytest.mark.parametrize(
     ("arr", "word"),
     [
