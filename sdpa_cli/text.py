@@ -25,6 +25,16 @@ def sig(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def compact(x: float, digits: int = 4) -> str:
+    """``x`` in ``digits`` significant digits with a short exponent, for a cell that
+    must not wrap: ``-4.502e5``, ``1.2e-8``; ``—`` for a statistic with no value (NaN)."""
+    if math.isnan(x):
+        return "—"
+    text = sig(x, digits)
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else text
+
+
 def prose(x: float, digits: int = 4) -> str:
     """``x`` in ``digits`` significant digits for a sentence, with a true minus sign
     and ``∞``: ``−0.5``, ``−∞``, ``nan``."""
@@ -58,6 +68,14 @@ def ceil_sig(x: float, digits: int = 3) -> str:
     while float(f"{k * step:.{digits}g}") < x:  # decimal rounding fell below x
         k += 1
     return f"{k * step:.{digits}g}"
+
+
+def headroom_bits(bits: float) -> str:
+    """Bits of headroom below a format's max, signed, to a tenth: ``+3.2``, ``-1.0``;
+    ``∞`` when nothing is nonzero, ``—`` when nothing was measured (NaN)."""
+    if math.isnan(bits):
+        return "—"
+    return "∞" if math.isinf(bits) else f"{bits:+.1f}"
 
 
 def percent(fraction: float) -> str:
@@ -116,3 +134,16 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def as_typed(value: Any) -> str:
+    """A value as typed (``0.5``, not ``'0.5'``), on one short line."""
+    text = printable(str(value))
+    return text if len(text) <= 60 else text[:40] + "..."
+
+
+def one_line(problem: object, limit: int = 200) -> str:
+    """A parser's message on one short line (PyYAML's may take several; numpy's quote
+    a header of up to 10,000 characters)."""
+    text = " ".join(str(problem).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -8,9 +8,11 @@ import pytest
 
 from sdpa_cli.text import (
     ceil_sig,
+    compact,
     decimals,
     finite_or_none,
     format_index,
+    headroom_bits,
     json_number,
     percent,
     plural,
@@ -28,6 +30,23 @@ def test_sig_is_plain_ascii_significant_digits() -> None:
     assert sig(-1e-9) == "-1e-09"
     assert sig(123456.0, 3) == "1.23e+05"
     assert sig(math.inf) == "inf"
+
+
+def test_compact_shortens_the_exponent_and_dashes_a_missing_value() -> None:
+    assert compact(-450200.0) == "-4.502e5"
+    assert compact(1.2e-8, 3) == "1.2e-8"
+    assert compact(0.5) == "0.5"
+    assert compact(65504.0, 6) == "65504"
+    assert compact(math.inf) == "inf"
+    assert compact(math.nan) == "—"
+
+
+def test_headroom_bits_are_signed_tenths_with_infinity_and_a_dash() -> None:
+    assert headroom_bits(3.25) == "+3.2"
+    assert headroom_bits(-1.0) == "-1.0"
+    assert headroom_bits(0.0) == "+0.0"
+    assert headroom_bits(math.inf) == "∞"
+    assert headroom_bits(math.nan) == "—"
 
 
 def test_prose_uses_the_true_minus_and_infinity() -> None:

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from sdpa_cli.diagnosis.findings import Diagnosis
-    from sdpa_cli.engine.spec import AttentionSpec
     from sdpa_cli.engine.trace import Trace
     from sdpa_cli.render.common import View
 
@@ -117,7 +116,7 @@ def compute(
             width=console.width,
             explicit_stages=stages is not None,
         )
-        renderables = _renderables(spec, result, diagnosis, view, description)
+        renderables = _renderables(result, diagnosis, view, description)
     if save is not None:
         save_npz(result, save)
     if text is not None:
@@ -126,25 +125,18 @@ def compute(
 
 
 def _renderables(
-    spec: AttentionSpec,
-    result: Trace,
-    diagnosis: Diagnosis,
-    view: View,
-    description: str | None,
+    result: Trace, diagnosis: Diagnosis, view: View, description: str | None
 ) -> list[RenderableType]:
     """The case file's description (when it has one), then the tables: the blocks of
     the slices and rows the view shows are computed here, the rest comes from ``result``."""
     # imported here: keeps sdpa --help fast
-    from rich.text import Text
-
     from sdpa_cli.engine.trace import shown_blocks
-    from sdpa_cli.render.common import layout
+    from sdpa_cli.render.common import case_description, layout
     from sdpa_cli.render.compute import render_compute
 
-    renderables: list[RenderableType] = []
-    if description:
-        renderables.append(Text(description.strip(), style="italic"))
-    positions, shown_rows, _ = layout(spec, view)
-    shown = shown_blocks(spec, positions, shown_rows)
-    renderables.append(render_compute(result, view, shown, diagnosis))
-    return renderables
+    laid_out = layout(result.spec, view)
+    shown = shown_blocks(result.spec, laid_out.positions, laid_out.rows)
+    return [
+        *case_description(description),
+        render_compute(result, view, shown, diagnosis, laid_out=laid_out),
+    ]

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
-from sdpa_cli.cli.grad import gradients
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
@@ -230,20 +229,27 @@ def _explain_slice(
     from sdpa_cli.diagnosis.explain import explain as build
     from sdpa_cli.diagnosis.explain import slice_at
     from sdpa_cli.diagnosis.explain_grad import explain_backward
+    from sdpa_cli.diagnosis.grad import backward_health
     from sdpa_cli.diagnosis.rules import diagnose
+    from sdpa_cli.engine.inputs import load_dout
     from sdpa_cli.engine.stats import Stats
     from sdpa_cli.engine.trace import trace
 
-    run = None  # with --backward: the gradients, their diagnosis, dO's label
+    values, dout_label = None, ""  # with --backward: dO and how it reads
+    if backward:
+        values, dout_label, _ = load_dout(spec, dout)
+    run = None  # with --backward: the gradients and their diagnosis
     with progress_bar(spec, "diagnosing") as progress:
-        if backward and not spec.options.emulated:
+        if values is not None and not spec.options.emulated:
             # One pass gives the gradients and the forward statistics both.
             stats = Stats.empty(spec)
-            run = gradients(spec, dout, limits, jobs=threads, stats=stats, progress=progress)
+            run = backward_health(
+                spec, values, limits, jobs=threads, stats=stats, progress=progress
+            )
         else:
             stats = trace(spec, stages=(), jobs=threads, progress=progress).stats
-            if backward:  # the emulated forward pass's statistics, the float64 gradients
-                run = gradients(spec, dout, limits, jobs=threads)
+            if values is not None:  # the emulated forward pass's statistics, the float64 gradients
+                run = backward_health(spec, values, limits, jobs=threads)
     diagnosis = diagnose(stats, limits)
     ex = build(
         spec,
@@ -257,7 +263,7 @@ def _explain_slice(
     )
     if run is None:
         return ex
-    grads, health, dout_label, _ = run
+    grads, health = run
     return dataclasses.replace(
         ex, backward=explain_backward(grads, health, ex.lead, shown, dout_label)
     )
@@ -281,15 +287,10 @@ def _renderables(
     """The case file's description (when it has one), then the explanation: the walk,
     or (``walk`` False) the scorecard and the scale comparison."""
     # imported here: keeps sdpa --help fast
-    from rich.text import Text
-
+    from sdpa_cli.render.common import case_description
     from sdpa_cli.render.explain import render_explain
 
-    renderables: list[RenderableType] = []
-    if description:
-        renderables.append(Text(description.strip(), style="italic"))
-    renderables.append(render_explain(ex, view, walk=walk))
-    return renderables
+    return [*case_description(description), render_explain(ex, view, walk=walk)]
 
 
 def _exports(

@@ -27,7 +27,7 @@ from sdpa_cli.cli.options import (
     progress_bar,
     start_engine,
 )
-from sdpa_cli.errors import ExitCode, SpecError
+from sdpa_cli.errors import ExitCode
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from sdpa_cli.engine.grad import Gradients
     from sdpa_cli.engine.numeric import NumericCheck
     from sdpa_cli.engine.spec import AttentionSpec
-    from sdpa_cli.engine.stats import Stats
     from sdpa_cli.render.common import View
 
 
@@ -190,15 +189,17 @@ def _run(
     """The backward pass (which gathers the forward statistics too), the findings of
     both, and with ``samples`` the numeric check of that many entries per gradient."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.grad import combined
+    from sdpa_cli.diagnosis.grad import backward_health, combined
     from sdpa_cli.diagnosis.rules import diagnose
+    from sdpa_cli.engine.inputs import load_dout
     from sdpa_cli.engine.numeric import numeric_check
     from sdpa_cli.engine.stats import Stats
 
+    values, dout_label, dout_info = load_dout(spec, dout)
     stats = Stats.empty(spec.in_float64())
     with progress_bar(spec, "gradients") as progress:
-        grads, health, dout_label, dout_info = gradients(
-            spec, dout, limits, jobs=jobs, stats=stats, progress=progress
+        grads, health = backward_health(
+            spec, values, limits, jobs=jobs, stats=stats, progress=progress
         )
     diagnosis = combined(diagnose(stats, limits), health)
     numeric = numeric_check(grads, samples, spec.options.seed) if samples is not None else None
@@ -228,14 +229,11 @@ def _renderables(
 ) -> list[RenderableType]:
     """The case file's description (when it has one), then the gradients' view."""
     # imported here: keeps sdpa --help fast
-    from rich.text import Text
-
+    from sdpa_cli.render.common import case_description
     from sdpa_cli.render.grad import render_grad
 
-    renderables: list[RenderableType] = []
-    if description:
-        renderables.append(Text(description.strip(), style="italic"))
-    renderables.append(
+    return [
+        *case_description(description),
         render_grad(
             run.grads,
             run.health,
@@ -245,41 +243,5 @@ def _renderables(
             dtype,
             run.numeric,
             tolerance,
-        )
-    )
-    return renderables
-
-
-def gradients(
-    spec: AttentionSpec,
-    dout: str,
-    limits: Thresholds,
-    *,
-    jobs: int,
-    stats: Stats | None = None,
-    progress: Any = None,
-) -> tuple[Gradients, GradDiagnosis, str, dict[str, Any]]:
-    """``--dout`` read, the backward pass run in float64 and its health diagnosed:
-    the gradients, their diagnosis, how dO reads (a label, a JSON record)."""
-    # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.grad import diagnose_grad
-    from sdpa_cli.engine.grad import DOUT_SOURCES, backward, make_dout
-    from sdpa_cli.files.loaders import Source, load_array
-
-    dtype = spec.options.dtype
-    spec = spec.in_float64()  # the backward pass is float64; --dtype judges the range
-    seed = spec.options.seed
-    info: dict[str, Any]
-    if dout in DOUT_SOURCES:
-        values = make_dout(spec, dout, seed, "--dout")
-        info = {"source": dout, "seed": seed if dout == "random" else None}
-        label = f"standard normal, seed {seed}" if dout == "random" else "all ones"
-    else:
-        path = Source.parse(dout).path
-        if not path.exists() and not path.suffix:  # a word, not a file name
-            raise SpecError("--dout", f"expected a file, ones or random, got {dout!r}")
-        values = make_dout(spec, load_array(dout, name="dout"), seed, dout)
-        info = {"source": "file", "path": dout}
-        label = dout
-    grads = backward(spec, values, jobs=jobs, progress=progress, stats=stats)
-    return grads, diagnose_grad(grads, limits, dtype), label, info
+        ),
+    ]

@@ -19,15 +19,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Thresholds
+from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.rows import saturation_hint
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.grad import Gradients, norm
+from sdpa_cli.engine.driver import Progress
+from sdpa_cli.engine.grad import Gradients, backward, norm
 from sdpa_cli.engine.records import argmax_index
-from sdpa_cli.text import finite_or_none, format_index, plural
-
-F64 = NDArray[np.float64]
-Index = tuple[int, ...]
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.types import Index
+from sdpa_cli.text import finite_or_none, format_index, plural, sig
 
 RANGE_FORMATS = ("float16", "bfloat16")
 """Formats every gradient's range is measured against (training keeps gradients in one)."""
@@ -136,30 +137,18 @@ def diagnose_grad(
     """Read the gradients and their records; ``dtype`` is the training format the
     gradients are judged against (``--dtype``; float64 judges float16 at info level)."""
     th = thresholds or Thresholds()
-    found: dict[str, list[Finding]] = {k: [] for k in GRADIENT_KINDS}
-    counts: dict[str, int] = {k: 0 for k in GRADIENT_KINDS}
-
-    def add(f: Finding) -> None:
-        counts[f.kind] += 1
-        found[f.kind].append(f)
-
-    for f in _nonfinite(grads):
-        add(f)
+    tally = Tally(GRADIENT_KINDS)
+    tally.add(_nonfinite(grads))
     ranges = tuple(_ranges(grads, dtype))
-    for f in _range_findings(ranges, dtype):
-        add(f)
-    rows = list(_vanishing(grads, th))
-    counts["vanishing_gradient"] = len(rows)
-    found["vanishing_gradient"] = rows[: th.max_findings]
+    tally.add(_range_findings(ranges, dtype))
+    tally.rows("vanishing_gradient", list(_vanishing(grads, th)), th.max_findings)
     query_heads = _query_heads(grads, th)
-    for f in _weak_heads(query_heads, th):
-        add(f)
+    tally.add(_weak_heads(query_heads, th))
     kv_heads, kv_findings = _kv_heads(grads)
-    for f in kv_findings:
-        add(f)
+    tally.add(kv_findings)
     return GradDiagnosis(
-        findings=tuple(f for k in GRADIENT_KINDS for f in found[k]),
-        counts={k: n for k, n in counts.items() if n},
+        findings=tally.findings,
+        counts=tally.counts,
         query_heads=query_heads,
         kv_heads=kv_heads,
         norms={n: float(norm(np.asarray(grads.tensor(n)))) for n in grads.present()},
@@ -220,7 +209,7 @@ def _range_findings(ranges: tuple[GradRange, ...], dtype: str) -> Iterator[Findi
                 "gradient_range",
                 "error" if working else ("warning" if r.dtype == "float16" else "info"),
                 f"{LABEL[r.name]}: {plural(r.overflow, 'value')} overflow {r.dtype} "
-                f"(max {f.max:.6g}; the largest is {r.max_abs:.4g})",
+                f"(max {sig(f.max, 6)}; the largest is {sig(r.max_abs)})",
                 hint="unscale the loss, or keep gradients in float32 or bfloat16",
                 stage=r.name,
                 dtype=r.dtype,
@@ -246,7 +235,7 @@ def _range_findings(ranges: tuple[GradRange, ...], dtype: str) -> Iterator[Findi
 def _one_minus(x: float, rest: float) -> str:
     """A weight near 1 as ``1 − 2.1e-06`` (four decimals would say 1.0000); ``rest``
     is the weight on the other keys, 1 − x without rounding."""
-    return f"{x:.4f}" if rest >= 1e-3 else f"1 − {rest:.2g}"
+    return f"{x:.4f}" if rest >= 1e-3 else f"1 − {sig(rest, 2)}"
 
 
 def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
@@ -262,13 +251,13 @@ def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
         if rest == 0:
             what = (
                 f"passes back nothing: all its weight is on key {key} of {n} visible (the "
-                f"others underflow to 0); ‖dA‖ = {da:.3g}"
+                f"others underflow to 0); ‖dA‖ = {sig(da, 3)}"
             )
         else:
             what = (
-                f"passes back at most {gain:.2g} of its gradient: max weight "
-                f"{_one_minus(mw, rest)} on key {key} of {n} visible; ‖dS‖ = {ds:.3g} "
-                f"against ‖dA‖ = {da:.3g}"
+                f"passes back at most {sig(gain, 2)} of its gradient: max weight "
+                f"{_one_minus(mw, rest)} on key {key} of {n} visible; ‖dS‖ = {sig(ds, 3)} "
+                f"against ‖dA‖ = {sig(da, 3)}"
             )
         yield Finding(
             "vanishing_gradient",
@@ -322,7 +311,7 @@ def _weak_heads(heads: tuple[QueryHeadGrad, ...], th: Thresholds) -> Iterator[Fi
                 "warning",
                 f"head {format_index(h.index)}: {h.vanishing} of {plural(h.rows, 'row')} "
                 f"pass back less than {th.vanishing:g} of their gradient (‖dQ‖ = "
-                f"{h.dq_norm:.3g})",
+                f"{sig(h.dq_norm, 3)})",
                 hint="the head's softmax is saturated: it barely learns until its logits shrink",
                 index=h.index,
                 stage="dq",
@@ -332,8 +321,8 @@ def _weak_heads(heads: tuple[QueryHeadGrad, ...], th: Thresholds) -> Iterator[Fi
             yield Finding(
                 "weak_head_gradient",
                 "warning",
-                f"head {format_index(h.index)} gets {h.dq_norm / median:.2g} of the median "
-                f"head's query gradient (‖dQ‖ = {h.dq_norm:.3g} against {median:.3g})",
+                f"head {format_index(h.index)} gets {sig(h.dq_norm / median, 2)} of the median "
+                f"head's query gradient (‖dQ‖ = {sig(h.dq_norm, 3)} against {sig(median, 3)})",
                 hint="its rows are saturated or fully masked, or its dO is near zero",
                 index=h.index,
                 stage="dq",
@@ -420,3 +409,24 @@ def combined(forward: Diagnosis, health: GradDiagnosis) -> Diagnosis:
         findings=forward.findings + health.findings,
         counts={**forward.counts, **health.counts},
     )
+
+
+def backward_health(
+    spec: AttentionSpec,
+    dout: NDArray[np.float64],
+    thresholds: Thresholds,
+    *,
+    jobs: int = 1,
+    stats: Stats | None = None,
+    progress: Progress | None = None,
+) -> tuple[Gradients, GradDiagnosis]:
+    """The backward pass of ``Σ O ⊙ dO`` in float64 and its health: the gradients and
+    their diagnosis, their range judged against ``spec``'s ``--dtype``.
+
+    ``dout`` is dO in the engine's layout (:func:`~sdpa_cli.engine.inputs.load_dout`);
+    ``stats`` gathers the forward statistics in the same pass (``Stats.empty`` of the
+    float64 spec), ``progress`` is told the scores done.
+    """
+    wide = spec.in_float64()  # the backward pass is float64; --dtype judges the range
+    grads = backward(wide, dout, jobs=jobs, progress=progress, stats=stats)
+    return grads, diagnose_grad(grads, thresholds, spec.options.dtype)

@@ -45,14 +45,14 @@ from sdpa_cli.engine.block import (
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.trace import split_heads_of_output
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
     from sdpa_cli.engine.records import Records
     from sdpa_cli.engine.stats import Stats
 
-F64 = NDArray[np.float64]
-Index = tuple[int, ...]
 
 DOUT_SOURCES = ("ones", "random")
 """``--dout`` values that are not files."""
@@ -67,15 +67,6 @@ def random_stream(seed: int, purpose: int) -> np.random.Generator:
     """One independent random stream per use of ``--seed`` (1: a random dO, 2: the
     entries a numeric check samples); dropout draws from its own Philox counter."""
     return np.random.default_rng([seed, purpose])
-
-
-def split_heads_of_output(spec: AttentionSpec, values: NDArray[Any]) -> NDArray[Any]:
-    """An array shaped like the output as returned (heads merged under ``--heads``,
-    leading 1s optional) → the engine's layout ``(*lead, L, Ev)``."""
-    if spec.options.heads is not None:
-        parts = values.reshape(*values.shape[:-1], spec.options.heads, spec.Ev)
-        values = np.moveaxis(parts, -2, -3)
-    return values.reshape(spec.output_shape)
 
 
 def make_dout(spec: AttentionSpec, given: str | NDArray[Any], seed: int, where: str) -> F64:
@@ -191,7 +182,7 @@ def backward_block(
     q = np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=np.float64)
     k, v = inputs.k[keys], inputs.v[keys]
     a = block.weights
-    factor = spec.scale / o.temperature
+    factor = spec.factor
 
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         if o.dropout > 0:

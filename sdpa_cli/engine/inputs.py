@@ -1,15 +1,21 @@
-"""Files and flags → a validated :class:`~sdpa_cli.engine.spec.AttentionSpec`: shared by commands."""
+"""Files and flags → what the engine computes with: a validated
+:class:`~sdpa_cli.engine.spec.AttentionSpec` (:func:`load_spec`) and the output's
+gradient dO (:func:`load_dout`); shared by commands."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.engine.grad import DOUT_SOURCES, make_dout
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.cases import is_case_file, load_case
-from sdpa_cli.files.loaders import load_array
+from sdpa_cli.files.loaders import Source, load_array
 from sdpa_cli.text import printable
 
 
@@ -75,3 +81,27 @@ def load_spec(
         names=names,
     )
     return spec, description
+
+
+def load_dout(spec: AttentionSpec, dout: str) -> tuple[NDArray[np.float64], str, dict[str, Any]]:
+    """``--dout`` → dO in the engine's layout, float64; how it reads in a view (a
+    label) and in a report (a JSON record).
+
+    ``dout`` is ``ones``, ``random`` (standard normal from ``--seed``) or a file
+    shaped like the output.
+
+    Raises:
+        SpecError: a word that is neither a file nor a source, or a file whose shape
+            is not the output's.
+    """
+    seed = spec.options.seed
+    if dout in DOUT_SOURCES:
+        values = make_dout(spec, dout, seed, "--dout")
+        info: dict[str, Any] = {"source": dout, "seed": seed if dout == "random" else None}
+        label = f"standard normal, seed {seed}" if dout == "random" else "all ones"
+        return values, label, info
+    path = Source.parse(dout).path
+    if not path.exists() and not path.suffix:  # a word, not a file name
+        raise SpecError("--dout", f"expected a file, ones or random, got {dout!r}")
+    values = make_dout(spec, load_array(dout, name="dout"), seed, dout)
+    return values, dout, {"source": "file", "path": dout}

@@ -8,20 +8,20 @@ from __future__ import annotations
 from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
-from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.check.manifest import CaseResult
-from sdpa_cli.check.records import Check, CheckReport, failure_lines
+from sdpa_cli.check.records import CaseResult, Check, CheckReport, failure_lines
+from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME
 from sdpa_cli.text import plural
 
 STATUS_STYLE = {
-    "pass": Style(color="green", bold=True),
-    "warn": Style(color="yellow", bold=True),
-    "fail": Style(color="red", bold=True),
-    "error": Style(color="red", bold=True, reverse=True),
+    "pass": THEME["ok"],
+    "warn": SEVERITY_STYLE["warning"],
+    "fail": SEVERITY_STYLE["error"],
+    "error": THEME["unchecked"],
 }
+"""A check's or a case's status word → its style; ``error``: it could not be checked."""
 
 
 def _status(word: str) -> Text:
@@ -54,7 +54,7 @@ def failure_panel(check: Check) -> Panel:
             if line.startswith("• "):
                 bullets.add_row("•", line[2:])
             else:
-                bullets.add_row("", Text(line.strip(), style="dim"))
+                bullets.add_row("", Text(line.strip(), style=MUTED))
         else:
             bullets = None
             body.append(Text(line))
@@ -85,12 +85,12 @@ def render_report(report: CheckReport, title: str | None = None) -> RenderableTy
     """One case: header, the checks table, a panel per failure, the verdict."""
     head = Text()
     if title:
-        head.append(f"{title}\n", style="bold")
+        head.append(f"{title}\n", style=THEME["title"])
     head.append(f"export {report.export_dtype} · reference {report.reference}")
     gate = ", ".join(report.gate) or "none"
     if report.fail_on_severity:
         gate += f"; any {report.fail_on_severity} or worse"
-    head.append(f" · fail on findings: {gate}", style="dim")
+    head.append(f" · fail on findings: {gate}", style=MUTED)
     parts: list[RenderableType] = [head, checks_table(report.checks)]
     parts += [failure_panel(c) for c in report.failed]
     warned = sum(c.status == "warn" for c in report.checks)
@@ -123,7 +123,7 @@ def render_cases(results: list[CaseResult], manifest: str) -> RenderableType:
         table.add_row(r.name, _status(status), f"{passed}/{len(r.report.checks)}", first)
         for c in failed:
             panel = failure_panel(c)
-            panel.title = Text.assemble((f"{r.name} › ", "bold"), panel.title or "")
+            panel.title = Text.assemble((f"{r.name} › ", THEME["title"]), panel.title or "")
             details.append(panel)
     errors = sum(r.report is None for r in results)
     failed_cases = sum(r.report is not None and not r.passed for r in results)

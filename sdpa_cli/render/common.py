@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from rich.console import RenderableType
@@ -21,6 +22,9 @@ from sdpa_cli.engine.spec import AttentionSpec
 
 THEME = {
     "title": Style(bold=True),
+    "ok": Style(color="green", bold=True),
+    "good": Style(color="green"),
+    "unchecked": Style(color="red", bold=True, reverse=True),
     "label": Style(color="cyan"),
     "muted": Style(dim=True),
     "masked": Style(color="grey50", italic=True),
@@ -28,6 +32,7 @@ THEME = {
     "note": Style(color="yellow"),
     "leak": Style(color="yellow", bold=True, underline=True),
     "nonfinite": Style(color="magenta", bold=True),
+    "description": Style(italic=True),
 }
 MUTED = THEME["muted"]
 SEVERITY_STYLE = {
@@ -58,6 +63,11 @@ class View:
     precision: int = 4
     width: int = 80
     explicit_stages: bool = False
+
+    def key_columns(self, n: int) -> range:
+        """The keys ``--keys`` picks out of ``n`` (every one by default); a table shows
+        those of them that fit."""
+        return _picked(n, self.keys)
 
 
 # --- heat colors ------------------------------------------------------------------------------
@@ -112,17 +122,36 @@ def slice_label(spec: AttentionSpec, idx: tuple[int, ...]) -> str:
     return " · ".join(parts)
 
 
+def _picked(n: int, chosen: slice | None) -> range:
+    """The indices along an axis of length n that ``--rows`` or ``--keys`` picks."""
+    return range(n)[chosen] if chosen is not None else range(n)
+
+
 def _window(n: int, chosen: slice | None, cap: int) -> tuple[range, bool]:
     """Indices to show along an axis of length n, and whether some were cut."""
-    r = range(n)[chosen] if chosen is not None else range(n)
+    r = _picked(n, chosen)
     return (r[:cap], len(r) > cap)
 
 
-def layout(spec: AttentionSpec, view: View) -> tuple[list[tuple[int, ...]], range, bool]:
-    """What a ``compute`` table shows: the slices (at most ``--max-slices``), the query
-    rows, and whether rows were cut."""
+class Layout(NamedTuple):
+    """What a table view shows of a computation."""
+
+    positions: list[tuple[int, ...]]
+    """The slices shown: those ``--batch`` and ``--head`` pick, at most ``--max-slices``."""
+    rows: range
+    """The query rows shown (``--rows``, at most ``--max-rows``)."""
+    cut_rows: bool
+    """Whether ``--max-rows`` cut some of the rows picked."""
+    picked: int
+    """How many slices ``--batch`` and ``--head`` pick (:func:`more_slices` notes the rest)."""
+
+
+def layout(spec: AttentionSpec, view: View) -> Layout:
+    """What a ``compute`` or ``grad`` table shows: the slices, the query rows, whether
+    rows were cut, and how many slices there were to show."""
     rows, cut_rows = _window(spec.L, view.rows, view.max_rows)
-    return slice_positions(spec, view)[: view.max_slices], rows, cut_rows
+    picked = slice_positions(spec, view)
+    return Layout(picked[: view.max_slices], rows, cut_rows, len(picked))
 
 
 def more_slices(n_positions: int, view: View) -> list[RenderableType]:
@@ -141,6 +170,11 @@ def more_slices(n_positions: int, view: View) -> list[RenderableType]:
 
 
 # --- headings and notes -----------------------------------------------------------------------
+
+
+def case_description(description: str | None) -> list[RenderableType]:
+    """A case file's description, in italics, above a command's view (none without one)."""
+    return [Text(description.strip(), THEME["description"])] if description else []
 
 
 def rule(text: str, width: int) -> Text:

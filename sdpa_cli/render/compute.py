@@ -18,17 +18,18 @@ from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.stats import working_formats
 from sdpa_cli.engine.trace import Trace
 from sdpa_cli.render.common import (
+    Layout,
     View,
     layout,
     more_slices,
     rule,
     slice_label,
-    slice_positions,
     stage_title,
 )
 from sdpa_cli.render.findings import findings_panel, heads_table, precision_panel
 from sdpa_cli.render.header import header
 from sdpa_cli.render.heatmap import stage_table
+from sdpa_cli.text import sig
 
 
 def summary(summaries: Mapping[str, Moments], stages: Sequence[str]) -> Table:
@@ -40,7 +41,7 @@ def summary(summaries: Mapping[str, Moments], stages: Sequence[str]) -> Table:
         m = summaries.get(stage)
         if m is None:
             continue
-        row = [f"{m.lo:.4g}", f"{m.hi:.4g}", f"{m.mean:.4g}"] if m.count else ["—", "—", "—"]
+        row = [sig(m.lo), sig(m.hi), sig(m.mean)] if m.count else ["—", "—", "—"]
         table.add_row(stage, *row, str(m.nonfinite))
     return table
 
@@ -50,16 +51,18 @@ def render_compute(
     view: View,
     shown: Mapping[tuple[int, ...], Block],
     diagnosis: Diagnosis | None = None,
+    *,
+    laid_out: Layout | None = None,
 ) -> RenderableType:
     """The whole ``compute`` view: header, each chosen slice stage by stage (``shown``:
     the blocks of :func:`layout`'s rows), then the per-head summaries, the precision
     report and the findings (when diagnosed). ``trace`` gives the statistics and the
-    whole-tensor ranges (its ``summaries``)."""
+    whole-tensor ranges (its ``summaries``); ``laid_out`` is the view's :func:`layout`
+    when the caller has it already."""
     spec = trace.spec
     working = working_formats(spec)
     parts: list[RenderableType] = [header(spec)]
-    n_positions = len(slice_positions(spec, view))
-    _, rows, cut_rows = layout(spec, view)
+    _, rows, cut_rows, n_positions = laid_out if laid_out is not None else layout(spec, view)
     stages = [s for s in view.stages if s in applicable_stages(spec)]
     nothing_hidden = bool((trace.stats.n_visible == spec.S).all())
     if not view.explicit_stages and nothing_hidden and spec.mask is None:

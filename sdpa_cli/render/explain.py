@@ -38,6 +38,9 @@ from sdpa_cli.render.header import header
 from sdpa_cli.render.heatmap import stage_table
 from sdpa_cli.text import decimals, plural, sig
 
+UNDIMMED = Style(dim=False)
+"""Added to a style inside a muted line: that part reads at full strength."""
+
 
 def _mask_picture(ex: Explanation, view: View, n_rows: int) -> RenderableType | None:
     """The mask over the shown rows: ■ a visible key, · a hidden one. When the keys
@@ -49,7 +52,7 @@ def _mask_picture(ex: Explanation, view: View, n_rows: int) -> RenderableType | 
     S = ex.spec.S
     label = max(len(f"q{ex.spec.L - 1}"), 2)
     room = max(view.width - label - 1, 8)
-    window = range(S)[view.keys] if view.keys is not None else range(S)
+    window = view.key_columns(S)
     per = 1 if len(window) <= room or view.keys is not None else math.ceil(S / room)
     if per == 1:
         window = window[:room]
@@ -67,7 +70,7 @@ def _mask_picture(ex: Explanation, view: View, n_rows: int) -> RenderableType | 
         span = f"{per} keys per character"
     lines: list[RenderableType] = [
         Text.assemble(
-            ("mask", Style(bold=True)),
+            ("mask", THEME["title"]),
             (f"  {legend}", MUTED),
             (f"  ({span})" if span else "", MUTED),
         )
@@ -282,12 +285,12 @@ def _softmax_note(card: Scorecard, ex: Explanation, view: View) -> Text:
         return Text("no visible key: every weight is zero, and so is the output", MUTED)
     m = decimals(card.logit_max, p)
     plain = card.sum_exp
-    raw_sum = f" (Σ e^x = {plain:.6g})" if math.isfinite(plain) and plain > 0 else ""
+    raw_sum = f" (Σ e^x = {sig(plain, 6)})" if math.isfinite(plain) and plain > 0 else ""
     dropout = ex.spec.options.dropout
     return note_text(
         f"m = max logit = {m}; Z = Σ e^(x − m) = {decimals(card.z, p)}{raw_sum}; "
         "weight = e^(x − m) / Z"
-        + (f", then dropout (p = {dropout:g}) on it" if card.dropout else ""),
+        + (f", then dropout (p = {sig(dropout, 6)}) on it" if card.dropout else ""),
         view.width,
         2,
         first=0,
@@ -344,13 +347,13 @@ def _contributions(
     for n, (label, weight, vj, result) in enumerate(rows):
         last = n == len(rows) - 1
         line = Text.assemble(
-            (label.ljust(label_w), Style(bold=True) if last else THEME["label"]),
+            (label.ljust(label_w), THEME["title"] if last else THEME["label"]),
             "  ",
             weight.rjust(weight_w),
             " ",
-            (vj.ljust(vw), Style(bold=True) if last else Style()),
+            (vj.ljust(vw), THEME["title"] if last else Style()),
             "  ",
-            (result, Style(bold=True) if last else Style()),
+            (result, THEME["title"] if last else Style()),
         )
         out.append(line)
     return out
@@ -372,9 +375,9 @@ def render_scales(ex: Explanation, view: View) -> list[RenderableType]:
         v = ex.variance
         parts.append(
             note_text(
-                f"Raw scores: std {v.raw_std:.4g} over the slice; independent components "
-                f"would give √d_k·σ_q·σ_k = √{v.E}·{v.sigma_q:.4g}·{v.sigma_k:.4g} = "
-                f"{v.predicted_raw_std:.4g}.",
+                f"Raw scores: std {sig(v.raw_std)} over the slice; independent components "
+                f"would give √d_k·σ_q·σ_k = √{v.E}·{sig(v.sigma_q)}·{sig(v.sigma_k)} = "
+                f"{sig(v.predicted_raw_std)}.",
                 view.width,
                 0,
             )
@@ -383,7 +386,7 @@ def render_scales(ex: Explanation, view: View) -> list[RenderableType]:
     summary.add_column("", style=THEME["label"], no_wrap=True)
     for run in runs:
         summary.add_column(run.label + (" ◂" if run.current else ""), justify="right")
-    summary.add_row("logit std", *[f"{r.logit_std:.4g}" for r in runs])
+    summary.add_row("logit std", *[sig(r.logit_std) for r in runs])
     for r_pos, i in enumerate(ex.rows[: view.max_rows]):
         summary.add_row(
             f"q{i} max · H",
@@ -405,13 +408,13 @@ def render_scales(ex: Explanation, view: View) -> list[RenderableType]:
         parts.append(titled("weights", run.label))
         parts.append(stage_table(spec, "weights", run.weights, ex.visible, view, ex.rows, False))
     if ex.scales_verdict:
-        parts.append(note_text(ex.scales_verdict, view.width, 0, style=Style(bold=True)))
+        parts.append(note_text(ex.scales_verdict, view.width, 0, style=THEME["title"]))
     return parts
 
 
 def _verdict_style(run: ScaleRun) -> Style:
     if run.verdict.startswith("balanced"):
-        return Style(color="green", bold=True)
+        return THEME["ok"]
     if run.verdict.startswith(("saturated", "too flat")):
         return SEVERITY_STYLE["warning"]
     return Style()
@@ -464,8 +467,8 @@ def _closing(ex: Explanation, walk: bool, width: int) -> list[RenderableType]:
             first=0,
             style=MUTED,
         )
-        line.stylize(Style(bold=True, dim=False), 0, 8)
-        line.stylize(Style(color="green", bold=True, dim=False), 10, 15)
+        line.stylize(THEME["title"] + UNDIMMED, 0, 8)  # the rest of the line stays muted
+        line.stylize(THEME["ok"] + UNDIMMED, 10, 15)
         return [line]
     here = sum(len(s.findings) for s in ex.stages) + len(ex.input_findings)
     line = note_text(
@@ -480,7 +483,7 @@ def _closing(ex: Explanation, walk: bool, width: int) -> list[RenderableType]:
         2,
         first=0,
     )
-    line.stylize(Style(bold=True), 0, 8)
+    line.stylize(THEME["title"], 0, 8)
     lines: list[RenderableType] = [line]
     other = elsewhere_summary(ex.elsewhere, ex.lead)
     if other:

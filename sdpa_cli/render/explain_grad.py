@@ -42,12 +42,8 @@ def render_backward(ex: Explanation, view: View) -> list[RenderableType]:
         parts.append(note_text(st.note, view.width))
         row_prefix, col_prefix = BACKWARD_AXES[st.name]
         n_rows, n_cols = st.values.shape
-        shown = range(n_rows) if row_prefix == "k" else range(len(rows))
-        cols = range(n_cols)
-        if col_prefix == "k" and view.keys is not None:
-            cols = cols[view.keys]
-        if row_prefix == "k" and view.keys is not None:
-            shown = shown[view.keys]
+        shown = view.key_columns(n_rows) if row_prefix == "k" else range(len(rows))
+        cols = view.key_columns(n_cols) if col_prefix == "k" else range(n_cols)
         offset = 0 if row_prefix == "k" else rows.start
         parts.append(
             matrix_table(st.values, shown, cols, row_prefix, col_prefix, view, row_offset=offset)

@@ -15,14 +15,13 @@ from rich import box
 from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.panel import Panel
-from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.diagnosis.findings import ALL_KINDS, SEVERITIES, Diagnosis, Finding, HeadSummary
 from sdpa_cli.engine import precision
-from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, note_text
-from sdpa_cli.text import format_index, plural
+from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, note_text
+from sdpa_cli.text import format_index, headroom_bits, plural, sig
 
 UNITS = {
     "saturated": "row",
@@ -94,10 +93,10 @@ def findings_panel(diagnosis: Diagnosis, nothing: str = NOTHING_FOUND) -> Render
     unlisted = _unlisted(diagnosis)
     if not diagnosis.findings:
         if unlisted:
-            return Text.assemble(("findings  ", Style(bold=True)), (unlisted, MUTED))
+            return Text.assemble(("findings  ", THEME["title"]), (unlisted, MUTED))
         return Text.assemble(
-            ("findings  ", Style(bold=True)),
-            ("none: ", Style(color="green", bold=True)),
+            ("findings  ", THEME["title"]),
+            ("none: ", THEME["ok"]),
             (nothing, MUTED),
         )
     order = sorted(
@@ -112,7 +111,7 @@ def findings_panel(diagnosis: Diagnosis, nothing: str = NOTHING_FOUND) -> Render
         head = Text.assemble(
             (f" {g.severity:<8}", SEVERITY_STYLE[g.severity]),
             " ",
-            (label, Style(bold=True)),
+            (label, THEME["title"]),
             counted,
         )
         lines.append(head)
@@ -150,7 +149,7 @@ def stage_findings(findings: Sequence[Finding], width: int) -> list[RenderableTy
         label = first.kind.replace("_", " ")
         line = note_text(f"{first.severity:<8} {label}  {first.message}", width, 9, first=0)
         line.stylize(SEVERITY_STYLE[first.severity], 0, len(first.severity))
-        line.stylize(Style(bold=True), 9, 9 + len(label))
+        line.stylize(THEME["title"], 9, 9 + len(label))
         lines.append(line)
         others = group[1:]
         if others:
@@ -180,7 +179,7 @@ def heads_table(
     for h in ordered[:limit]:
         style = SEVERITY_STYLE["warning"] if h.index in flagged else None
         table.add_row(
-            Text("[" + ", ".join(map(str, h.index)) + "]", style or ""),
+            Text(format_index(h.index), style or ""),
             str(h.rows),
             "—" if math.isnan(h.mean_normalized_entropy) else f"{h.mean_normalized_entropy:.3f}",
             "—" if math.isnan(h.mean_max_weight) else f"{h.mean_max_weight:.4f}",
@@ -191,7 +190,7 @@ def heads_table(
         table.add_row(Text(f"… {len(ordered) - limit} more", MUTED), "", "", "", "", "")
     return Group(
         Text.assemble(
-            ("heads", Style(bold=True)),
+            ("heads", THEME["title"]),
             ("  means over rows with ≥ 2 visible keys; entropy as a fraction of log(keys)", MUTED),
         ),
         table,
@@ -218,9 +217,9 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
                 problem = f"{problem} ({s.new_nonfinite})"
             table.add_row(
                 s.stage,
-                f"{s.max_abs:.3g}",
+                sig(s.max_abs, 3),
                 at,
-                f"{s.normwise:.3g}",
+                sig(s.normwise, 3),
                 f"{s.normwise / u:.1f}",
                 Text(problem, SEVERITY_STYLE["error"] if s.problem else ""),
             )
@@ -229,8 +228,8 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
             Text(f"first problem: {first.stage} {first.problem}", SEVERITY_STYLE["error"])
             if first
             else Text(
-                f"every stage within {16} unit roundoffs of float64 (u = {u:.3g})",
-                Style(color="green"),
+                f"every stage within {16} unit roundoffs of float64 (u = {sig(u, 3)})",
+                THEME["good"],
             )
         )
         setup = (
@@ -260,7 +259,6 @@ def headroom_table(diagnosis: Diagnosis) -> RenderableType:
         cells = []
         for s in stages:
             bits = per.get(s, math.nan)
-            text = "—" if math.isnan(bits) else ("∞" if math.isinf(bits) else f"{bits:+.1f}")
             style = (
                 SEVERITY_STYLE["error"]
                 if bits < 0
@@ -268,10 +266,10 @@ def headroom_table(diagnosis: Diagnosis) -> RenderableType:
                 if bits < 1
                 else ""
             )
-            cells.append(Text(text, style))
+            cells.append(Text(headroom_bits(bits), style))
         table.add_row(d, *cells)
     title = Text.assemble(
-        ("headroom", Style(bold=True)),
+        ("headroom", THEME["title"]),
         ("  bits between each stage's largest value and the format's max", MUTED),
     )
     return Group(title, table)

@@ -13,7 +13,6 @@ import numpy as np
 from numpy.typing import NDArray
 from rich import box
 from rich.console import Group, RenderableType
-from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
@@ -30,20 +29,19 @@ from sdpa_cli.render.common import (
     more_slices,
     rule,
     slice_label,
-    slice_positions,
     titled,
 )
 from sdpa_cli.render.findings import NOTHING_FOUND, findings_panel
 from sdpa_cli.render.header import header
 from sdpa_cli.render.heatmap import matrix_table
-from sdpa_cli.text import format_index
+from sdpa_cli.text import format_index, sig
 
 GRADIENT_FOUND = ", no vanishing gradients, no keys without gradient"
 
-PASSED = Style(color="green", bold=True)
-
-FORMULAS = {name: gradient_formula(name) for name in ("dq", "dk", "dv")}
-FORMULAS["dbias"] = gradient_formula("dbias") + " (the logits' gradient)"
+FORMULAS = {
+    **{name: gradient_formula(name) for name in ("dq", "dk", "dv")},
+    "dbias": gradient_formula("dbias") + " (the logits' gradient)",
+}
 """A gradient's table title: its formula (:mod:`sdpa_cli.diagnosis.stages`)."""
 
 
@@ -54,7 +52,7 @@ def _row_columns(
     finding gives ‖dS‖: the columns leave room for the gradient's own)."""
     flagged = grads.vanishing(health.vanishing)[lead]
     shown = rows[: view.max_rows]
-    gains = [Text(f"{float(grads.gain[(*lead, i)]):.3g}") for i in shown]
+    gains = [Text(sig(float(grads.gain[(*lead, i)]), 3)) for i in shown]
     flags = [
         Text("vanishing", SEVERITY_STYLE["warning"]) if flagged[i] else Text("") for i in shown
     ]
@@ -86,8 +84,8 @@ def render_grad(
         )
     )
     parts.append(Text(""))
-    positions, rows, _ = layout(spec, view)
-    keys = range(spec.S)[view.keys] if view.keys is not None else range(spec.S)
+    positions, rows, _, picked = layout(spec, view)
+    keys = view.key_columns(spec.S)
     for lead in positions:
         label = slice_label(spec, lead)
         if label:
@@ -129,7 +127,7 @@ def render_grad(
                 )
             )
             parts.append(Text(""))
-    parts.extend(more_slices(len(slice_positions(spec, view)), view))
+    parts.extend(more_slices(picked, view))
     parts.append(norms_table(health, view))
     if numeric is not None:
         parts.append(numeric_table(numeric, tolerance))
@@ -156,17 +154,15 @@ def _broadcast_note(d: NDArray[np.float64]) -> str:
 def norms_table(health: GradDiagnosis, view: View) -> RenderableType:
     """‖dQ‖ per query head and ‖dK‖, ‖dV‖ per key/value head, with their rows
     whose gradient vanishes and keys that get none."""
-    norms = " · ".join(f"‖{LABEL[n]}‖ = {v:.4g}" for n, v in health.norms.items())
+    norms = " · ".join(f"‖{LABEL[n]}‖ = {sig(v)}" for n, v in health.norms.items())
     parts: list[RenderableType] = [titled("gradient norms", norms)]
     if len(health.query_heads) > 1 or len(health.kv_heads) > 1:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for col in ("slice", "‖dQ‖", "vanishing rows", "mean 1−Σw²"):
-            table.add_column(col, justify="left" if col == "head" else "right", no_wrap=True)
+            table.add_column(col, justify="right", no_wrap=True)
         for h in health.query_heads[: view.max_rows]:
-            mean = "—" if math.isnan(h.mean_gain) else f"{h.mean_gain:.3g}"
-            table.add_row(
-                format_index(h.index), f"{h.dq_norm:.4g}", f"{h.vanishing} of {h.rows}", mean
-            )
+            mean = "—" if math.isnan(h.mean_gain) else sig(h.mean_gain, 3)
+            table.add_row(format_index(h.index), sig(h.dq_norm), f"{h.vanishing} of {h.rows}", mean)
         parts.append(table)
         parts.append(
             Text(
@@ -180,8 +176,8 @@ def norms_table(health: GradDiagnosis, view: View) -> RenderableType:
         for k in health.kv_heads[: view.max_rows]:
             kv.add_row(
                 format_index(k.index),
-                f"{k.dk_norm:.4g}",
-                f"{k.dv_norm:.4g}",
+                sig(k.dk_norm),
+                sig(k.dv_norm),
                 f"{k.hidden + k.starved} of {k.keys}",
             )
         parts.append(kv)
@@ -203,11 +199,11 @@ def numeric_table(checks: Sequence[NumericCheck], tolerance: float) -> Renderabl
             str(c.samples),
             f"{c.max_rel_error:.2e}",
             format_index(c.worst_at) if c.worst_at is not None else "—",
-            f"{c.numeric:.6g}",
-            f"{c.analytic:.6g}",
-            Text("ok" if ok else "FAIL", PASSED if ok else SEVERITY_STYLE["error"]),
+            sig(c.numeric, 6),
+            sig(c.analytic, 6),
+            Text("ok" if ok else "FAIL", THEME["ok"] if ok else SEVERITY_STYLE["error"]),
         )
     title = titled(
-        "numeric check", f"central differences in float64, tolerance {tolerance:g} (relative)"
+        "numeric check", f"central differences in float64, tolerance {sig(tolerance, 6)} (relative)"
     )
     return Group(title, table, Text(""))

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.render.common import THEME
-from sdpa_cli.text import shape
+from sdpa_cli.text import shape, sig
 
 
 def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
@@ -40,21 +40,22 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     )
     scale = spec.scale_label
     if o.temperature != 1:
-        scale += f", temperature {o.temperature:g} (effective {spec.scale / o.temperature:.6g})"
+        scale += f", temperature {sig(o.temperature, 6)} (effective {sig(spec.scale / o.temperature, 6)})"
     grid.add_row("scale", Text(scale))
     if o.softcap is not None:
-        grid.add_row("softcap", Text(f"{o.softcap:g} · tanh(scaled / {o.softcap:g})"))
+        grid.add_row("softcap", Text(f"{sig(o.softcap, 6)} · tanh(scaled / {sig(o.softcap, 6)})"))
     if spec.bias is not None:
         grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {shape(spec.shapes['bias'])}"))
     if o.alibi:
         shown = spec.alibi_slopes[:8]
-        slopes = ", ".join(f"{s:.4g}" for s in shown) + (", …" if spec.H > 8 else "")
+        slopes = ", ".join(sig(s) for s in shown) + (", …" if spec.H > 8 else "")
         grid.add_row("ALiBi", Text(f"−slope_h · |i + S − L − j|, slopes {slopes}"))
     for label, text in mask_lines(spec):
         grid.add_row(label, Text(text))
     if o.dropout:
         grid.add_row(
-            "dropout", Text(f"p = {o.dropout:g}, seed {o.seed}: kept weights ÷ {1 - o.dropout:g}")
+            "dropout",
+            Text(f"p = {sig(o.dropout, 6)}, seed {o.seed}: kept weights ÷ {sig(1 - o.dropout, 6)}"),
         )
     if o.emulated:
         stored = (

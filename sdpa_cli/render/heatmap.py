@@ -113,8 +113,7 @@ def _fit_stage_columns(
 ) -> tuple[range, dict[int, int]]:
     """The key (or output) columns that fit the width, from ``--keys`` (at most
     ``--max-rows``), and the width of each candidate, from its exact cell texts."""
-    every = range(n_cols)
-    chosen = every[view.keys] if view.keys is not None and not cells.is_output else every
+    chosen = range(n_cols) if cells.is_output else view.key_columns(n_cols)
     candidates = chosen[: view.max_rows]
     widths = {
         j: max([len(f"{prefix}{j}")] + [len(cells.text(r, j)) for r in range(n_rows)])

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from sdpa_cli.diagnosis.inspect import FileReport, Headroom, TensorStats
 from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME
-from sdpa_cli.text import plural
+from sdpa_cli.text import compact, headroom_bits, plural
 
 TITLE = THEME["title"]
 OVERFLOW = SEVERITY_STYLE["error"]
@@ -34,16 +34,6 @@ FORMAT_NAMES = {
     "json": "JSON",
     "yaml": "YAML",
 }
-
-
-def number(x: float, digits: int = 4) -> str:
-    """``digits`` significant digits with a short exponent (``-4.502e5``, ``1.2e-8``),
-    ``—`` for a statistic that has no value (NaN)."""
-    if math.isnan(x):
-        return "—"
-    text = f"{x:.{digits}g}"
-    mantissa, e, exponent = text.partition("e")
-    return f"{mantissa}e{int(exponent)}" if e else text
 
 
 def shape_text(shape: Sequence[int]) -> str:
@@ -77,8 +67,8 @@ STAT_COLUMNS = ("min", "max", "mean", "std", "nan", "inf")
 
 
 def _stat_cells(t: TensorStats) -> list[Text]:
-    low = Text("empty", MUTED) if not t.size else Text(number(t.min))
-    numbers = [Text(number(x)) for x in (t.max, t.mean, t.std)]
+    low = Text("empty", MUTED) if not t.size else Text(compact(t.min))
+    numbers = [Text(compact(x)) for x in (t.max, t.mean, t.std)]
     return [low, *numbers, _nonfinite(t.nan), _inf_text(t)]
 
 
@@ -128,8 +118,7 @@ def _headroom_cell(h: Headroom) -> Text:
     """Bits below the format's max, then each kind of damage the cast does."""
     if math.isnan(h.bits):
         return Text("—")
-    bits = "∞" if math.isinf(h.bits) else f"{h.bits:+.1f}"
-    cell = Text(f"{bits} bits", OVERFLOW if h.overflow else "")
+    cell = Text(f"{headroom_bits(h.bits)} bits", OVERFLOW if h.overflow else "")
     for n, what, style in (
         (h.overflow, "overflow", OVERFLOW),
         (h.flush, "to zero", UNDERFLOW),
@@ -153,7 +142,7 @@ def headroom_table(tensors: Sequence[TensorStats]) -> RenderableType:
         table.add_column(f, justify="right", no_wrap=True)
     for t in shown:
         table.add_row(
-            t.name, number(t.absmax), number(t.absmin), *(_headroom_cell(h) for h in t.headroom)
+            t.name, compact(t.absmax), compact(t.absmin), *(_headroom_cell(h) for h in t.headroom)
         )
     title = Text.assemble(
         ("headroom", TITLE),
@@ -184,7 +173,7 @@ def notes(tensors: Sequence[TensorStats]) -> list[Text]:
             if h.overflow:
                 lines.append(
                     Text(
-                        f"{t.name}: max |x| = {number(t.absmax, 3)} > {h.format} max {number(h.max, 6)}: "
+                        f"{t.name}: max |x| = {compact(t.absmax, 3)} > {h.format} max {compact(h.max, 6)}: "
                         f"{_counted(h.overflow, 'overflows', 'overflow')} to inf",
                         OVERFLOW,
                     )
@@ -192,9 +181,9 @@ def notes(tensors: Sequence[TensorStats]) -> list[Text]:
             if h.flush:
                 lines.append(
                     Text(
-                        f"{t.name}: min |x| = {number(t.absmin, 3)}: "
+                        f"{t.name}: min |x| = {compact(t.absmin, 3)}: "
                         f"{_counted(h.flush, 'flushes', 'flush', 'nonzero value')} to zero "
-                        f"in {h.format} (smallest subnormal {number(h.tiny, 3)})",
+                        f"in {h.format} (smallest subnormal {compact(h.tiny, 3)})",
                         UNDERFLOW,
                     )
                 )
@@ -202,7 +191,7 @@ def notes(tensors: Sequence[TensorStats]) -> list[Text]:
                 lines.append(
                     Text(
                         f"{t.name}: {_counted(h.subnormal, 'is', 'are')} subnormal in {h.format} "
-                        f"(below its smallest normal {number(h.normal, 3)}: fewer significant bits)",
+                        f"(below its smallest normal {compact(h.normal, 3)}: fewer significant bits)",
                         UNDERFLOW,
                     )
                 )
