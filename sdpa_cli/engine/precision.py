@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from numpy.typing import NDArray
 
@@ -29,8 +30,6 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     """The numpy dtype of a format name (bfloat16 and float8 come from ml_dtypes)."""
     if name in ("float64", "float32", "float16"):
         return np.dtype(name)
-    import ml_dtypes
-
     dt: np.dtype[Any] = np.dtype(getattr(ml_dtypes, name))
     return dt
 
@@ -105,8 +104,6 @@ def fmt(name: str) -> Format:
     if name == "float64":
         fi64 = np.finfo(np.float64)
         return Format(name, float(fi64.max), math.inf, 5e-324, float(fi64.tiny), float(fi64.eps))
-    import ml_dtypes
-
     dt = numpy_dtype(name)
     fi = ml_dtypes.finfo(dt)  # type: ignore[no-untyped-call]
     top = float(fi.max)
