@@ -5,17 +5,14 @@ runs, and a run's value of each export (the LSE read off the softmax)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from sdpa_cli.check.records import Expected
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.block import Block
+from sdpa_cli.engine.block import softmax_lse
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import input_dtypes
 from sdpa_cli.engine.trace import Trace, merge_heads
@@ -125,26 +122,6 @@ def as_naive(spec: AttentionSpec, dtype: str) -> AttentionSpec:
 
 
 # --- a run's values of an export --------------------------------------------------------
-
-
-def softmax_lse(masked: NDArray[Any], weights: NDArray[Any]) -> F64:
-    """Each row's logsumexp of the masked logits, read off their softmax: LSE =
-    s_top − log w_top for the row's largest weight (every weight is exp(s − LSE));
-    −inf for a row with no key to attend to, NaN for a row of NaN. Any leading axes;
-    keys last."""
-    if not weights.shape[-1]:
-        return np.full(weights.shape[:-1], -math.inf)
-    top = np.argmax(weights, axis=-1)[..., None]
-    w_top = np.take_along_axis(weights, top, axis=-1)[..., 0].astype(np.float64)
-    s_top = np.take_along_axis(masked, top, axis=-1)[..., 0].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lse = s_top - np.log(w_top)
-    return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
-
-
-def block_lse(block: Block) -> F64:
-    """Each row's logsumexp of a block's masked logits (:func:`softmax_lse`)."""
-    return softmax_lse(block.masked, block.weights)
 
 
 def tensor_values(run: Trace, name: str, merged: bool = False) -> F64:

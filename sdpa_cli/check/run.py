@@ -36,7 +36,6 @@ from sdpa_cli.check.exports import (
     Fitted,
     as_naive,
     as_reference,
-    block_lse,
     export_dtype,
     fit_expected,
     tensor_values,
@@ -47,9 +46,10 @@ from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
-from sdpa_cli.engine.block import native_dtype
+from sdpa_cli.engine.block import block_lse, native_dtype, visibility
 from sdpa_cli.engine.driver import Place, Progress, sweep
-from sdpa_cli.engine.records import Records
+from sdpa_cli.engine.forward import forward, query_block
+from sdpa_cli.engine.records import Moments, Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.trace import Trace, merge_heads, split_heads_of_output, trace
@@ -101,7 +101,47 @@ def _judge_pass(
         found.lo = np.empty(spec.output_shape, dtype=bound_dtype)
         found.hi = np.empty(spec.output_shape, dtype=bound_dtype)
 
-    def visit(place: Place) -> Records:
+    # The lean pass (output, LSE and statistics at once) when the run as given is the
+    # reference's computation, not an emulation read against it.
+    lean = not spec.options.emulated and naive_spec is None
+
+    def bounds(place: Place, support: NDArray[np.bool_] | None, rows: slice, keys: slice) -> None:
+        """Per output element of ``rows``, V's range over the keys each row weighs."""
+        if found.lo is None or found.hi is None:
+            return
+        inputs = place.inputs.get(ref_spec, place.lead)
+        at: tuple[int | slice, ...] = (*place.lead, rows)
+        if support is None and (keys.start, keys.stop) == (0, spec.S):
+            found.lo[at], found.hi[at] = inputs.v_extremes  # the slice's, computed once
+            return
+        running = None
+        if keys.start == 0:
+            low, high = inputs.v_running
+            running = (low[: keys.stop], high[: keys.stop])
+        found.lo[at], found.hi[at] = v_range(
+            inputs.v[keys], support, rows.stop - rows.start, running
+        )
+
+    def visit_lean(place: Place) -> tuple[Records | None, Moments | None]:
+        fw = forward(place, ref_spec, stats, lse="lse" in found.reference)
+        values = found.reference
+        if "output" in values:
+            values["output"][place.at] = fw.output
+        if "lse" in values and fw.lse is not None:
+            values["lse"][place.at] = fw.lse
+        if fw.blocks:
+            for b in fw.blocks:
+                bounds(place, block_support(b), b.rows, b.keys)
+        else:
+            bounds(
+                place,
+                visibility(ref_spec, place.lead, place.rows, place.keys),
+                place.rows,
+                place.keys,
+            )
+        return fw.records, fw.moments
+
+    def visit(place: Place) -> tuple[Records | None, Moments | None]:
         r, keys, at = place.rows, place.keys, place.at
         ref = place.attend(ref_spec)
         run = ref
@@ -116,20 +156,18 @@ def _judge_pass(
                 values["output"][at] = b.output
             if "lse" in values:
                 values["lse"][at] = block_lse(b)
-        if found.lo is not None and found.hi is not None:
-            inputs = place.inputs.get(ref_spec, place.lead)
-            running = None
-            if keys.start == 0:
-                low, high = inputs.v_running
-                running = (low[: keys.stop], high[: keys.stop])
-            found.lo[at], found.hi[at] = v_range(
-                inputs.v[keys], block_support(ref), r.stop - r.start, running
-            )
-        return records
+        bounds(place, block_support(ref), r, keys)
+        return records, None
 
-    for records in sweep(spec, visit, jobs=jobs, progress=progress):
-        stats.merge(records)
-    stats.add_all_moments()
+    rows = query_block(ref_spec) if lean else None
+    walk = sweep(spec, visit_lean if lean else visit, jobs=jobs, rows=rows, progress=progress)
+    for records, moments in walk:
+        if records is not None:
+            stats.merge(records)
+        if moments is not None:
+            stats.moments.merge(moments)
+    if not lean:
+        stats.add_all_moments()
     return found
 
 

@@ -153,24 +153,10 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         return
     factor = spec.factor
     logit_std = raw_std * factor
-    sq, sk = finite_std(spec.q), finite_std(spec.k)
-    predicted = math.sqrt(E) * sq * sk
-    numbers = (
-        f"std of QKᵀ {sig(raw_std)} (√d_k·σ_q·σ_k = √{E}·{sig(sq, 3)}·{sig(sk, 3)} = {sig(predicted)}); "
-        f"effective scale {sig(factor)}, so the logits' std is {sig(logit_std)}"
-    )
     proper = raw_std / math.sqrt(E)
-    details = {
-        "raw_std": raw_std,
-        "predicted_raw_std": predicted,
-        "sigma_q": sq,
-        "sigma_k": sk,
-        "effective_scale": factor,
-        "logit_std": logit_std,
-        "logit_std_with_sqrt_dk": proper,
-    }
     # Closer (in log) to 1 than to 1/√d_k, and the logits spread enough to saturate.
     if scale_looks_omitted(spec) and logit_std > 2:
+        numbers, details = _scale_numbers(spec, raw_std)
         yield Finding(
             "unscaled",
             "warning",
@@ -181,6 +167,7 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         )
     # Closer to 1/d_k than to 1/√d_k, and the logits too flat to select anything.
     elif factor < E**-0.75 and logit_std < 0.5:
+        numbers, details = _scale_numbers(spec, raw_std)
         yield Finding(
             "unscaled",
             "warning",
@@ -190,6 +177,30 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
             stage="scaled",
             details=details,
         )
+
+
+def _scale_numbers(spec: AttentionSpec, raw_std: float) -> tuple[str, dict[str, float]]:
+    """The numbers behind a scale finding: the spreads of Q, K and the scores (σ_q and
+    σ_k read the whole tensors: only once a finding is made)."""
+    E = spec.E
+    factor = spec.factor
+    logit_std = raw_std * factor
+    sq, sk = finite_std(spec.q), finite_std(spec.k)
+    predicted = math.sqrt(E) * sq * sk
+    numbers = (
+        f"std of QKᵀ {sig(raw_std)} (√d_k·σ_q·σ_k = √{E}·{sig(sq, 3)}·{sig(sk, 3)} = {sig(predicted)}); "
+        f"effective scale {sig(factor)}, so the logits' std is {sig(logit_std)}"
+    )
+    details = {
+        "raw_std": raw_std,
+        "predicted_raw_std": predicted,
+        "sigma_q": sq,
+        "sigma_k": sk,
+        "effective_scale": factor,
+        "logit_std": logit_std,
+        "logit_std_with_sqrt_dk": raw_std / math.sqrt(E),
+    }
+    return numbers, details
 
 
 # --- masks -------------------------------------------------------------------------------------

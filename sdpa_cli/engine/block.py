@@ -197,11 +197,20 @@ def native_dtype(spec: AttentionSpec, emulate: bool = True) -> np.dtype[Any] | N
 @dataclass(frozen=True)
 class Operands:
     """K and V of one slice in the dtype a block computes in (converted once per slice),
-    and which rows of V are not finite."""
+    and which rows (keys) of each are not finite."""
 
     k: NDArray[Any]
     v: NDArray[Any]
     v_bad: NDArray[np.bool_]
+    k_bad: NDArray[np.bool_]
+
+    @cached_property
+    def v_extremes(self) -> tuple[NDArray[Any], NDArray[Any]]:
+        """V's smallest and largest value per column over every key (0 with no key)."""
+        if not self.v.shape[0]:
+            zeros = np.zeros(self.v.shape[1], dtype=self.v.dtype)
+            return zeros, zeros
+        return self.v.min(axis=0), self.v.max(axis=0)
 
     @cached_property
     def v_running(self) -> tuple[NDArray[Any], NDArray[Any]]:
@@ -219,7 +228,8 @@ def operands(spec: AttentionSpec, lead_index: tuple[int, ...], emulate: bool = T
         k, v = precision.round_to(k, spec.options.dtype), precision.round_to(v, spec.options.dtype)
     with np.errstate(invalid="ignore"):
         v_bad = ~np.isfinite(v).all(axis=1) if v.size else np.zeros(v.shape[0], np.bool_)
-    return Operands(k, v, v_bad)
+        k_bad = ~np.isfinite(k).all(axis=1) if k.size else np.zeros(k.shape[0], np.bool_)
+    return Operands(k, v, v_bad, k_bad)
 
 
 @dataclass(frozen=True)
@@ -428,3 +438,23 @@ def softmax(logits: F64, dtype: str = "float64", *, native: bool = False) -> F64
         total = e.sum(axis=-1, keepdims=True) if native else precision.row_sum(e, dtype)
         total = np.where(total == 0.0, 1.0, total).astype(e.dtype)
         return r(np.divide(e, total, out=e))
+
+
+def softmax_lse(masked: NDArray[Any], weights: NDArray[Any]) -> F64:
+    """Each row's logsumexp of the masked logits, read off their softmax: LSE =
+    s_top − log w_top for the row's largest weight (every weight is exp(s − LSE));
+    −inf for a row with no key to attend to, NaN for a row of NaN. Any leading axes;
+    keys last."""
+    if not weights.shape[-1]:
+        return np.full(weights.shape[:-1], -math.inf)
+    top = np.argmax(weights, axis=-1)[..., None]
+    w_top = np.take_along_axis(weights, top, axis=-1)[..., 0].astype(np.float64)
+    s_top = np.take_along_axis(masked, top, axis=-1)[..., 0].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = s_top - np.log(w_top)
+    return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
+
+
+def block_lse(block: Block) -> F64:
+    """Each row's logsumexp of a block's masked logits (:func:`softmax_lse`)."""
+    return softmax_lse(block.masked, block.weights)

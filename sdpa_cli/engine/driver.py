@@ -104,6 +104,14 @@ class Place:
             spec, self.lead, self.rows, emulate=emulate, keys=self.keys, inputs=inputs
         )
 
+    def part(self, spec: AttentionSpec, rows: slice) -> Place:
+        """Some of this place's rows: their own key range when this place skips keys
+        (fewer rows may see fewer keys), every key when it computes every key."""
+        keys = self.keys
+        if (keys.start, keys.stop) != (0, spec.S):
+            keys = key_range(spec, self.lead, rows)
+        return Place(self.lead, rows, keys, self.inputs)
+
     def twin(self, spec: AttentionSpec, block: Block) -> Block:
         """The float64 block an emulated block's statistics are read against: what
         *would* overflow or flush comes from exact values (the block itself when the

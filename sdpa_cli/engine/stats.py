@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import Block, native_dtype
+from sdpa_cli.engine.online import RowStats
 from sdpa_cli.engine.records import (
     OVERFLOW_STAGES,
     Moments,
@@ -173,6 +174,17 @@ class Stats:
             if rec.errors:
                 self._errors(block, reference, rec, base, out_base)
         return rec
+
+    def write_rows(self, at: tuple[int | slice, ...], rows: RowStats) -> None:
+        """Write a block's row statistics read from the lean pass (its records are
+        merged like any other block's)."""
+        self.n_visible[at] = rows.n_visible
+        self.max_weight[at] = rows.max_weight
+        self.argmax[at] = rows.argmax
+        self.entropy[at] = rows.entropy
+        for d in self.narrow:
+            self.underflow[d][at] = rows.underflow[d]
+            self.lost[d][at] = rows.lost[d]
 
     # --- rows: visible keys, the largest weight, the entropy ----------------------------
 

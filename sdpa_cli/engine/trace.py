@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine.block import STAGES, Block, applicable_stages, attend_block
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
+from sdpa_cli.engine.forward import forward, query_block
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
@@ -138,7 +139,18 @@ def trace(
     stats = Stats.empty(spec)
     summaries = {s: Moments() for s in summarize if s in applicable_stages(spec)}
 
+    # The lean pass where nothing score-sized is kept or summarised.
+    lean = visible is None and not (summaries.keys() - {"output"}) and gather_stats
+
     def visit(place: Place) -> Any:
+        if lean:
+            found = forward(place, spec, stats)
+            seen = {s: Moments() for s in summaries}
+            if "output" in seen:
+                seen["output"].add(found.output)
+            if "output" in arrays:
+                arrays["output"][place.at] = found.output
+            return found.records, seen, found.moments
         block = place.attend(spec)
         records = stats.measure(block, place.twin(spec, block)) if gather_stats else None
         seen = {s: Moments() for s in summaries}
@@ -148,17 +160,21 @@ def trace(
             visible[place.at] = block.visible
         for name, arr in arrays.items():
             arr[place.at] = getattr(block, name)
-        return records, seen
+        return records, seen, None
 
     # Score-shaped stages are kept whole, every key of them; otherwise only the keys a
     # block can see are computed (the output is the same either way).
     keys: KeyMode = "all" if visible is not None else "visible"
-    for records, seen in sweep(spec, visit, jobs=jobs, rows=rows, keys=keys, progress=progress):
+    rows = rows or (query_block(spec) if lean else None)
+    walk = sweep(spec, visit, jobs=jobs, rows=rows, keys=keys, progress=progress)
+    for records, seen, moments in walk:
         if records is not None:
             stats.merge(records)
-        for name, moments in seen.items():
-            summaries[name].merge(moments)
-    if gather_stats:
+        if moments is not None:
+            stats.moments.merge(moments)
+        for name, summary in seen.items():
+            summaries[name].merge(summary)
+    if gather_stats and not lean:
         stats.add_all_moments()
     return Trace(
         spec=spec,

@@ -30,7 +30,7 @@ from reference import Stages, attention
 
 from sdpa_cli import assert_attention_close
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
-from sdpa_cli.check.exports import softmax_lse
+from sdpa_cli.engine.block import softmax_lse
 from sdpa_cli.check.records import Check, CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings

@@ -31,7 +31,7 @@ import sdpa_cli.engine.block
 import sdpa_cli.engine.driver
 from sdpa_cli.check.compare import Mismatch, compare
 from sdpa_cli.check.elements import v_range
-from sdpa_cli.check.exports import block_lse
+from sdpa_cli.engine.block import block_lse
 from sdpa_cli.check.records import CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.diagnosis.rules import diagnose

@@ -1,0 +1,109 @@
+"""One block of query rows of the forward pass, as every command reads it: the
+output, the LSE and the statistics' records, from the lean pass
+(:mod:`sdpa_cli.engine.online`) where it applies, else from the per-stage blocks.
+
+:func:`forward` is what a visitor of the block driver calls when it wants the
+forward pass's results and not its stages; :func:`query_block` is the row block to
+sweep with (the lean pass keeps its matmuls' shape whatever the key length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.engine import online, precision
+from sdpa_cli.engine.block import Block, block_lse
+from sdpa_cli.engine.driver import Place, block_rows
+from sdpa_cli.engine.records import Moments, Records, product_moments
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.types import F64
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The forward pass over one place's query rows."""
+
+    output: NDArray[Any]
+    """(rows, Ev) in the computation's dtype."""
+    lse: F64 | None
+    """(rows,) in float64, when asked for."""
+    records: Records | None
+    """The statistics' records (the rows' own were written into the stats)."""
+    moments: Moments | None
+    """The slice's score moments, from the slice's first row block."""
+    blocks: tuple[Block, ...]
+    """The per-stage blocks, where the lean pass did not apply (else empty)."""
+
+
+def query_block(spec: AttentionSpec) -> int | None:
+    """Query rows per block for a sweep that calls :func:`forward` (None: the
+    driver's default, for the per-stage path)."""
+    return online.QUERY_BLOCK if online.applies(spec) else None
+
+
+def forward(
+    place: Place,
+    spec: AttentionSpec,
+    stats: Stats | None,
+    *,
+    lse: bool = False,
+    moments: bool = True,
+) -> Forward:
+    """The forward pass of ``spec`` over ``place``'s rows, measured into ``stats``.
+
+    ``spec`` is the computation run (a check's reference, or the spec as given);
+    ``stats`` (None: not gathered) judges it; it must not be emulated in a format
+    narrower than float32 when ``stats`` are gathered (the per-stage path reads an
+    emulated block against its float64 twin: :meth:`Place.twin`)."""
+    from_stats = stats is not None and moments and place.rows.start == 0
+    found = None
+    # An emulated run's statistics read every stage against its float64 twin.
+    if online.applies(spec) and not (stats is not None and stats.spec.options.emulated):
+        inputs = place.inputs.get(spec, place.lead)
+        records = (
+            Records.empty(stats.spec, stats.checked, stats.narrow)
+            if stats is not None
+            else Records.empty(spec, precision.CHECKED, ("float16",))
+        )
+        found = online.attend_online(spec, place.lead, place.rows, place.keys, inputs, records)
+    slice_moments = _moments(spec, place) if from_stats else None
+    if found is not None:
+        if stats is None:
+            return Forward(found.output, found.lse if lse else None, None, slice_moments, ())
+        stats.write_rows(place.at, found.rows)
+        return Forward(found.output, found.lse if lse else None, found.records, slice_moments, ())
+    return _per_stage(place, spec, stats, lse, slice_moments)
+
+
+def _per_stage(
+    place: Place, spec: AttentionSpec, stats: Stats | None, lse: bool, slice_moments: Moments | None
+) -> Forward:
+    """The per-stage path, a few rows at a time (its blocks hold every stage)."""
+    step = block_rows(spec)
+    blocks = []
+    records: Records | None = None
+    for i0 in range(place.rows.start, place.rows.stop, step):
+        part = place.part(spec, slice(i0, min(i0 + step, place.rows.stop)))
+        block = part.attend(spec)
+        if stats is not None:
+            found = stats.measure(block, part.twin(spec, block))
+            if records is None:
+                records = found
+            else:
+                records.merge(found)
+        blocks.append(block)
+    output = np.concatenate([b.output for b in blocks]) if blocks else np.empty((0, spec.Ev))
+    lses = np.concatenate([block_lse(b) for b in blocks]) if lse and blocks else None
+    return Forward(output, lses, records, slice_moments, tuple(blocks))
+
+
+def _moments(spec: AttentionSpec, place: Place) -> Moments:
+    """The moments of the slice's scaled scores, from Q and K in float64."""
+    q = np.asarray(spec.q[spec.operand_index("q", place.lead)], dtype=np.float64)
+    k = np.asarray(spec.k[spec.operand_index("k", place.lead)], dtype=np.float64)
+    return product_moments(q, k, spec.factor)

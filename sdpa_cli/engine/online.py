@@ -1,0 +1,301 @@
+"""The lean pass: query rows over blocks of keys with an online softmax, every
+statistic read from what the softmax computes anyway.
+
+For one (batch, head) slice and query rows i0..i1, key blocks of :data:`KEY_BLOCK`
+keys are visited in order, as FlashAttention does. Per row it keeps the running max
+m (and its key), the running sum ℓ = Σ exp(x − m), the running Σ exp(x − m)·(x − m)
+and the output accumulator; when a later key block raises m, the three are rescaled
+by exp(m_old − m_new). At the end
+
+    output     = acc / ℓ                         (normalised once, not every weight)
+    LSE        = m + log ℓ
+    max weight = 1 / ℓ                           (the top weight is exp(0) / ℓ)
+    entropy    = log ℓ − Σ e·(x − m) / ℓ         (H = −Σ w log w, w = e / ℓ)
+
+and the weights that would flush to zero in a narrow format are counted only for
+rows whose smallest weight, exp(min x − m) / ℓ, is small enough to flush.
+
+The scale is folded into Q (one (rows, E) product instead of a pass over the
+scores), and two score-sized buffers per thread are reused from block to block.
+
+This covers the common computation: native arithmetic (float64, or float32
+throughout), scale, causal, window, key padding and boolean masks, finite K and V.
+:func:`attend_online` returns None where it does not apply, and for a block whose
+scores leave every checked format's range or are not finite: the caller then runs
+the per-stage path (:func:`~sdpa_cli.engine.block.attend_block` and
+:meth:`~sdpa_cli.engine.stats.Stats.measure`), which records where and how.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.block import DENORMAL_FLOOR, Operands, native_dtype, visibility
+from sdpa_cli.engine.records import OVERFLOW_STAGES, Records
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.types import F64, Index
+
+KEY_BLOCK = 1024
+"""Keys per block of the online softmax: with :data:`QUERY_BLOCK` rows, two buffers of
+1 MiB (float32) or 2 MiB (float64), about what a core's L2 cache holds."""
+
+QUERY_BLOCK = 256
+"""Query rows per block of the lean pass, whatever the key length (the cost per score
+stays flat: the matmuls keep their shape as S grows)."""
+
+
+def applies(spec: AttentionSpec) -> bool:
+    """Whether the lean pass computes this spec: native arithmetic, no stage between
+    the scaled scores and the mask (softcap, bias, ALiBi, a float mask), no dropout,
+    hidden keys at −inf, and a finite non-zero scale."""
+    o = spec.options
+    factor = spec.factor
+    return (
+        native_dtype(spec) is not None
+        and o.softcap is None
+        and spec.bias is None
+        and not o.alibi
+        and (spec.mask is None or spec.mask_is_bool)
+        and o.dropout == 0
+        and not o.prescale
+        and math.isinf(o.effective_mask_value)
+        and math.isfinite(factor)
+        and factor != 0
+    )
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Per query row of a block: visible keys, the largest weight and its key, the
+    entropy, and per narrow format the weights that would flush and the mass lost."""
+
+    n_visible: NDArray[np.int64]
+    max_weight: F64
+    argmax: NDArray[np.int64]
+    entropy: F64
+    underflow: dict[str, NDArray[np.int64]]
+    lost: dict[str, F64]
+
+
+@dataclass(frozen=True)
+class Online:
+    """What the lean pass gives for a block of query rows."""
+
+    output: NDArray[Any]
+    """(rows, Ev), in the computation's dtype."""
+    lse: F64
+    """(rows,), float64: −inf for a row with no visible key."""
+    rows: RowStats
+    records: Records
+
+
+_buffers = threading.local()
+
+
+def _buffer(name: str, dtype: np.dtype[Any], n: int) -> NDArray[Any]:
+    """A flat scratch array of at least ``n`` elements, this thread's own, reused."""
+    key = (name, dtype)
+    pool: dict[tuple[str, np.dtype[Any]], NDArray[Any]] = getattr(_buffers, "pool", None) or {}
+    _buffers.pool = pool
+    buf = pool.get(key)
+    if buf is None or buf.size < n:
+        buf = pool[key] = np.empty(n, dtype=dtype)
+    return buf[:n]
+
+
+def attend_online(
+    spec: AttentionSpec,
+    lead: Index,
+    rows: slice,
+    keys: slice,
+    inputs: Operands,
+    records: Records,
+    *,
+    key_block: int = KEY_BLOCK,
+) -> Online | None:
+    """The lean pass over query rows ``rows`` of the slice at ``lead``, keys ``keys``
+    (the range :func:`~sdpa_cli.engine.block.key_range` leaves), or None where the
+    per-stage path must compute the block (see the module's docstring).
+
+    ``records`` is a block's empty records (:meth:`Records.empty`), filled here: its
+    formats are those the statistics check for overflow and flushed weights."""
+    checked = tuple(dict.fromkeys(d for _, d in records.overflow))
+    narrow = tuple(records.exp_overflow)
+    if inputs.v_bad.any() or inputs.k_bad.any():
+        return None
+    dt = inputs.k.dtype
+    n = rows.stop - rows.start
+    k0, k1 = keys.start, keys.stop
+    q = np.asarray(spec.q[spec.operand_index("q", lead)][rows], dtype=dt)
+    factor = spec.factor
+    qf = q * dt.type(factor)
+    ev = inputs.v.shape[1]
+    neg = dt.type(np.finfo(dt).min)  # hidden keys: exp gives 0, and 0 · it is 0 (not NaN)
+    floor = DENORMAL_FLOOR[dt]
+
+    m = np.full(n, -np.inf, dtype=dt)  # running row max
+    top = np.zeros(n, dtype=np.int64)  # its key
+    total = np.zeros(n, dtype=dt)  # Σ exp(x − m)
+    spread = np.zeros(n, dtype=dt)  # Σ exp(x − m)·(x − m)
+    low = np.full(n, np.inf, dtype=dt)  # smallest visible logit
+    acc = np.zeros((n, ev), dtype=dt)
+    n_visible = np.zeros(n, dtype=np.int64)
+    hi_all, lo_all = -math.inf, math.inf
+    exp_limit = min(precision.fmt(d).exp_limit for d in narrow)
+
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        for c0 in range(k0, k1, key_block):
+            c1 = min(c0 + key_block, k1)
+            width = c1 - c0
+            x = _buffer("x", dt, n * width).reshape(n, width)
+            np.matmul(qf, inputs.k[c0:c1].T, out=x)
+            vis = visibility(spec, lead, rows, slice(c0, c1))
+            if vis is not None and vis.all():
+                vis = None  # a key block wholly visible (below a causal diagonal)
+            if vis is None:
+                n_visible += width
+                chunk_lo = np.min(x, axis=1)
+            else:
+                seen = vis.sum(axis=1)
+                n_visible += seen
+                chunk_lo = np.min(x, axis=1, where=vis, initial=np.inf)
+                np.copyto(x, neg, where=~vis)
+            at = np.argmax(x, axis=1)
+            chunk_max = x[np.arange(n), at]
+            if vis is not None:
+                chunk_max = np.where(seen > 0, chunk_max, -np.inf).astype(dt)
+            hi = float(np.max(chunk_max, initial=-math.inf))
+            lo = float(np.min(chunk_lo, initial=math.inf))
+            if math.isnan(hi) or math.isnan(lo) or hi == math.inf or lo == -math.inf:
+                return None  # not finite: the per-stage path says where
+            hi_all, lo_all = max(hi_all, hi), min(lo_all, lo)
+            if hi > exp_limit:  # exp with no max subtracted would overflow: where
+                _exp_overflow(records, x, (*lead, rows.start, c0), narrow)
+            np.minimum(low, chunk_lo, out=low)
+
+            new_m = np.maximum(m, chunk_max)
+            raised = chunk_max > m
+            top = np.where(raised, at + c0, top)
+            shift = np.where(new_m == -np.inf, 0, new_m).astype(dt)
+            alpha = np.exp(m - shift)  # m = −inf (nothing seen yet): 0
+            # Σ e·(x − m_new) = α·(Σ e·(x − m_old) + (m_old − m_new)·Σ e)
+            spread = alpha * (spread + np.where(total > 0, (m - shift) * total, 0))
+            total *= alpha
+            acc *= alpha[:, None]
+            m = new_m
+
+            np.subtract(x, shift[:, None], out=x)
+            if np.min(chunk_lo - shift, initial=math.inf) < floor:
+                np.copyto(x, neg, where=x < floor)  # subnormal exp: see DENORMAL_FLOOR
+            e = _buffer("e", dt, n * width).reshape(n, width)
+            np.exp(x, out=e)
+            total += e.sum(axis=1)
+            spread += np.einsum("ij,ij->i", e, x)
+            acc += e @ inputs.v[c0:c1]
+
+        seen_any = total > 0
+        safe = np.where(seen_any, total, 1).astype(dt)
+        output = acc / safe[:, None]
+        log_total = np.log(safe.astype(np.float64))
+        lse = np.where(seen_any, m.astype(np.float64) + log_total, -math.inf)
+        max_weight = np.where(seen_any, 1.0 / safe.astype(np.float64), 0.0)
+        # entropy: −Σ w log w = log ℓ − Σ e·(x − m) / ℓ; terms ≤ 0 do not cancel
+        entropy = np.where(seen_any, np.maximum(log_total - spread / safe, 0.0), 0.0)
+        entropy = np.where(np.isfinite(entropy), entropy, 0.0)
+        out_hi = float(np.max(np.abs(output), initial=0.0))
+    if not math.isfinite(out_hi):
+        return None
+
+    # Every stage inside every checked format (else the per-stage path says where).
+    smallest_max = min(precision.fmt(d).max for d in checked)
+    raw_max = max(abs(hi_all), abs(lo_all)) / abs(factor) if hi_all >= lo_all else 0.0
+    scaled_max = max(abs(hi_all), abs(lo_all)) if hi_all >= lo_all else 0.0
+    if max(raw_max, scaled_max, out_hi) > smallest_max:
+        return None
+    counted = int(n_visible.sum())
+    for stage, extreme, count in (
+        ("raw", raw_max, counted),
+        ("scaled", scaled_max, counted),
+        ("masked", scaled_max, counted),
+        ("output", out_hi, output.size),
+    ):
+        assert stage in OVERFLOW_STAGES
+        records.absmax[stage].count += count
+        records.absmax[stage].extreme = extreme
+    underflow, lost = _flushed(spec, lead, rows, keys, qf, inputs, m, safe, low, narrow, key_block)
+    stats = RowStats(
+        n_visible=n_visible,
+        max_weight=max_weight,
+        argmax=np.where(seen_any, top, 0),
+        entropy=entropy,
+        underflow=underflow,
+        lost=lost,
+    )
+    return Online(output.astype(dt, copy=False), lse, stats, records)
+
+
+def _exp_overflow(records: Records, x: NDArray[Any], base: Index, narrow: tuple[str, ...]) -> None:
+    """Logits whose exp would overflow a narrow format with no max subtracted (the
+    naive softmax). Key blocks are visited row block by row block, so a later key
+    block's first hit may come first in C order: the first is the smallest index."""
+    for d in narrow:
+        hits = x > precision.fmt(d).exp_limit
+        record = records.exp_overflow[d]
+        first = record.first
+        record.first = None
+        record.add(hits, base, x)
+        if first is not None and record.first is not None:
+            record.first = min(first, record.first)
+        elif first is not None:
+            record.first = first
+
+
+def _flushed(
+    spec: AttentionSpec,
+    lead: Index,
+    rows: slice,
+    keys: slice,
+    qf: NDArray[Any],
+    inputs: Operands,
+    m: NDArray[Any],
+    total: NDArray[Any],
+    low: NDArray[Any],
+    narrow: tuple[str, ...],
+    key_block: int,
+) -> tuple[dict[str, NDArray[np.int64]], dict[str, F64]]:
+    """Per narrow format, the visible weights of each row that would flush to zero
+    there (or that the engine already made 0) and the mass they carry. Only rows whose
+    smallest weight exp(min x − m) / ℓ could flush read their keys again."""
+    n = rows.stop - rows.start
+    dt = inputs.k.dtype
+    underflow = {d: np.zeros(n, dtype=np.int64) for d in narrow}
+    lost = {d: np.zeros(n) for d in narrow}
+    tiny = max(precision.fmt(d).tiny for d in narrow)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        finite_m = np.where(np.isfinite(m), m, 0).astype(dt)
+        smallest = np.exp(low - finite_m) / total
+        # NaN compares False: a row that saw nothing has no weight to lose
+        again = np.flatnonzero(smallest <= tiny)
+        if not again.size:
+            return underflow, lost
+        floor = DENORMAL_FLOOR[dt]
+        for c0 in range(keys.start, keys.stop, key_block):
+            c1 = min(c0 + key_block, keys.stop)
+            x = qf[again] @ inputs.k[c0:c1].T
+            x -= finite_m[again, None]
+            vis = visibility(spec, lead, rows, slice(c0, c1))
+            w = np.where(x < floor, 0, np.exp(x)) / total[again, None]
+            ok = np.ones(w.shape, dtype=np.bool_) if vis is None else vis[again]
+            for d in narrow:
+                f = precision.fmt(d)
+                hit = ok & (w <= f.tiny) & ((w == 0) | f.flushes(w))
+                underflow[d][again] += hit.sum(axis=1)
+                lost[d][again] += np.where(hit, w, 0).sum(axis=1)
+    return underflow, lost
