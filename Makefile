@@ -50,16 +50,24 @@ golden: $(VENV)/.dev-installed
 		tests/render/test_render_explain.py tests/render/test_render_check.py \
 		tests/render/test_render_grad.py tests/render/test_render_inspect.py
 
-# `sdpa check` vs PyTorch's SDPA and a naive numpy version: times, peak RSS, targets.
-# A report, not a test (many minutes); bench-quick runs small shapes. Without torch
-# its column is skipped.
+# The figures of issue 20, each beside its target, in one run: `sdpa check` vs PyTorch's
+# SDPA kernel, cost per score from L 1024 to 16384, peak RSS of every command, `sdpa grad`
+# vs torch autograd, start-up, a manifest on a local Dask cluster vs --jobs 2. Ends with
+# a Markdown table (figure | measured | target | verdict) for the README. A report, not a
+# test (the better part of an hour); bench-quick runs small shapes (a few minutes).
+# Without torch its figures are skipped. More options: BENCH_ARGS="--only grad --repeat 3
+# --json bench.json" (bench/bench.py --help).
+BENCH_ARGS ?=
+BENCH_TORCH = $(BIN)/pip install --quiet torch==2.13.0 \
+	|| echo "bench: torch not installable; its figures are skipped"
+
 bench: $(VENV)/.dev-installed
-	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
-	$(BIN)/python bench/bench.py
+	$(BENCH_TORCH)
+	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
 bench-quick: $(VENV)/.dev-installed
-	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
-	$(BIN)/python bench/bench.py --quick
+	$(BENCH_TORCH)
+	$(BIN)/python bench/bench.py --quick $(BENCH_ARGS)
 
 # Fuzz the command line (tests/cli/test_fuzz.py) for FUZZ_SECONDS: rounds of FUZZ_EXAMPLES
 # fresh random examples per test until the time is spent (the last round may run a
@@ -76,10 +84,11 @@ fuzz: $(VENV)/.dev-installed
 		round=$$((round + 1)); \
 	done; echo "fuzz: $$((round - 1)) rounds, no failure"
 
-# `sdpa grad` beside PyTorch's float64 autograd: times, peak RSS, the memory target.
+# `sdpa grad` beside PyTorch's float64 autograd, and its peak RSS at every length: the
+# grad figures of `make bench` alone.
 bench-grad: $(VENV)/.dev-installed
-	$(BIN)/pip install --quiet torch==2.13.0 || echo "bench: torch not installable; its column is skipped"
-	$(BIN)/python bench/bench_grad.py
+	$(BENCH_TORCH)
+	$(BIN)/python bench/bench.py --only grad $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

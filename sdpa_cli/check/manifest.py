@@ -14,12 +14,26 @@ A manifest is a YAML or JSON mapping::
         expect-output: dump/l0_out.npy
         scale: 0.125     # any option of compute, any setting of check
 
-Paths are relative to the manifest. Cases run in parallel processes; a case that
-fails, or cannot be read, does not stop the others.
+Paths are relative to the manifest; a URL (``s3://...``, ``file://...``, anything
+fsspec knows) is read as it is, with fsspec (q, k, v, bias, mask and the exports; a
+case file is read from the local file system). Cases run in parallel processes, or on
+a Dask cluster (:mod:`~sdpa_cli.check.cluster`); a case that fails, or cannot be read,
+does not stop the others.
+
+``--shard I/N`` runs one share of the cases (:class:`Shard`): round robin, the cases
+at positions I, I+N, I+2N, ... (1-based), so every case is in exactly one of the N
+shards, the shards' sizes differ by at most one, and a shard's cases are spread over
+the manifest (a model dump's later, larger layers are not all in one shard). A shard's
+report carries the :func:`fingerprint` of the run, by which merging knows the shards
+of one run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import re
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -32,9 +46,10 @@ from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CHECK_NAMES, Overrides, check_values, merge_check_settings
 from sdpa_cli.engine.inputs import load_spec
 from sdpa_cli.engine.options import OPTION_NAMES
-from sdpa_cli.errors import InputError, SdpaError
+from sdpa_cli.errors import InputError, SdpaError, SpecError
+from sdpa_cli.files.remote import is_url
 from sdpa_cli.files.structured import TEXT_SUFFIXES, parse_text
-from sdpa_cli.text import printable, shown
+from sdpa_cli.text import as_typed, printable, shown
 
 INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask")
 EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
@@ -76,7 +91,12 @@ def _entries(
         if key in INPUT_KEYS or key in EXPECT_KEYS:
             if not isinstance(value, str):
                 raise InputError(f"{where}: {raw_key}", f"expected a file path, got {shown(value)}")
-            paths[key] = str(base / Path(value).expanduser())
+            if is_url(value) and key == "case":
+                raise InputError(
+                    f"{where}: {raw_key}",
+                    "a case file is read from the local file system; list q, k and v as URLs",
+                )
+            paths[key] = value if is_url(value) else str(base / Path(value).expanduser())
         elif key in TEXT_KEYS:
             paths[key] = str(value)
         elif key in CHECK_NAMES:
@@ -179,3 +199,52 @@ def run_cases(cases: list[ManifestCase], over: Overrides, jobs: int) -> list[Cas
         raise
     pool.shutdown()
     return results
+
+
+# --- shards -----------------------------------------------------------------------------
+
+_SHARD_PATTERN = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (1-based): the cases at positions ``index``,
+    ``index + count``, ... of the manifest (round robin)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``I/N`` with 1 ≤ I ≤ N.
+
+        Raises:
+            SpecError: naming ``--shard``.
+        """
+        match = _SHARD_PATTERN.fullmatch(text)
+        if match is None:
+            raise SpecError("--shard", f"expected I/N (such as 2/4), got {as_typed(text)}")
+        index, count = int(match[1]), int(match[2])
+        if not 1 <= index <= count:
+            raise SpecError("--shard", f"expected I/N with 1 ≤ I ≤ N, got {index}/{count}")
+        return cls(index, count)
+
+    def positions(self, total: int) -> list[int]:
+        """The 1-based positions, in a manifest of ``total`` cases, of this shard's
+        cases (none when the manifest has fewer cases than ``index``)."""
+        return list(range(self.index, total + 1, self.count))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def fingerprint(cases: list[ManifestCase], over: Overrides) -> str:
+    """``sha256:…`` of a run: the manifest's cases as read (names, paths, options,
+    settings) and what the command line adds to every case. The shards of one run
+    share it; a shard of another manifest, or run with other flags, does not."""
+    data = {
+        "cases": [dataclasses.asdict(c) for c in cases],
+        "overrides": dataclasses.asdict(over),
+    }
+    text = json.dumps(data, sort_keys=True, default=repr)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

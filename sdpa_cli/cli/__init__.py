@@ -22,6 +22,7 @@ from sdpa_cli.cli.explain import explain
 from sdpa_cli.cli.grad import grad
 from sdpa_cli.cli.inspect import inspect
 from sdpa_cli.cli.options import EXIT_CODES_HELP
+from sdpa_cli.cli.report import report
 from sdpa_cli.errors import ExitCode, SdpaError
 
 
@@ -99,6 +100,7 @@ cli.add_command(explain)
 cli.add_command(check)
 cli.add_command(grad)
 cli.add_command(inspect)
+cli.add_command(report)
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:

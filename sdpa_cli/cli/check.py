@@ -84,6 +84,25 @@ CHECK_EXIT_CODES_HELP = (
     "(default: the number of cores).",
 )
 @click.option(
+    "--cluster",
+    metavar="ADDRESS",
+    help="Run the manifest's cases on the Dask cluster whose scheduler is at ADDRESS "
+    "(tcp://HOST:PORT); files are read where the workers run (paths made absolute, or "
+    "URLs). Needs the dask extra.",
+)
+@click.option(
+    "--cluster-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="How long to wait for the --cluster scheduler to answer (default 5).",
+)
+@click.option(
+    "--shard",
+    metavar="I/N",
+    help="Run shard I of N of the manifest (cases I, I+N, I+2N, ...), for a CI matrix; "
+    "merge the shards' --report files with sdpa report merge.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["table", "json"]),
@@ -111,6 +130,9 @@ def check(
     equal_nan: bool | None,
     manifest: str | None,
     jobs: int | None,
+    cluster: str | None,
+    cluster_timeout: float | None,
+    shard: str | None,
     fmt: str,
     junit: str | None,
     report: str | None,
@@ -135,6 +157,8 @@ def check(
       sdpa check q.npy k.npy v.npy --expect-weights w.npy --rtol 1e-4 --atol 1e-5
       sdpa check q.npy k.npy v.npy --fail-on overflow,nonfinite --format json
       sdpa check --manifest checks.yaml --junit report.xml
+      sdpa check --manifest checks.yaml --cluster tcp://10.0.0.5:8786 --report r.json
+      sdpa check --manifest checks.yaml --shard 2/4 --report shard-2.json
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
@@ -156,6 +180,7 @@ def check(
     )
     expect = {"output": expect_output, "weights": expect_weights, "lse": expect_lse}
     title = None
+    sharding: dict[str, Any] | None = None
     if manifest is not None:
         if inputs or bias_path or mask_path or any(expect.values()):
             raise SpecError(
@@ -163,11 +188,22 @@ def check(
                 "the manifest lists inputs and expectations; give no Q K V, --bias, --mask "
                 "or --expect-* beside it",
             )
-        results = _run_manifest(manifest, over, threads)
+        if cluster is not None and jobs is not None:
+            raise SpecError(
+                "--jobs", "the cluster's workers run the cases; give --jobs or --cluster"
+            )
+        results, sharding = _run_manifest(
+            manifest, over, threads, cluster=cluster, timeout=cluster_timeout, shard=shard
+        )
+        if sharding is not None:
+            title = f"{manifest} · shard {sharding['shard']}"
     else:
+        for name, value in (("--cluster", cluster), ("--shard", shard)):
+            if value is not None:
+                raise SpecError(name, "runs the cases of a manifest; give --manifest FILE")
         title, results = _run_case(inputs, bias_path, mask_path, expect, over, threads)
-    json_text = _write_reports(results, manifest, junit, report)
-    _show(results, manifest, title, fmt, json_text, color)
+    json_text = _write_reports(results, manifest, junit, report, sharding)
+    show_results(results, manifest, title, fmt, json_text, color)
     return int(check_exit_code(results))
 
 
@@ -194,19 +230,41 @@ def _overrides(
     )
 
 
-def _run_manifest(manifest: str, over: Overrides, threads: int) -> list[CaseResult]:
-    """Every case of the manifest, ``threads`` at a time; settings that do not fit
-    together stop the run (exit 2) before any case runs."""
+def _run_manifest(
+    manifest: str,
+    over: Overrides,
+    threads: int,
+    *,
+    cluster: str | None,
+    timeout: float | None,
+    shard: str | None,
+) -> tuple[list[CaseResult], dict[str, Any] | None]:
+    """The cases of the manifest (those of ``shard`` when given), ``threads`` at a time
+    in local processes or as tasks on ``cluster``; and for a shard, what its report
+    says of it (:func:`~sdpa_cli.report_merge.shard_document`'s keywords). Settings
+    that do not fit together, in any case of the manifest, stop the run (exit 2)
+    before any case runs."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.check.manifest import load_manifest, run_cases
+    from sdpa_cli.check.manifest import Shard, fingerprint, load_manifest, run_cases
 
+    picked = None if shard is None else Shard.parse(shard)
     cases = load_manifest(manifest)
     for case in cases:
         try:
             over.settings(case.check)
         except SpecError as exc:
             raise SpecError(f"{manifest}: case {case.name}", str(exc)) from None
-    return run_cases(cases, over, threads)
+    sharding = None
+    if picked is not None:
+        sharding = {"shard": picked, "total": len(cases), "fingerprint": fingerprint(cases, over)}
+        cases = [cases[p - 1] for p in picked.positions(len(cases))]
+    if cluster is None:
+        return run_cases(cases, over, threads), sharding
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.check.cluster import CONNECT_TIMEOUT, run_cases_on_cluster
+
+    results = run_cases_on_cluster(cases, over, cluster, timeout=timeout or CONNECT_TIMEOUT)
+    return results, sharding
 
 
 def _run_case(
@@ -239,23 +297,41 @@ def _run_case(
 
 
 def _write_reports(
-    results: list[CaseResult], manifest: str | None, junit: str | None, report: str | None
+    results: list[CaseResult],
+    manifest: str | None,
+    junit: str | None,
+    report: str | None,
+    sharding: dict[str, Any] | None,
 ) -> str:
     """Write the JUnit and JSON report files asked for (atomically, all or none);
-    returns the JSON report's text."""
+    returns the JSON report's text (a shard's says which shard it is)."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.files.writers import write_all_atomic
-    from sdpa_cli.report import check_document, junit_xml, to_json
+    from sdpa_cli.report import check_document, to_json
+    from sdpa_cli.report_merge import shard_document
 
-    json_text = to_json(check_document(results, manifest=manifest)) + "\n"
-    # Report files first (atomically), then what a person or a script reads.
-    reports = [] if junit is None else [(junit, junit_xml(results))]
-    reports += [] if report is None else [(report, json_text.encode())]
-    write_all_atomic([(path, _writes(data)) for path, data in reports])
+    document = check_document(results, manifest=manifest)
+    if sharding is not None:
+        document = shard_document(document, **sharding)
+    json_text = to_json(document) + "\n"
+    write_report_files(results, json_text, junit, report)
     return json_text
 
 
-def _show(
+def write_report_files(
+    results: list[CaseResult], json_text: str, junit: str | None, report: str | None
+) -> None:
+    """Write the JUnit and JSON report files asked for, atomically, all or none
+    (before what a person or a script reads is shown)."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.files.writers import write_all_atomic
+    from sdpa_cli.report import junit_xml
+
+    reports = [] if junit is None else [(junit, junit_xml(results))]
+    reports += [] if report is None else [(report, json_text.encode())]
+    write_all_atomic([(path, _writes(data)) for path, data in reports])
+
+
+def show_results(
     results: list[CaseResult],
     manifest: str | None,
     title: str | None,
@@ -264,7 +340,8 @@ def _show(
     color: bool | None,
 ) -> None:
     """GitHub annotations (under GitHub Actions), a line per case that could not be
-    checked (stderr), then the JSON report or the table."""
+    checked (stderr), then the JSON report or the table (of a manifest: titled
+    ``title``, or the manifest)."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.render.check import render_cases, render_report
     from sdpa_cli.report import github_annotations
@@ -280,7 +357,7 @@ def _show(
     if fmt == "json":
         click.echo(json_text, nl=False)
     elif manifest is not None:
-        print_all(console, [render_cases(results, manifest)])
+        print_all(console, [render_cases(results, title or manifest)])
     else:
         assert results[0].report is not None
         print_all(console, [render_report(results[0].report, title)])

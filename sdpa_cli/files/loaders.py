@@ -7,7 +7,9 @@ rest), ``.json`` and ``.yaml``/``.yml`` (nested
 lists of numbers; YAML through the safe loader, aliases refused). The format is sniffed
 from the file's first bytes (``\\x93NUMPY``, ``PK``, a safetensors header length followed
 by ``{``) before the extension is trusted. Every error is an
-:class:`~sdpa_cli.errors.InputError` naming the file.
+:class:`~sdpa_cli.errors.InputError` naming the file. A URL (``s3://...``,
+``file://...``) is copied to a temporary file first (:mod:`~sdpa_cli.files.remote`)
+and read from there like any other file.
 
 This module names the source and dispatches on the sniffed format; each format's reader
 and checks live in :mod:`~sdpa_cli.files.npy`, :mod:`~sdpa_cli.files.safetensors` and
@@ -20,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.checks import reading
 from sdpa_cli.files.npy import NPY_MAGIC, ZIP_MAGIC, load_npy, load_npz
+from sdpa_cli.files.remote import fetched, is_url
 from sdpa_cli.files.safetensors import SAFETENSORS_SUFFIX, load_safetensors, looks_like_safetensors
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
 from sdpa_cli.text import printable
@@ -97,6 +101,8 @@ def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
     Raises:
         InputError: naming the file and the problem.
     """
+    if isinstance(source, str) and is_url(source):
+        return _load_url(source, name)
     src = source if isinstance(source, Source) else Source.parse(source)
     fmt = sniff(src.path, src.label)
     if fmt == "npy":
@@ -107,3 +113,16 @@ def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
         return load_safetensors(src.path, src.member, src.label)
     data = parse_text(src.path, fmt, src.label)
     return nested_to_array(data, src.label, name)
+
+
+def _load_url(text: str, name: str) -> NDArray[Any]:
+    """A URL's array (``url``, ``url.npz:name``): its file fetched to a temporary file,
+    read as a local one, and copied out of the file's memory map before the file goes."""
+    url, member = text, None
+    head, sep, tail = text.rpartition(":")
+    if sep and head.lower().endswith(MEMBER_SUFFIXES):
+        url, member = head, tail
+    label = printable(text)
+    with fetched(url, label) as path:
+        arr = load_array(Source(path=path, member=member, label=label), name=name)
+        return np.array(arr) if isinstance(arr, np.memmap) else arr

@@ -30,12 +30,11 @@ from reference import Stages, attention
 
 from sdpa_cli import assert_attention_close
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
-from sdpa_cli.engine.block import softmax_lse
 from sdpa_cli.check.records import Check, CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import KINDS, Thresholds
-from sdpa_cli.engine.block import softmax
+from sdpa_cli.engine.block import softmax, softmax_lse
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.errors import SpecError

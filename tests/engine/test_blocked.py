@@ -31,11 +31,10 @@ import sdpa_cli.engine.block
 import sdpa_cli.engine.driver
 from sdpa_cli.check.compare import Mismatch, compare
 from sdpa_cli.check.elements import v_range
-from sdpa_cli.engine.block import block_lse
 from sdpa_cli.check.records import CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.diagnosis.rules import diagnose
-from sdpa_cli.engine.block import attend_block, key_range, native_dtype, visibility
+from sdpa_cli.engine.block import attend_block, block_lse, key_range, native_dtype, visibility
 from sdpa_cli.engine.driver import block_rows, iter_blocks
 from sdpa_cli.engine.options import Options
 from sdpa_cli.engine.records import product_moments

@@ -1,0 +1,115 @@
+"""``sdpa check --manifest M --cluster ADDRESS``: the cases of a manifest as tasks on a
+Dask distributed cluster, one task per case (:func:`~sdpa_cli.check.manifest.run_case`),
+results in manifest order: the same :class:`~sdpa_cli.check.records.CaseResult` list a
+local run gives, so the same reports and exit codes.
+
+Files are read where the workers run: a path relative to the manifest is made absolute
+here (against this process's working directory), so workers on this machine, or on
+machines sharing its file system at the same place, read the same files whatever
+folder they were started in; a URL is read by the worker, with fsspec
+(:mod:`~sdpa_cli.files.remote`). Dask pickles the tasks' arguments and results, our
+own dataclasses; no file's content is ever unpickled.
+
+Dask is an optional extra (``pip install 'sdpa-cli[dask]'``), imported on use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sdpa_cli.check.manifest import ManifestCase, run_case
+from sdpa_cli.check.records import CaseResult
+from sdpa_cli.check.settings import Overrides
+from sdpa_cli.errors import SpecError
+from sdpa_cli.files.remote import is_url
+from sdpa_cli.text import one_line, printable
+
+CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for the scheduler before giving up (``--cluster-timeout``)."""
+MISSING_EXTRA = "--cluster needs the dask extra: pip install 'sdpa-cli[dask]'"
+
+
+def run_cases_on_cluster(
+    cases: list[ManifestCase],
+    over: Overrides,
+    address: str,
+    *,
+    timeout: float = CONNECT_TIMEOUT,
+) -> list[CaseResult]:
+    """Every case as a task on the cluster whose scheduler is at ``address``
+    (``tcp://host:port``), in manifest order.
+
+    A case that raises on a worker, or whose worker dies, is that case's error (exit 2);
+    the others still run.
+
+    Raises:
+        SpecError: Dask is not installed; ``address`` is not a scheduler address, or no
+            scheduler answers there within ``timeout`` seconds.
+    """
+    try:
+        import distributed  # optional extra: dask
+        from distributed.comm.addressing import get_address_host_port  # optional extra: dask
+    except ImportError:
+        raise SpecError("", MISSING_EXTRA) from None
+    shown = printable(address)
+    try:
+        # Checked first: a Client refused for a malformed address says so again, with
+        # a traceback, when it is collected.
+        get_address_host_port(address)
+    except (ValueError, NotImplementedError) as exc:
+        raise SpecError(
+            "--cluster",
+            f"{shown} is not a scheduler address ({one_line(exc)}); expected tcp://HOST:PORT",
+        ) from None
+    try:
+        client = distributed.Client(address, timeout=timeout, set_as_default=False)  # type: ignore[no-untyped-call]
+    except (OSError, TimeoutError) as exc:
+        detail = "" if str(exc).startswith("Timed out") else f" ({one_line(exc)})"
+        raise SpecError(
+            "--cluster", f"no scheduler answers at {shown} within {timeout:g} s{detail}"
+        ) from None
+    except Exception as exc:  # TLS without its configuration, and the like
+        raise SpecError(
+            "--cluster", f"cannot connect to {shown}: {type(exc).__name__}: {one_line(exc)}"
+        ) from None
+    with client:
+        futures = [client.submit(run_case, _absolute(c), over, pure=False) for c in cases]
+        return [_result(case, future) for case, future in zip(cases, futures, strict=True)]
+
+
+def _result(case: ManifestCase, future: Any) -> CaseResult:
+    """A task's result; what the cluster raised instead (a worker that died, one that
+    cannot import sdpa_cli) as the case's error."""
+    try:
+        result = future.result()
+    except Exception as exc:
+        return CaseResult(
+            case.name, error=f"failed on the cluster: {type(exc).__name__}: {one_line(exc)}"
+        )
+    if not isinstance(result, CaseResult):  # a worker running another sdpa_cli
+        return CaseResult(
+            case.name, error=f"failed on the cluster: a worker returned {type(result).__name__}"
+        )
+    return result
+
+
+def _absolute(case: ManifestCase) -> ManifestCase:
+    """``case`` with its relative paths made absolute against this process's working
+    directory (workers run elsewhere); URLs and absolute paths as they are."""
+
+    def fix(path: str) -> str:
+        return path if is_url(path) or Path(path).is_absolute() else str(Path.cwd() / path)
+
+    def fix_map(paths: Mapping[str, str]) -> dict[str, str]:
+        return {k: fix(p) for k, p in paths.items()}
+
+    return dataclasses.replace(
+        case,
+        inputs=tuple(fix(p) for p in case.inputs),
+        bias=None if case.bias is None else fix(case.bias),
+        mask=None if case.mask is None else fix(case.mask),
+        expect=fix_map(case.expect),
+    )
