@@ -48,7 +48,7 @@ from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
 from sdpa_cli.engine.block import block_lse, native_dtype, visibility
 from sdpa_cli.engine.driver import Place, Progress, sweep
-from sdpa_cli.engine.forward import forward, query_block
+from sdpa_cli.engine.forward import first_moments, forward, query_block
 from sdpa_cli.engine.records import Moments, Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
@@ -139,7 +139,7 @@ def _judge_pass(
                 place.rows,
                 place.keys,
             )
-        return fw.records, fw.moments
+        return fw.records, first_moments(place, stats)
 
     def visit(place: Place) -> tuple[Records | None, Moments | None]:
         r, keys, at = place.rows, place.keys, place.at
@@ -157,7 +157,7 @@ def _judge_pass(
             if "lse" in values:
                 values["lse"][at] = block_lse(b)
         bounds(place, block_support(ref), r, keys)
-        return records, None
+        return records, first_moments(place, stats)
 
     rows = query_block(ref_spec) if lean else None
     walk = sweep(spec, visit_lean if lean else visit, jobs=jobs, rows=rows, progress=progress)
@@ -166,8 +166,6 @@ def _judge_pass(
             stats.merge(records)
         if moments is not None:
             stats.moments.merge(moments)
-    if not lean:
-        stats.add_all_moments()
     return found
 
 

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from sdpa_cli.engine import online, precision
 from sdpa_cli.engine.block import Block, block_lse
 from sdpa_cli.engine.driver import Place, block_rows
-from sdpa_cli.engine.records import Moments, Records, product_moments
+from sdpa_cli.engine.records import Moments, Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
 from sdpa_cli.engine.types import F64
@@ -34,10 +34,16 @@ class Forward:
     """(rows,) in float64, when asked for."""
     records: Records | None
     """The statistics' records (the rows' own were written into the stats)."""
-    moments: Moments | None
-    """The slice's score moments, from the slice's first row block."""
     blocks: tuple[Block, ...]
     """The per-stage blocks, where the lean pass did not apply (else empty)."""
+
+
+def first_moments(place: Place, stats: Stats | None) -> Moments | None:
+    """The slice's score moments, with its first block (None for the others, or
+    without statistics): computed in the visitor, on the sweep's threads."""
+    if stats is None or place.rows.start != 0:
+        return None
+    return stats.slice_moments(place.lead)
 
 
 def query_block(spec: AttentionSpec) -> int | None:
@@ -52,7 +58,6 @@ def forward(
     stats: Stats | None,
     *,
     lse: bool = False,
-    moments: bool = True,
 ) -> Forward:
     """The forward pass of ``spec`` over ``place``'s rows, measured into ``stats``.
 
@@ -60,7 +65,6 @@ def forward(
     ``stats`` (None: not gathered) judges it; it must not be emulated in a format
     narrower than float32 when ``stats`` are gathered (the per-stage path reads an
     emulated block against its float64 twin: :meth:`Place.twin`)."""
-    from_stats = stats is not None and moments and place.rows.start == 0
     found = None
     # An emulated run's statistics read every stage against its float64 twin.
     if online.applies(spec) and not (stats is not None and stats.spec.options.emulated):
@@ -71,18 +75,15 @@ def forward(
             else Records.empty(spec, precision.CHECKED, ("float16",))
         )
         found = online.attend_online(spec, place.lead, place.rows, place.keys, inputs, records)
-    slice_moments = _moments(spec, place) if from_stats else None
     if found is not None:
         if stats is None:
-            return Forward(found.output, found.lse if lse else None, None, slice_moments, ())
+            return Forward(found.output, found.lse if lse else None, None, ())
         stats.write_rows(place.at, found.rows)
-        return Forward(found.output, found.lse if lse else None, found.records, slice_moments, ())
-    return _per_stage(place, spec, stats, lse, slice_moments)
+        return Forward(found.output, found.lse if lse else None, found.records, ())
+    return _per_stage(place, spec, stats, lse)
 
 
-def _per_stage(
-    place: Place, spec: AttentionSpec, stats: Stats | None, lse: bool, slice_moments: Moments | None
-) -> Forward:
+def _per_stage(place: Place, spec: AttentionSpec, stats: Stats | None, lse: bool) -> Forward:
     """The per-stage path, a few rows at a time (its blocks hold every stage)."""
     step = block_rows(spec)
     blocks = []
@@ -99,11 +100,4 @@ def _per_stage(
         blocks.append(block)
     output = np.concatenate([b.output for b in blocks]) if blocks else np.empty((0, spec.Ev))
     lses = np.concatenate([block_lse(b) for b in blocks]) if lse and blocks else None
-    return Forward(output, lses, records, slice_moments, tuple(blocks))
-
-
-def _moments(spec: AttentionSpec, place: Place) -> Moments:
-    """The moments of the slice's scaled scores, from Q and K in float64."""
-    q = np.asarray(spec.q[spec.operand_index("q", place.lead)], dtype=np.float64)
-    k = np.asarray(spec.k[spec.operand_index("k", place.lead)], dtype=np.float64)
-    return product_moments(q, k, spec.factor)
+    return Forward(output, lses, records, tuple(blocks))

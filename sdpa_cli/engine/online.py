@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import DENORMAL_FLOOR, Operands, native_dtype, visibility
-from sdpa_cli.engine.records import OVERFLOW_STAGES, Records
+from sdpa_cli.engine.records import Records, RowStats
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
 
@@ -72,19 +72,6 @@ def applies(spec: AttentionSpec) -> bool:
 
 
 @dataclass(frozen=True)
-class RowStats:
-    """Per query row of a block: visible keys, the largest weight and its key, the
-    entropy, and per narrow format the weights that would flush and the mass lost."""
-
-    n_visible: NDArray[np.int64]
-    max_weight: F64
-    argmax: NDArray[np.int64]
-    entropy: F64
-    underflow: dict[str, NDArray[np.int64]]
-    lost: dict[str, F64]
-
-
-@dataclass(frozen=True)
 class Online:
     """What the lean pass gives for a block of query rows."""
 
@@ -101,12 +88,12 @@ _buffers = threading.local()
 
 def _buffer(name: str, dtype: np.dtype[Any], n: int) -> NDArray[Any]:
     """A flat scratch array of at least ``n`` elements, this thread's own, reused."""
-    key = (name, dtype)
-    pool: dict[tuple[str, np.dtype[Any]], NDArray[Any]] = getattr(_buffers, "pool", None) or {}
-    _buffers.pool = pool
-    buf = pool.get(key)
+    if not hasattr(_buffers, "pool"):
+        _buffers.pool = {}
+    pool: dict[tuple[str, np.dtype[Any]], NDArray[Any]] = _buffers.pool
+    buf = pool.get((name, dtype))
     if buf is None or buf.size < n:
-        buf = pool[key] = np.empty(n, dtype=dtype)
+        buf = pool[(name, dtype)] = np.empty(n, dtype=dtype)
     return buf[:n]
 
 
@@ -226,7 +213,6 @@ def attend_online(
         ("masked", scaled_max, counted),
         ("output", out_hi, output.size),
     ):
-        assert stage in OVERFLOW_STAGES
         records.absmax[stage].count += count
         records.absmax[stage].extreme = extreme
     underflow, lost = _flushed(spec, lead, rows, keys, qf, inputs, m, safe, low, narrow, key_block)
@@ -243,18 +229,11 @@ def attend_online(
 
 def _exp_overflow(records: Records, x: NDArray[Any], base: Index, narrow: tuple[str, ...]) -> None:
     """Logits whose exp would overflow a narrow format with no max subtracted (the
-    naive softmax). Key blocks are visited row block by row block, so a later key
-    block's first hit may come first in C order: the first is the smallest index."""
+    naive softmax). A row block's key blocks are not in C order: a later key block's
+    first hit may come first."""
     for d in narrow:
         hits = x > precision.fmt(d).exp_limit
-        record = records.exp_overflow[d]
-        first = record.first
-        record.first = None
-        record.add(hits, base, x)
-        if first is not None and record.first is not None:
-            record.first = min(first, record.first)
-        elif first is not None:
-            record.first = first
+        records.exp_overflow[d].add(hits, base, x, in_order=False)
 
 
 def _flushed(

@@ -31,14 +31,26 @@ class Where:
     extreme: float = 0.0
     extreme_at: Index | None = None
 
-    def add(self, hits: NDArray[np.bool_], base: Index, values: F64 | None = None) -> None:
-        """Count ``hits`` of a (rows, cols) block whose element (0, 0) is at ``base``."""
+    def add(
+        self,
+        hits: NDArray[np.bool_],
+        base: Index,
+        values: F64 | None = None,
+        *,
+        in_order: bool = True,
+    ) -> None:
+        """Count ``hits`` of a (rows, cols) block whose element (0, 0) is at ``base``.
+
+        ``in_order``: the block comes after every block added before it, in C order
+        (else, as the key blocks of one row block do, the first is the smallest index
+        seen)."""
         n = int(np.count_nonzero(hits))
         if not n:
             return
         self.count += n
-        if self.first is None:
-            self.first = offset_index(base, np.unravel_index(int(np.argmax(hits)), hits.shape))
+        if self.first is None or not in_order:
+            first = offset_index(base, np.unravel_index(int(np.argmax(hits)), hits.shape))
+            self.first = first if self.first is None else min(self.first, first)
         if values is not None:
             self._keep_largest(np.where(hits, np.abs(values), -1.0), base)
 
@@ -206,6 +218,20 @@ class StageError:
         if later.max_row_rel > self.max_row_rel:
             self.max_row_rel, self.max_row_rel_at = later.max_row_rel, later.max_row_rel_at
         self.new_nonfinite.merge(later.new_nonfinite)
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Per query row of a block: visible keys, the largest weight and its key, the
+    entropy, and per narrow format the weights that would flush and the mass lost
+    (what :meth:`Stats.write_rows <sdpa_cli.engine.stats.Stats.write_rows>` keeps)."""
+
+    n_visible: NDArray[np.int64]
+    max_weight: F64
+    argmax: NDArray[np.int64]
+    entropy: F64
+    underflow: dict[str, NDArray[np.int64]]
+    lost: dict[str, F64]
 
 
 @dataclass

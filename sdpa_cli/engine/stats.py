@@ -17,11 +17,11 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import Block, native_dtype
-from sdpa_cli.engine.online import RowStats
 from sdpa_cli.engine.records import (
     OVERFLOW_STAGES,
     Moments,
     Records,
+    RowStats,
     largest,
     offset_index,
     product_moments,
@@ -127,15 +127,21 @@ class Stats:
         self.records.merge(records)
 
     def add_moments(self, lead: Index, *, emulate: bool = True) -> None:
+        """Fold in the slice's score moments (:meth:`slice_moments`)."""
+        self.moments.merge(self.slice_moments(lead, emulate=emulate))
+
+    def slice_moments(self, lead: Index, *, emulate: bool = False) -> Moments:
         """The moments of the slice's scaled scores (from Q and K: see
-        :func:`product_moments`), as the reference (float64) computes them."""
+        :func:`product_moments`), as the float64 reference computes them (``emulate``:
+        from Q and K rounded to the emulated format). Thread-safe: a visitor of the
+        block driver computes them with the slice's first block."""
         spec = self.spec
         o = spec.options
         q = np.asarray(spec.q[spec.operand_index("q", lead)], dtype=np.float64)
         k = np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64)
         if emulate and o.emulated:
             q, k = precision.round_to(q, o.dtype), precision.round_to(k, o.dtype)
-        self.moments.merge(product_moments(q, k, spec.factor))
+        return product_moments(q, k, spec.factor)
 
     def add_all_moments(self) -> None:
         """Every slice's score moments, as the float64 reference computes them."""
@@ -165,8 +171,8 @@ class Stats:
                 for e, b in ((ext, block), (ref_ext, reference)):
                     e.scaled_from(b, factor, None if b.all_visible else b.visible)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
-            self._rows(block, at, ext)
-            self._underflow(reference, at)
+            underflow, lost = self._underflow(reference)
+            self.write_rows(at, self._rows(block, ext, underflow, lost))
             self._overflow(reference, rec, base, out_base, ref_ext)
             self._logits(reference, rec, base, ref_ext)
             self._nonfinite(block, rec, base, out_base, ext)
@@ -176,8 +182,7 @@ class Stats:
         return rec
 
     def write_rows(self, at: tuple[int | slice, ...], rows: RowStats) -> None:
-        """Write a block's row statistics read from the lean pass (its records are
-        merged like any other block's)."""
+        """Keep a block's row statistics (thread-safe: its rows are its own)."""
         self.n_visible[at] = rows.n_visible
         self.max_weight[at] = rows.max_weight
         self.argmax[at] = rows.argmax
@@ -188,14 +193,20 @@ class Stats:
 
     # --- rows: visible keys, the largest weight, the entropy ----------------------------
 
-    def _rows(self, block: Block, at: tuple[int | slice, ...], ext: _Extremes) -> None:
+    def _rows(
+        self,
+        block: Block,
+        ext: _Extremes,
+        underflow: dict[str, NDArray[np.int64]],
+        lost: dict[str, F64],
+    ) -> RowStats:
         spec = self.spec
-        n_keys = block.masked.shape[1]
-        self.n_visible[at] = n_keys if block.all_visible else block.visible.sum(axis=1)
-        if not n_keys:
-            return
         w = block.weights
-        n = w.shape[0]
+        n, n_keys = w.shape
+        n_visible = np.full(n, n_keys) if block.all_visible else block.visible.sum(axis=1)
+        if not n_keys:
+            zeros = np.zeros(n)
+            return RowStats(n_visible, zeros, np.zeros(n, np.int64), zeros, underflow, lost)
         finite_hidden = not math.isinf(spec.options.effective_mask_value)
         exact = native_dtype(spec) is not None
         if not block.all_visible and (finite_hidden or not exact):
@@ -208,8 +219,7 @@ class Stats:
         top = np.argmax(w, axis=1)
         w_top = w[np.arange(n), top]
         # A row with no visible key (all weights 0) reads key 0, whatever was skipped.
-        self.argmax[at] = np.where(w_top == 0, 0, top + block.keys.start)
-        self.max_weight[at] = w_top
+        argmax = np.where(w_top == 0, 0, top + block.keys.start)
         if exact:
             # H = −Σ w log w = −log w_top − Σ w·(s − s_top), as log w = s − LSE and
             # LSE = s_top − log w_top: a row dot instead of a log per weight, with
@@ -224,9 +234,9 @@ class Stats:
             entropy = np.where(np.isfinite(entropy), entropy, 0.0)
         else:
             entropy = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
-        self.entropy[at] = entropy
+        return RowStats(n_visible, w_top, argmax, entropy, underflow, lost)
 
-    def _underflow(self, reference: Block, at: tuple[int | slice, ...]) -> None:
+    def _underflow(self, reference: Block) -> tuple[dict[str, NDArray[np.int64]], dict[str, F64]]:
         """Weights that would flush to zero in each narrow format, and the mass lost.
 
         A weight counts when its exact value is not zero (its logit is finite and its
@@ -235,20 +245,22 @@ class Stats:
         count does not depend on the precision of the run.
         """
         ref_w = reference.weights
+        n = ref_w.shape[0]
+        underflow = {d: np.zeros(n, np.int64) for d in self.narrow}
+        lost = {d: np.zeros(n) for d in self.narrow}
         visible = None if reference.all_visible else reference.visible
         smallest = float(np.min(ref_w, where=True if visible is None else visible, initial=1.0))
         for d in self.narrow:
             f = precision.fmt(d)
             if smallest > f.tiny:  # (NaN: look closer)
-                self.underflow[d][at] = 0
-                self.lost[d][at] = 0.0
                 continue
             flushed = (ref_w <= f.tiny) & np.isfinite(reference.masked)
             if visible is not None:
                 flushed &= visible
             flushed &= (ref_w == 0) | f.flushes(ref_w)
-            self.underflow[d][at] = flushed.sum(axis=1)
-            self.lost[d][at] = np.where(flushed, ref_w, 0.0).sum(axis=1)
+            underflow[d] = flushed.sum(axis=1)
+            lost[d] = np.where(flushed, ref_w, 0.0).sum(axis=1)
+        return underflow, lost
 
     # --- stages: magnitudes and overflow (reference values) -----------------------------
 

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine.block import STAGES, Block, applicable_stages, attend_block
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
-from sdpa_cli.engine.forward import forward, query_block
+from sdpa_cli.engine.forward import first_moments, forward, query_block
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
@@ -145,22 +145,20 @@ def trace(
     def visit(place: Place) -> Any:
         if lean:
             found = forward(place, spec, stats)
-            seen = {s: Moments() for s in summaries}
-            if "output" in seen:
-                seen["output"].add(found.output)
-            if "output" in arrays:
-                arrays["output"][place.at] = found.output
-            return found.records, seen, found.moments
-        block = place.attend(spec)
-        records = stats.measure(block, place.twin(spec, block)) if gather_stats else None
+            records, values, where = found.records, {"output": found.output}, None
+        else:
+            block = place.attend(spec)
+            records = stats.measure(block, place.twin(spec, block)) if gather_stats else None
+            values = {name: getattr(block, name) for name in (*summaries, *arrays)}
+            where = block.visible
+            if visible is not None:
+                visible[place.at] = block.visible
         seen = {s: Moments() for s in summaries}
         for name, moments in seen.items():
-            moments.add(getattr(block, name), None if name == "output" else block.visible)
-        if visible is not None:
-            visible[place.at] = block.visible
+            moments.add(values[name], None if name == "output" else where)
         for name, arr in arrays.items():
-            arr[place.at] = getattr(block, name)
-        return records, seen, None
+            arr[place.at] = values[name]
+        return records, seen, first_moments(place, stats if gather_stats else None)
 
     # Score-shaped stages are kept whole, every key of them; otherwise only the keys a
     # block can see are computed (the output is the same either way).
@@ -174,8 +172,6 @@ def trace(
             stats.moments.merge(moments)
         for name, summary in seen.items():
             summaries[name].merge(summary)
-    if gather_stats and not lean:
-        stats.add_all_moments()
     return Trace(
         spec=spec,
         visible=visible,
