@@ -10,8 +10,10 @@ import click
 
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
+    JUNIT_OPTION,
     attention_options,
     diagnostic_options,
+    format_option,
     make_console,
     print_all,
     progress_bar,
@@ -102,15 +104,8 @@ CHECK_EXIT_CODES_HELP = (
     help="Run shard I of N of the manifest (cases I, I+N, I+2N, ...), for a CI matrix; "
     "merge the shards' --report files with sdpa report merge.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A summary for a person, or one JSON object on stdout.",
-)
-@click.option("--junit", metavar="FILE.xml", help="Also write a JUnit XML report, atomically.")
+@format_option("A summary for a person, or one JSON object on stdout.")
+@JUNIT_OPTION
 @click.option("--report", metavar="FILE.json", help="Also write the JSON report, atomically.")
 @attention_options
 @diagnostic_options

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import click
 
-from sdpa_cli.cli.options import COLOR_OPTION, EXIT_CODES_HELP, make_console, print_all
+from sdpa_cli.cli.options import (
+    COLOR_OPTION,
+    EXIT_CODES_HELP,
+    format_option,
+    make_console,
+    print_all,
+)
 from sdpa_cli.errors import ExitCode
 
 
 @click.command(epilog=EXIT_CODES_HELP)
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Tables for a person, or one JSON object on stdout.",
-)
+@format_option("Tables for a person, or one JSON object on stdout.")
 @COLOR_OPTION
 def inspect(files: tuple[str, ...], fmt: str, color: bool | None) -> int:
     """Show what tensor files hold: names, shapes, dtypes, min, max, mean, std, NaN

@@ -147,13 +147,25 @@ PRECISION_OPTION = click.option(
     show_default=True,
     help="Digits after the point.",
 )
-FORMAT_OPTION = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "yaml"]),
-    default="table",
-    show_default=True,
-    help="Tables for a person, or one JSON/YAML object on stdout.",
+
+
+def format_option(help: str, choices: tuple[str, ...] = ("table", "json")) -> Callable[[F], F]:
+    """``--format``: what stdout gets, a table by default."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(choices),
+        default="table",
+        show_default=True,
+        help=help,
+    )
+
+
+FORMAT_OPTION = format_option(
+    "Tables for a person, or one JSON/YAML object on stdout.", ("table", "json", "yaml")
+)
+JUNIT_OPTION = click.option(
+    "--junit", metavar="FILE.xml", help="Also write a JUnit XML report, atomically."
 )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from sdpa_cli.cli.check import show_results, write_report_files
-from sdpa_cli.cli.options import COLOR_OPTION
+from sdpa_cli.cli.options import COLOR_OPTION, JUNIT_OPTION, format_option
 
 MERGE_EXIT_CODES_HELP = (
     "Exit codes: the merged run's: 0 every check passed · 1 a check failed · 2 a case could "
@@ -28,15 +28,8 @@ def report() -> None:
 
 @report.command(epilog=MERGE_EXIT_CODES_HELP)
 @click.argument("shards", nargs=-1, required=True, metavar="SHARD.json...")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A summary for a person, or the merged JSON report on stdout.",
-)
-@click.option("--junit", metavar="FILE.xml", help="Also write a JUnit XML report, atomically.")
+@format_option("A summary for a person, or the merged JSON report on stdout.")
+@JUNIT_OPTION
 @click.option(
     "--report", "report_path", metavar="FILE.json", help="Also write the merged JSON report."
 )
