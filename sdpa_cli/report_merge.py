@@ -42,11 +42,10 @@ from sdpa_cli.engine.types import Index
 from sdpa_cli.errors import ExitCode, InputError
 from sdpa_cli.files.structured import parse_text
 from sdpa_cli.report import check_exit_code
-from sdpa_cli.text import printable, shown
+from sdpa_cli.text import NON_FINITE_JSON, printable, shown
 
 SHARD_KEY = "shard"
 STATUSES = ("pass", "warn", "fail")
-NUMBER_STRINGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
 """Non-finite numbers as sdpa's JSON writes them."""
 NOT_READ = Diagnosis(
     findings=(), counts={}, heads=(), headroom={}, emulation=None, thresholds=Thresholds()
@@ -117,7 +116,7 @@ def _get(data: dict[str, Any], key: str, kind: str, label: str, where: str = "")
     if value is None and optional:
         return None
     if base == "number":
-        fits = isinstance(value, str) and value in NUMBER_STRINGS
+        fits = isinstance(value, str) and value in NON_FINITE_JSON
         fits |= isinstance(value, (int, float)) and not isinstance(value, bool)
     elif base == "int":
         fits = isinstance(value, int) and not isinstance(value, bool)
@@ -128,7 +127,7 @@ def _get(data: dict[str, Any], key: str, kind: str, label: str, where: str = "")
             label, f"{at}: expected {kind.replace('|None', ' or null')}, got {shown(value)}"
         )
     if base == "number":
-        return NUMBER_STRINGS[value] if isinstance(value, str) else float(value)
+        return NON_FINITE_JSON[value] if isinstance(value, str) else float(value)
     return value
 
 

@@ -117,6 +117,10 @@ def json_number(x: float) -> float | str:
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
 
+NON_FINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""What :func:`json_number` writes for a non-finite number, read back."""
+
+
 def shown(value: Any) -> str:
     """``repr(value)`` cut short: a 5000-digit number or a list nested 900 deep read
     from a case file still makes one short line (and no RecursionError)."""
