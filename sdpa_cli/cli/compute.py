@@ -76,7 +76,7 @@ def compute(
     from sdpa_cli.engine.inputs import load_spec
     from sdpa_cli.engine.trace import trace
     from sdpa_cli.render.common import View
-    from sdpa_cli.report import payload, save_npz, to_json, to_yaml
+    from sdpa_cli.report import DOCUMENT_VALUE_BYTES, payload, save_npz, to_json, to_yaml
 
     limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
@@ -91,8 +91,18 @@ def compute(
     keep: tuple[str, ...] | None = chosen if fmt != "table" else ()
     if save is not None:
         keep = None
+    value_bytes = (8, "in float64")
+    if fmt in DOCUMENT_VALUE_BYTES:
+        value_bytes = (DOCUMENT_VALUE_BYTES[fmt], f"as a {fmt.upper()} document")
     with progress_bar(spec, "computing") as progress:
-        result = trace(spec, stages=keep, summarize=chosen, jobs=threads, progress=progress)
+        result = trace(
+            spec,
+            stages=keep,
+            summarize=chosen,
+            jobs=threads,
+            progress=progress,
+            value_bytes=value_bytes,
+        )
     diagnosis = diagnose(result, limits)
     # Everything is rendered before the --save file is written, so a failure while
     # rendering cannot leave a new file behind; the output is printed last.

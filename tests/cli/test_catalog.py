@@ -1083,7 +1083,7 @@ CATALOG: list[Bad] = [
         "scores-beyond-memory",
         ("compute", "bq.npy", "bk.npy", "bv.npy", "--format", "json"),
         "scores (1, 1, 200000, 200000)",
-        "keeping 5 stage(s) whole in float64",
+        "keeping 5 stage(s) whole as a JSON document",
         "of memory is available",
         "fewer --stages",
         make=both(
@@ -1175,6 +1175,27 @@ def test_npz_bomb_of_honest_size_is_refused_before_reading(
     _, line = run_guarded(base, with_q("bomb.npz"))
     assert line.startswith("sdpa: error: bomb.npz:q: expands to 0.1 GiB ((2, 4096, 1024) float64)")
     assert "but 0.0 GiB of memory is available" in line
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_a_document_is_refused_where_its_stages_fit_only_as_arrays(
+    base: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """(1, 1, 512, 512) scores, four score-shaped stages: 8 MiB as float64 arrays, far more
+    as a JSON or YAML document (DOCUMENT_VALUE_BYTES): with 64 MiB free, tables run and
+    the document is refused up front, nothing written."""
+    import sdpa_cli.files.limits
+    from sdpa_cli.report import DOCUMENT_VALUE_BYTES
+
+    monkeypatch.setattr(sdpa_cli.files.limits, "available_memory", lambda: 64 << 20)
+    x = np.random.default_rng(0).normal(size=(512, 8))
+    for name in ("mq", "mk", "mv"):
+        np.save(base / f"{name}.npy", x)
+    files = ("mq.npy", "mk.npy", "mv.npy")
+    assert invoke("compute", *files, "--stages", "raw,scaled,masked,weights").exit_code == 0
+    assert 4 * 512 * 512 * DOCUMENT_VALUE_BYTES[fmt] > 64 << 20
+    line = assert_one_error_line(invoke("compute", *files, "--format", fmt))
+    assert f"whole as a {fmt.upper()} document" in line
 
 
 # --- edge inputs that are fine: converted, and the same answer -----------------------------
