@@ -115,15 +115,32 @@ def key_range(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> 
     """The keys a block must compute: all of them, less those a causal mask, a window
     or key padding hides from every row of the block, when hidden keys weigh nothing
     (the mask value is −inf; a finite one still spreads a fully masked row over them)."""
-    o = spec.options
-    if not math.isinf(o.effective_mask_value):
+    if not math.isinf(spec.options.effective_mask_value):
         return full_keys(spec)
+    return _seen_by_any(spec, lead_index, rows.start, rows.stop)
+
+
+def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> slice:
+    """The keys every row of the block sees: no mask hides them from any row (empty
+    under a boolean mask, which may hide any key). A row's keys under a causal mask, a
+    window and padding are a range whose ends never go back as the row goes down, so
+    the keys of all rows are those the last row starts at and the first row ends at."""
+    if spec.mask_is_bool or rows.stop <= rows.start:
+        return slice(0, 0)
+    first = _seen_by_any(spec, lead_index, rows.start, rows.start + 1)
+    last = _seen_by_any(spec, lead_index, rows.stop - 1, rows.stop)
+    return slice(last.start, max(last.start, first.stop))
+
+
+def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: int) -> slice:
+    """The keys a causal mask, a window and padding leave to any of rows i0..i1."""
+    o = spec.options
     n_valid = None
     if o.key_lengths is not None:
         n_valid = o.key_lengths[lead_index[-2] if len(o.key_lengths) > 1 else 0]
     return masks.key_range(
-        rows.start,
-        rows.stop,
+        i0,
+        i1,
         spec.L,
         spec.S,
         causal=o.causal,

@@ -37,7 +37,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.block import DENORMAL_FLOOR, Operands, native_dtype, visibility
+from sdpa_cli.engine.block import (
+    DENORMAL_FLOOR,
+    Operands,
+    common_keys,
+    native_dtype,
+    visibility,
+)
 from sdpa_cli.engine.records import Records, RowStats
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
@@ -126,6 +132,7 @@ def attend_online(
     ev = inputs.v.shape[1]
     neg = dt.type(np.finfo(dt).min)  # hidden keys: exp gives 0, and 0 · it is 0 (not NaN)
     floor = DENORMAL_FLOOR[dt]
+    common = common_keys(spec, lead, rows)
 
     m = np.full(n, -np.inf, dtype=dt)  # running row max
     top = np.zeros(n, dtype=np.int64)  # its key
@@ -143,9 +150,9 @@ def attend_online(
             width = c1 - c0
             x = _buffer("x", dt, n * width).reshape(n, width)
             np.matmul(qf, inputs.k[c0:c1].T, out=x)
-            vis = visibility(spec, lead, rows, slice(c0, c1))
-            if vis is not None and vis.all():
-                vis = None  # a key block wholly visible (below a causal diagonal)
+            # A key block every row sees (below a causal diagonal) needs no mask.
+            inside = common.start <= c0 and c1 <= common.stop
+            vis = None if inside else visibility(spec, lead, rows, slice(c0, c1))
             if vis is None:
                 n_visible += width
                 chunk_lo = np.min(x, axis=1)

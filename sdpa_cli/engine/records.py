@@ -174,7 +174,9 @@ def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
     k = np.asarray(k, dtype=np.float64)
     q_ok = np.isfinite(q).all(axis=1)
     k_ok = np.isfinite(k).all(axis=1)
-    qf, kf = q[q_ok], k[k_ok]
+    # (views, not copies, when every row is finite: the common case)
+    qf = q if q_ok.all() else q[q_ok]
+    kf = k if k_ok.all() else k[k_ok]
     n_q, n_k = len(qf), len(kf)
     nonfinite = q.shape[0] * k.shape[0] - n_q * n_k
     if not n_q or not n_k:

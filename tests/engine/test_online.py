@@ -44,7 +44,14 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import online
-from sdpa_cli.engine.block import attend_block, block_lse, key_range, operands
+from sdpa_cli.engine.block import (
+    attend_block,
+    block_lse,
+    common_keys,
+    key_range,
+    operands,
+    visibility,
+)
 from sdpa_cli.engine.online import attend_online
 from sdpa_cli.engine.options import Options
 from sdpa_cli.engine.records import Moments, Records, StageError, Where
@@ -665,3 +672,20 @@ def test_random_problems_in_random_key_blocks_equal_the_one_shot_blocks(
     for lead in leads(spec):
         for rows in row_blocks(spec.L, step):
             assert_block_matches_one_shot(spec, lead, rows, key_block)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_common_keys_are_the_keys_every_row_of_a_block_sees(case: dict[str, Any]) -> None:
+    """The lean pass builds no mask for a key block inside them: they must be exactly
+    the keys no mask hides from any row (none under a boolean mask, which may hide any)."""
+    spec = make_spec(6, **case)
+    for lead in leads(spec):
+        for rows in row_blocks(spec.L, 4):
+            vis = visibility(spec, lead, rows)
+            every_row = np.ones(spec.S, np.bool_) if vis is None else vis.all(axis=0)
+            inside = np.zeros(spec.S, np.bool_)
+            inside[common_keys(spec, lead, rows)] = True
+            if spec.mask_is_bool:
+                assert not inside.any()
+            else:
+                np.testing.assert_array_equal(inside, every_row, err_msg=f"{lead} {rows}")
