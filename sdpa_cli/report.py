@@ -85,7 +85,10 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
 def payload(
     trace: Trace, stages: tuple[str, ...], diagnosis: Diagnosis | None = None, *, for_json: bool
 ) -> dict[str, Any]:
-    """The ``--format json|yaml`` object: shapes, scale, options, stages, findings."""
+    """The ``--format json|yaml`` object: shapes, scale, options, stages, findings.
+
+    Built whole, from a trace that kept its stages; ``sdpa compute`` writes the same
+    text stage by stage with :func:`sdpa_cli.stream.write_document`."""
     spec = trace.spec
     data = setup_payload(spec, for_json=for_json)
     data["stages"] = [s for s in applicable_stages(spec) if s in stages]
@@ -184,12 +187,6 @@ def diagnosis_payload(diagnosis: Diagnosis, *, for_json: bool) -> dict[str, Any]
     return _clean(out, for_json)  # type: ignore[no-any-return]
 
 
-DOCUMENT_VALUE_BYTES = {"json": 8 + 80, "yaml": 8 + 350}
-"""Peak memory per number of a stage written as a JSON or YAML document: its float64
-array, then the nested lists of Python floats and the text (measured with tracemalloc:
-about 77 bytes more for JSON, 342 for YAML, whose emitter keeps every node)."""
-
-
 def to_json(data: dict[str, Any]) -> str:
     return json.dumps(data, allow_nan=False)
 
@@ -199,7 +196,9 @@ def to_yaml(data: dict[str, Any]) -> str:
 
 
 def save_npz(trace: Trace, path: str) -> None:
-    """Write every computed stage (full shape) and ``visible`` to ``path``, atomically."""
+    """Write every computed stage (full shape) and ``visible`` to ``path``, atomically,
+    from a trace that kept them (``sdpa compute --save`` streams the same members with
+    :func:`sdpa_cli.stream.save_npz`)."""
     arrays: dict[str, NDArray[Any]] = {}
     for name in STAGES:
         arr = trace.merged_output if name == "output" else trace.stage(name)

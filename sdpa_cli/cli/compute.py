@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -76,7 +79,13 @@ def compute(
     from sdpa_cli.engine.inputs import load_spec
     from sdpa_cli.engine.trace import trace
     from sdpa_cli.render.common import View
-    from sdpa_cli.report import DOCUMENT_VALUE_BYTES, payload, save_npz, to_json, to_yaml
+    from sdpa_cli.stream import (
+        check_document_room,
+        check_room,
+        save_npz,
+        trace_stages,
+        write_document,
+    )
 
     limits = thresholds(given_thresholds)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
@@ -86,34 +95,21 @@ def compute(
     row_slice = parse_rows(rows, spec.L)
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
 
-    # Whole stages only for what writes them: JSON and YAML the chosen ones, --save
-    # every one. Tables compute the rows they show, and the whole-tensor ranges.
-    keep: tuple[str, ...] | None = chosen if fmt != "table" else ()
     if save is not None:
-        keep = None
-    value_bytes = (8, "in float64")
-    if fmt in DOCUMENT_VALUE_BYTES:
-        value_bytes = (DOCUMENT_VALUE_BYTES[fmt], f"as a {fmt.upper()} document")
+        check_room(spec, save)
+    if fmt != "table":
+        check_document_room(spec, chosen, fmt, _stdout_fd())
+    # The statistics, and nothing score-sized: JSON, YAML and --save compute each stage
+    # again, block by block, as they write it; tables compute the rows they show.
+    keep = trace_stages(spec, chosen) if fmt != "table" else ()
     with progress_bar(spec, "computing") as progress:
-        result = trace(
-            spec,
-            stages=keep,
-            summarize=chosen,
-            jobs=threads,
-            progress=progress,
-            value_bytes=value_bytes,
-        )
+        result = trace(spec, stages=keep, summarize=chosen, jobs=threads, progress=progress)
     diagnosis = diagnose(result, limits)
-    # Everything is rendered before the --save file is written, so a failure while
-    # rendering cannot leave a new file behind; the output is printed last.
+    # The tables are rendered, then the --save file written, before anything is
+    # printed: a failure in either prints nothing. JSON and YAML stream to stdout last.
     console = make_console(color)
-    text: str | None = None
     renderables: list[RenderableType] = []
-    if fmt == "json":
-        text = to_json(payload(result, chosen, diagnosis, for_json=True)) + "\n"
-    elif fmt == "yaml":
-        text = to_yaml(payload(result, chosen, diagnosis, for_json=False))
-    else:
+    if fmt == "table":
         view = View(
             stages=chosen,
             batch=batch,
@@ -128,10 +124,41 @@ def compute(
         )
         renderables = _renderables(result, diagnosis, view, description)
     if save is not None:
-        save_npz(result, save)
-    if text is not None:
-        click.echo(text, nl=False)
+        with progress_bar(spec, "saving") as progress:
+            save_npz(spec, save, jobs=threads, progress=progress)
+    if fmt in ("json", "yaml"):
+
+        def echo(text: str) -> None:
+            click.echo(text, nl=False)
+
+        # No bar on the terminal the document is printed on: it would be drawn across it.
+        on_terminal = sys.stdout.isatty()
+        bar = contextlib.nullcontext(None) if on_terminal else progress_bar(spec, "writing")
+        try:
+            with bar as progress:
+                write_document(
+                    result, chosen, diagnosis, echo, fmt=fmt, jobs=threads, progress=progress
+                )
+        except BrokenPipeError:  # the reader went away (| head): not an error
+            _silence_stdout()
+            return
     print_all(console, renderables)
+
+
+def _stdout_fd() -> int:
+    """stdout's file descriptor (-1 when it has none, as under a test runner)."""
+    try:
+        return sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return -1
+
+
+def _silence_stdout() -> None:
+    """Send what is left in stdout's buffer to /dev/null (Python's advice for a broken
+    pipe), so that the exit is quiet: click would exit 1, a flush at exit complain."""
+    # No descriptor (a test runner's stdout): nothing to silence.
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _renderables(

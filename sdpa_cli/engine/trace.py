@@ -83,20 +83,20 @@ ROW_STATS_BYTES = 64
 """What the statistics keep per query row (a few float64 and int64 arrays)."""
 
 
-def _check_fits(spec: AttentionSpec, keep: set[str], value_bytes: int, use: str) -> None:
+def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
     """Refuse, before allocating, a trace that cannot fit in memory (rather than be
-    killed): ``value_bytes`` per value kept, ``use`` saying what for."""
+    killed): 8 bytes a value kept, the visibility, the per-row statistics."""
     scores = math.prod(spec.weights_shape)
     need = scores if keep - {"output"} else 0  # the boolean visibility
     need += ROW_STATS_BYTES * math.prod((*spec.lead, spec.L))  # always gathered
     values = sum(math.prod(spec.output_shape) if s == "output" else scores for s in keep)
-    need += value_bytes * values
+    need += 8 * values
     available = limits.available_memory()
     if available is not None and need > available:
         gib = 2.0**30
         raise SpecError(
             f"scores {spec.weights_shape}",
-            f"keeping {len(keep)} stage(s) whole {use}, with the per-row statistics, "
+            f"keeping {len(keep)} stage(s) whole in float64, with the per-row statistics, "
             f"needs {need / gib:.1f} GiB, but {available / gib:.1f} GiB of memory is "
             "available; ask for fewer --stages, or slice the inputs",
         )
@@ -111,7 +111,6 @@ def trace(
     summarize: tuple[str, ...] = (),
     jobs: int = 1,
     progress: Progress | None = None,
-    value_bytes: tuple[int, str] = (8, "in float64"),
 ) -> Trace:
     """Run the engine over every block and keep the stages asked for (default: all).
 
@@ -131,13 +130,10 @@ def trace(
         summarize: stages whose whole-tensor range is gathered (kept or not).
         jobs: threads computing blocks.
         progress: told the scores done after each block.
-        value_bytes: the memory each kept value costs until the caller is done with
-            it, and what for (a JSON document built from the stages costs more than
-            their float64 arrays); the refusal up front counts it.
     """
     keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
     ws, os_ = spec.weights_shape, spec.output_shape
-    _check_fits(spec, keep, *value_bytes)
+    _check_fits(spec, keep)
     arrays: dict[str, Any] = {
         s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
     }

@@ -1078,18 +1078,20 @@ CATALOG: list[Bad] = [
         "cannot be written",
         "directory 'nodir' does not exist",
     ),
-    # sizes that would not fit in memory: refused, saying how much they need
+    # sizes that would not fit on the disk: refused before anything is computed, saying
+    # how much they need (a document streams, so memory no longer refuses it)
     bad(
-        "scores-beyond-memory",
-        ("compute", "bq.npy", "bk.npy", "bv.npy", "--format", "json"),
-        "scores (1, 1, 200000, 200000)",
-        "keeping 5 stage(s) whole as a JSON document",
-        "of memory is available",
-        "fewer --stages",
+        "save-beyond-the-disk",
+        ("compute", "bq.npy", "bk.npy", "bv.npy", "--format", "json", "--save", "out.npz"),
+        "out.npz",
+        "of disk while it is written",
+        "4 stages of (1, 1, 200000, 200000) in float64",
+        "is free on its disk",
+        "slice the inputs",
         make=both(
             npy("bq.npy", np.zeros(BIG)), npy("bk.npy", np.zeros(BIG)), npy("bv.npy", np.zeros(BIG))
         ),
-        pattern=r"needs [\d.]+ GiB, but [\d.]+ GiB",
+        pattern=r"needs [\d.]+ GiB of disk while it is written \(.*\), but [\d.]+ GiB is free",
     ),
 ]
 
@@ -1178,24 +1180,26 @@ def test_npz_bomb_of_honest_size_is_refused_before_reading(
 
 
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
-def test_a_document_is_refused_where_its_stages_fit_only_as_arrays(
+def test_a_document_streams_where_its_stages_fit_only_as_arrays(
     base: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
 ) -> None:
-    """(1, 1, 512, 512) scores, four score-shaped stages: 8 MiB as float64 arrays, far more
-    as a JSON or YAML document (DOCUMENT_VALUE_BYTES): with 64 MiB free, tables run and
-    the document is refused up front, nothing written."""
+    """(1, 1, 512, 512) scores, four score-shaped stages: 8 MiB as float64 arrays, about
+    90 bytes a number as a JSON document built whole (350 as YAML), far over 16 MiB. The
+    document is written block by block, so with 16 MiB free it is written, not refused,
+    and it is the document the whole trace gives."""
     import sdpa_cli.files.limits
-    from sdpa_cli.report import DOCUMENT_VALUE_BYTES
 
-    monkeypatch.setattr(sdpa_cli.files.limits, "available_memory", lambda: 64 << 20)
     x = np.random.default_rng(0).normal(size=(512, 8))
     for name in ("mq", "mk", "mv"):
         np.save(base / f"{name}.npy", x)
     files = ("mq.npy", "mk.npy", "mv.npy")
-    assert invoke("compute", *files, "--stages", "raw,scaled,masked,weights").exit_code == 0
-    assert 4 * 512 * 512 * DOCUMENT_VALUE_BYTES[fmt] > 64 << 20
-    line = assert_one_error_line(invoke("compute", *files, "--format", fmt))
-    assert f"whole as a {fmt.upper()} document" in line
+    whole = invoke("compute", *files, "--format", fmt)
+    assert whole.exit_code == 0, whole.stderr
+    monkeypatch.setattr(sdpa_cli.files.limits, "available_memory", lambda: 16 << 20)
+    streamed = invoke("compute", *files, "--format", fmt)
+    assert streamed.exit_code == 0, streamed.stderr
+    assert streamed.stdout == whole.stdout
+    assert len(streamed.stdout) > 4 * 512 * 512 * 10
 
 
 # --- edge inputs that are fine: converted, and the same answer -----------------------------
@@ -1484,15 +1488,17 @@ def test_e2e_a_successful_run_keeps_stderr_empty(base: Path) -> None:
     assert proc.stderr == ""
 
 
-def test_memory_refusal_needs_no_memory(base: Path) -> None:
-    """The 200,000-row inputs of the catalog are refused in a moment: nothing was allocated."""
+def test_save_refusal_needs_no_memory(base: Path) -> None:
+    """The 200,000-row inputs of the catalog are refused in a moment: nothing was computed.
+    (Without --save the JSON document streams: it is refused only when stdout is a file
+    on a disk too small, tests/test_stream.py.)"""
     for name in ("bq", "bk", "bv"):
         np.save(base / f"{name}.npy", np.zeros(BIG))
     start = time.monotonic()
     line = assert_one_error_line(
-        invoke("compute", "bq.npy", "bk.npy", "bv.npy", "--format", "json")
+        invoke("compute", "bq.npy", "bk.npy", "bv.npy", "--format", "json", "--save", "out.npz")
     )
     assert time.monotonic() - start < 10
     found = re.search(r"needs ([\d.]+) GiB", line)
     assert found is not None, line
-    assert float(found.group(1)) > 1000  # four float64 stages of 200,000² scores: 1192 GiB
+    assert float(found.group(1)) > 1000  # 200,000² scores: 4 stages in float64, one twice

@@ -644,24 +644,3 @@ def test_a_trace_that_cannot_fit_in_memory_is_refused_before_allocating(
     assert "fewer --stages" in info.value.problem
     monkeypatch.setattr(limits, "available_memory", lambda: need)
     assert trace(spec, stages=("weights", "raw")).weights is not None
-
-
-def test_the_refusal_counts_what_each_kept_value_costs_the_caller(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A document built from the stages costs more per value than their float64 arrays:
-    what fits as arrays is refused when each value costs 88 bytes."""
-    import sdpa_cli.engine.trace as compute
-    from sdpa_cli.files import limits
-
-    x = np.ones((1, 2, 64, 8))
-    spec = build_spec(x, x, x)
-    values = 2 * 2 * 64 * 64  # two stages of (1, 2, 64, 64)
-    fixed = 2 * 64 * 64 + 2 * 64 * compute.ROW_STATS_BYTES  # the visibility, the row stats
-    monkeypatch.setattr(limits, "available_memory", lambda: fixed + 8 * values)
-    assert trace(spec, stages=("weights", "raw")).weights is not None
-    with pytest.raises(SpecError) as info:
-        trace(spec, stages=("weights", "raw"), value_bytes=(88, "as a JSON document"))
-    assert "keeping 2 stage(s) whole as a JSON document" in info.value.problem
-    monkeypatch.setattr(limits, "available_memory", lambda: fixed + 88 * values)
-    assert trace(spec, stages=("weights", "raw"), value_bytes=(88, "as JSON")).raw is not None
