@@ -17,7 +17,8 @@ from sdpa_cli.diagnosis.explained import Backward, StageExplained
 from sdpa_cli.diagnosis.findings import Finding
 from sdpa_cli.diagnosis.grad import GradDiagnosis
 from sdpa_cli.diagnosis.stages import BACKWARD_STAGES, GRADIENT_STAGE
-from sdpa_cli.engine.grad import Gradients, backward_block
+from sdpa_cli.engine.grad import Gradients
+from sdpa_cli.engine.grad_block import backward_block
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index

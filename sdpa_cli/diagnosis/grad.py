@@ -23,7 +23,8 @@ from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Tall
 from sdpa_cli.diagnosis.rows import saturation_hint
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.driver import Progress
-from sdpa_cli.engine.grad import Gradients, backward, norm
+from sdpa_cli.engine.grad import Gradients, backward
+from sdpa_cli.engine.grad_block import norm
 from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats

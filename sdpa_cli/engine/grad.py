@@ -27,30 +27,26 @@ trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import (
-    Block,
-    Operands,
-    attend_block,
-    dropout_keep,
-    full_keys,
-    operands,
-)
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
+from sdpa_cli.engine.grad_block import (
+    ROW_RECORDS,
+    BlockGrad,
+    backward_block,
+    lean_backward_block,
+)
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import split_heads_of_output
-from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
-    from sdpa_cli.engine.records import Records
     from sdpa_cli.engine.stats import Stats
 
 
@@ -104,213 +100,6 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     while i < len(shape) - 2 and shape[i] == 1:
         i += 1
     return tuple(shape[i:])
-
-
-ROW_RECORDS: dict[str, type[np.generic]] = {
-    "da_norm": np.float64,
-    "ds_norm": np.float64,
-    "gain": np.float64,
-    "max_weight": np.float64,
-    "rest": np.float64,
-    "argmax": np.int64,
-    "n_visible": np.int64,
-}
-"""The per-row records a block gives and :class:`Gradients` keeps ``(*lead, L)``."""
-
-
-@dataclass(frozen=True)
-class BlockGrad:
-    """One block's share of the gradients, and its rows' and keys' records.
-
-    ``dk``/``dv`` cover the block's keys ``keys``; ``dbias`` is the block's
-    d(logits) summed over the axes the bias broadcasts along (None without a bias).
-    """
-
-    lead_index: Index
-    rows: slice
-    keys: slice
-    dq: F64
-    dk: F64
-    dv: F64
-    dbias: F64 | None
-    da_norm: F64
-    ds_norm: F64
-    gain: F64
-    max_weight: F64
-    rest: F64
-    """The weight on every key but the top one (1 − max weight, without rounding)."""
-    argmax: NDArray[np.int64]
-    n_visible: NDArray[np.int64]
-    key_weight: F64
-    """The largest weight each key of ``keys`` gets from the block's rows."""
-    key_seen: NDArray[np.bool_]
-    """Whether any row of the block may attend to each key of ``keys``."""
-    records: Records | None = None
-    """The forward pass's statistics of the block, when asked for."""
-    steps: Mapping[str, F64] | None = None
-    """With ``keep_steps``: ``scaled`` (the forward logits), ``d_weights`` (dA),
-    ``d_scores`` (dS) and ``d_scaled`` (dS through the softcap), each ``(rows, keys)``."""
-
-
-def backward_block(
-    spec: AttentionSpec,
-    lead_index: Index,
-    rows: slice,
-    dout: F64,
-    *,
-    keys: slice | None = None,
-    inputs: Operands | None = None,
-    stats: Stats | None = None,
-    keep_steps: bool = False,
-) -> BlockGrad:
-    """The gradients of ``Σ O ⊙ dO`` from query rows ``rows`` of one slice, in float64.
-
-    Args:
-        dout: dO of the block's rows, ``(rows, Ev)``.
-        keys: the keys to compute (default all); hidden keys get no gradient.
-        inputs: the slice's K and V in float64 (:func:`~sdpa_cli.engine.block.operands`).
-        stats: gathers the forward pass's statistics of the block (for the forward
-            findings), as :func:`~sdpa_cli.engine.trace.trace` does.
-        keep_steps: also return the intermediate score-shaped steps (``explain``).
-    """
-    o = spec.options
-    keys = keys if keys is not None else full_keys(spec)
-    if inputs is None:
-        inputs = operands(spec, lead_index, emulate=False)
-    block = attend_block(spec, lead_index, rows, emulate=False, keys=keys, inputs=inputs)
-    records = stats.measure(block, block) if stats is not None else None
-    q = np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=np.float64)
-    k, v = inputs.k[keys], inputs.v[keys]
-    a = block.weights
-    factor = spec.factor
-
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        if o.dropout > 0:
-            kept = dropout_keep(spec, lead_index, rows, keys) / (1.0 - o.dropout)
-            assert block.dropped is not None
-            dv = block.dropped.T @ dout
-            da = (dout @ v.T) * kept
-        else:
-            dv = a.T @ dout
-            da = dout @ v.T
-        ds, top = softmax_backward(a, da)
-        dlogits = ds if block.all_visible else np.where(block.visible, ds, 0.0)
-        dscaled = dlogits
-        if o.softcap is not None:
-            t = np.tanh(block.scaled / o.softcap)
-            dscaled = dlogits * (1.0 - t * t)
-        draw = dscaled * factor
-        dq = draw @ k
-        dk = draw.T @ q
-        dbias = _dbias(spec, dlogits)
-        health = _row_health(block, a, da, ds, top)
-    return BlockGrad(
-        lead_index=lead_index,
-        rows=rows,
-        keys=keys,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        dbias=dbias,
-        **health,
-        records=records,
-        steps={"scaled": block.scaled, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
-        if keep_steps
-        else None,
-    )
-
-
-def softmax_backward(a: F64, da: F64) -> tuple[F64, NDArray[np.intp]]:
-    """dS from the weights A and dA ``(rows, keys)``, and each row's top key.
-
-    The softmax's Jacobian-vector product dS = A ⊙ (dA − Σ A ⊙ dA), without the
-    Jacobian. dA is first centred on the top key's value (exact, as the weights sum
-    to 1): a saturated row then gives its tiny dS to full relative precision instead
-    of the rounding noise of dA_top − Σ A ⊙ dA.
-    """
-    n_rows, n_keys = a.shape
-    top = a.argmax(axis=1) if n_keys else np.zeros(n_rows, np.int64)
-    centre = np.take_along_axis(da, top[:, None], axis=1) if n_keys else np.zeros((n_rows, 1))
-    da_c = da - np.where(np.isfinite(centre), centre, 0.0)
-    return a * (da_c - np.sum(da_c * a, axis=1, keepdims=True)), top
-
-
-def _dbias(spec: AttentionSpec, dlogits: F64) -> F64 | None:
-    """d(bias): dS summed over the axes the bias broadcasts along."""
-    if spec.bias is None:
-        return None
-    lb, sb = spec.bias.shape[-2:]
-    dbias = dlogits
-    if lb == 1:
-        dbias = dbias.sum(axis=0, keepdims=True)
-    if sb == 1:
-        dbias = dbias.sum(axis=1, keepdims=True)
-    return dbias
-
-
-def _row_health(
-    block: Block, a: F64, da: F64, ds: F64, top: NDArray[np.intp]
-) -> dict[str, NDArray[Any]]:
-    """The per-row and per-key records of :class:`BlockGrad`: norms of dA and dS,
-    the top weight and what the rest of the row holds, the gain 1 − Σ w², the
-    attended keys."""
-    n_rows, n_keys = a.shape
-    attended = block.attended
-    # Norms over the keys a row attends to: a finite mask value gives a fully masked
-    # row uniform weights, yet its logits were replaced and pass nothing back.
-    da_seen = da if block.all_visible else np.where(attended, da, 0.0)
-    ds_seen = ds if block.all_visible else np.where(attended, ds, 0.0)
-    max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
-    rest, gain = _off_top(a, top, max_weight)
-    n_visible = attended.sum(axis=1)
-    argmax = np.where(n_visible > 0, top + block.keys.start, -1)  # −1: no key to name
-    a_seen = a if block.all_visible else np.where(attended, a, 0.0)
-    return {
-        "da_norm": norm(da_seen, axis=1),
-        "ds_norm": norm(ds_seen, axis=1),
-        "gain": np.where(n_visible > 0, gain, 0.0),
-        "max_weight": max_weight,
-        "rest": rest,
-        "argmax": argmax.astype(np.int64),
-        "n_visible": n_visible.astype(np.int64),
-        "key_weight": a_seen.max(axis=0) if n_rows else np.zeros(n_keys),
-        "key_seen": np.asarray(attended.any(axis=0), dtype=np.bool_),
-    }
-
-
-PRECISE_BELOW = 1e-4
-"""Rows whose 1 − Σ A² falls below this are recomputed without the cancellation."""
-
-
-def _off_top(a: F64, top: NDArray[np.intp], max_weight: F64) -> tuple[F64, F64]:
-    """Per row: the weight off the top key, and 1 − Σ A² (the Jacobian's norm bound).
-
-    1 − Σ A² = Σ A (1 − A); for a nearly one-hot row the top key's 1 − A_top is taken
-    as the weight on the other keys, since 1 − 0.99999999 keeps only rounding. The
-    cheap forms serve every other row.
-    """
-    rest = 1.0 - max_weight
-    gain = 1.0 - np.einsum("ij,ij->i", a, a)
-    with np.errstate(invalid="ignore"):
-        close = np.flatnonzero(gain < PRECISE_BELOW)
-    if close.size and a.shape[1]:
-        others = a[close]
-        others[np.arange(close.size), top[close]] = 0.0
-        rest[close] = others.sum(axis=1)
-        gain[close] = max_weight[close] * rest[close] + np.sum(others * (1.0 - others), axis=1)
-    return rest, gain
-
-
-def norm(x: NDArray[Any], axis: int | tuple[int, ...] | None = None) -> Any:
-    """The 2-norm along ``axis``, scaled by the largest magnitude first: the squares of
-    a vanishing row's dS (~1e-200) would underflow to 0 and hide it."""
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        mags = np.abs(x)
-        top = np.max(mags, axis=axis, keepdims=True, initial=0.0)
-        safe = np.where((top > 0) & np.isfinite(top), top, 1.0)
-        total = np.sqrt(np.sum(np.square(mags / safe), axis=axis, keepdims=True)) * safe
-        total = np.where(np.isfinite(top), total, top)  # inf stays inf, NaN NaN
-        return np.squeeze(total, axis=axis) if axis is not None else total.reshape(())[()]
 
 
 @dataclass(frozen=True)
@@ -390,6 +179,9 @@ def backward(
     def visit(place: Place) -> BlockGrad:
         inputs = place.inputs.get(spec, place.lead, emulate=False)
         g = dout[place.at]
+        lean = lean_backward_block(spec, place, g, inputs, stats)
+        if lean is not None:
+            return lean
         return backward_block(
             spec, place.lead, place.rows, g, keys=place.keys, inputs=inputs, stats=stats
         )

@@ -87,6 +87,8 @@ class Online:
     """(rows,), float64: −inf for a row with no visible key."""
     rows: RowStats
     records: Records
+    weights: NDArray[Any] | None = None
+    """With ``keep_weights``: (rows, keys) the softmax's weights, hidden keys 0."""
 
 
 _buffers = threading.local()
@@ -112,13 +114,16 @@ def attend_online(
     records: Records,
     *,
     key_block: int = KEY_BLOCK,
+    keep_weights: bool = False,
 ) -> Online | None:
     """The lean pass over query rows ``rows`` of the slice at ``lead``, keys ``keys``
     (the range :func:`~sdpa_cli.engine.block.key_range` leaves), or None where the
     per-stage path must compute the block (see the module's docstring).
 
     ``records`` is a block's empty records (:meth:`Records.empty`), filled here: its
-    formats are those the statistics check for overflow and flushed weights."""
+    formats are those the statistics check for overflow and flushed weights. With
+    ``keep_weights`` the keys are one block and the weights are kept (the backward
+    pass reads them)."""
     checked = tuple(dict.fromkeys(d for _, d in records.overflow))
     narrow = tuple(records.exp_overflow)
     if inputs.v_bad.any() or inputs.k_bad.any():
@@ -126,6 +131,8 @@ def attend_online(
     dt = inputs.k.dtype
     n = rows.stop - rows.start
     k0, k1 = keys.start, keys.stop
+    if keep_weights:
+        key_block = max(k1 - k0, 1)
     q = np.asarray(spec.q[spec.operand_index("q", lead)][rows], dtype=dt)
     factor = spec.factor
     qf = q * dt.type(factor)
@@ -204,6 +211,9 @@ def attend_online(
         entropy = np.where(seen_any, np.maximum(log_total - spread / safe, 0.0), 0.0)
         entropy = np.where(np.isfinite(entropy), entropy, 0.0)
         out_hi = float(np.max(np.abs(output), initial=0.0))
+        weights = None
+        if keep_weights:  # one key block: e holds every key's exp(x − m)
+            weights = e / safe[:, None] if k1 > k0 else np.zeros((n, 0), dtype=dt)
     if not math.isfinite(out_hi):
         return None
 
@@ -231,7 +241,7 @@ def attend_online(
         underflow=underflow,
         lost=lost,
     )
-    return Online(output.astype(dt, copy=False), lse, stats, records)
+    return Online(output.astype(dt, copy=False), lse, stats, records, weights)
 
 
 def _exp_overflow(records: Records, x: NDArray[Any], base: Index, narrow: tuple[str, ...]) -> None:

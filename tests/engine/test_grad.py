@@ -42,7 +42,8 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import masks
 from sdpa_cli.engine.block import dropout_keep, key_range
-from sdpa_cli.engine.grad import Gradients, backward, backward_block, make_dout
+from sdpa_cli.engine.grad import Gradients, backward, make_dout
+from sdpa_cli.engine.grad_block import backward_block
 from sdpa_cli.engine.numeric import numeric_check
 from sdpa_cli.engine.options import FINFO_MIN, Options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec

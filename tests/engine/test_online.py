@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from attention_cases import CASES, FLOAT32_RUN, make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
@@ -63,17 +64,6 @@ F64 = NDArray[np.float64]
 KEY_BLOCKS = (7, 16)
 """Keys per block of the online softmax in these tests: boundaries inside every mask."""
 
-FLOAT32_RUN: dict[str, Any] = {
-    "dtype": "float32",
-    "accumulate": "float32",
-    "softmax_dtype": "float32",
-    "logits_dtype": "float32",
-}
-"""``--dtype float32`` (its defaults): the engine computes in float32 directly."""
-
-DOCUMENTS = (5, 8, 3, 11, 2)
-"""Packed sequences' lengths: boundaries at 5, 13, 16, 27, inside key blocks of 7 and 16."""
-
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
@@ -91,114 +81,11 @@ def tolerance(spec: AttentionSpec) -> Tolerance:
     return FLOAT32 if spec.options.dtype == "float32" else FLOAT64
 
 
-def documents(lengths: tuple[int, ...]) -> NDArray[np.bool_]:
-    """A block-diagonal "may attend" mask: each token sees its own document only."""
-    doc = np.repeat(np.arange(len(lengths)), lengths)
-    return doc[:, None] == doc[None, :]  # type: ignore[no-any-return]
-
-
-def make_spec(
-    data_seed: int,
-    /,
-    *,
-    B: int = 2,
-    H: int = 2,
-    G: int = 2,
-    L: int = 13,
-    S: int = 30,
-    E: int = 4,
-    Ev: int = 3,
-    mask: str = "none",
-    spread: float = 1.0,
-    float32: bool = False,
-    **options: Any,
-) -> AttentionSpec:
-    """Random Q (B, H, L, E) times ``spread``, K and V (B, G, S, ·), and a mask:
-    ``bool`` (True attends, every fourth row hidden from every key), ``bool-masked``
-    (the same with True hiding), ``keys`` (one row of keys per batch item, broadcast),
-    ``documents`` (packed sequences, L = S), ``float`` (additive, some −inf)."""
-    rng = np.random.default_rng(data_seed)
-    q = rng.normal(size=(B, H, L, E)) * spread
-    k, v = rng.normal(size=(B, G, S, E)), rng.normal(size=(B, G, S, Ev))
-    m: NDArray[Any] | None = None
-    if mask in ("bool", "bool-masked"):
-        m = rng.random((B, H, L, S)) > 0.4
-        m[:, :, ::4] = False
-        if mask == "bool-masked":
-            m = ~m
-            options["mask_true_means"] = "masked"
-    elif mask == "keys":  # (B, 1, 1, S): a padding mask broadcast over heads and rows
-        m = rng.random((B, 1, 1, S)) > 0.3
-    elif mask == "documents":
-        m = documents(DOCUMENTS)
-        assert m.shape == (L, S)
-    elif mask == "float":
-        m = rng.normal(size=(L, S))
-        m[rng.random((L, S)) < 0.25] = -math.inf
-    if float32:
-        options.update(FLOAT32_RUN)
-    return build_spec(q, k, v, mask=m, options=Options(**options))
-
-
 def identity_spec(logits: F64, *, seed: int = 0, **options: Any) -> AttentionSpec:
     """A spec whose logits are ``logits`` (L, S) exactly: Q = the logits, K = I, no scale."""
     S = logits.shape[1]
     v = np.random.default_rng(seed).normal(size=(S, 3))
     return build_spec(logits, np.eye(S), v, options=Options(scale="none", **options))
-
-
-CASES: dict[str, dict[str, Any]] = {
-    "no-mask": {},
-    "causal-upper-left-L<S": {"L": 13, "S": 30, "causal": True},
-    "causal-upper-left-L>S": {"L": 30, "S": 13, "causal": True},
-    "causal-lower-right-L<S": {"L": 13, "S": 30, "causal": True, "causal_align": "lower-right"},
-    # the first L − S rows see no key at all
-    "causal-lower-right-L>S": {"L": 30, "S": 13, "causal": True, "causal_align": "lower-right"},
-    "window-left": {"L": 20, "S": 30, "window": (9, 0)},
-    "window-right": {"L": 20, "S": 30, "window": (0, 11)},
-    "window-both-lower-right": {"L": 11, "S": 30, "window": (5, 3), "causal_align": "lower-right"},
-    "window-beyond-keys": {"L": 30, "S": 10, "window": (2, 2)},
-    "key-padding-with-0": {"key_lengths": (0, 19)},
-    "key-padding-one-length": {"key_lengths": (23,)},
-    "bool-mask": {"mask": "bool"},
-    "bool-mask-true-means-masked": {"mask": "bool-masked"},
-    "bool-key-mask-broadcast": {"mask": "keys", "causal": True},
-    "documents": {"L": 29, "S": 29, "mask": "documents"},
-    "documents-causal": {"L": 29, "S": 29, "mask": "documents", "causal": True},
-    "causal-window-padding": {
-        "L": 17,
-        "S": 30,
-        "causal": True,
-        "causal_align": "lower-right",
-        "window": (10, 2),
-        "key_lengths": (30, 12),
-    },
-    "everything-and-a-mask": {
-        "L": 17,
-        "S": 30,
-        "causal": True,
-        "window": (12, 0),
-        "key_lengths": (25, 30),
-        "mask": "bool",
-    },
-    "grouped-query": {"H": 4, "G": 2, "causal": True},
-    "one-query": {"L": 1, "S": 30},
-    "one-query-causal-lower-right": {
-        "L": 1,
-        "S": 30,
-        "causal": True,
-        "causal_align": "lower-right",
-    },
-    "keys-fewer-than-a-key-block": {"L": 9, "S": 5, "causal": True},
-    "float32": {"float32": True},
-    "float32-causal-padding": {"float32": True, "causal": True, "key_lengths": (0, 21)},
-    "float32-documents": {"float32": True, "L": 29, "S": 29, "mask": "documents"},
-    # logits ~ ±30: weights flush in float16 (counted again key block by key block) and
-    # exp(logit) overflows float16 (logits above 11.09) in several key blocks
-    "float16-flushes": {"spread": 12.0, "causal": True, "window": (20, 0)},
-    "float32-float16-flushes": {"spread": 12.0, "float32": True, "key_lengths": (30, 17)},
-    "nothing-flushes": {"spread": 0.1, "mask": "bool"},
-}
 
 
 def row_blocks(L: int, step: int) -> Iterator[slice]:
