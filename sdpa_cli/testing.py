@@ -12,6 +12,9 @@ full index, and the tolerances that would have passed.
 
 from __future__ import annotations
 
+import difflib
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -21,7 +24,7 @@ from sdpa_cli.check.records import CheckReport, Expected, failure_lines
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
-from sdpa_cli.engine.options import parse_options
+from sdpa_cli.engine.options import OPTION_NAMES, parse_options
 from sdpa_cli.engine.spec import build_spec
 
 
@@ -42,14 +45,43 @@ def _as_array(x: Any, name: str) -> tuple[NDArray[Any], str]:
 
 
 def report_text(report: CheckReport) -> str:
-    """A plain-text report: a line per check, the mismatch report under each failure."""
+    """A plain-text report: a line per check, the mismatch report under each failure.
+
+    A failure's lines that repeat its summary or an earlier line of its own report
+    are left out (a check without a mismatch report restates its summary).
+    """
     verdict = "passed" if report.passed else f"{len(report.failed)} failed"
     lines = [f"sdpa check {verdict} (export {report.export_dtype}, reference {report.reference}):"]
     for c in report.checks:
         lines.append(f"  {c.status.upper():4} {c.name}: {c.summary}")
         if c.status == "fail":
-            lines.extend("         " + line for line in failure_lines(c))
+            seen = {c.summary}
+            for line in failure_lines(c):
+                if line not in seen:
+                    seen.add(line)
+                    lines.append("         " + line)
     return "\n".join(lines)
+
+
+def _check_keywords(options: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is neither an option nor a setting, as Python refuses an
+    unexpected keyword, naming the closest valid one."""
+    for name in options:
+        if name in OPTION_NAMES:
+            continue
+        message = f"assert_attention_close() got an unexpected keyword argument {name!r}"
+        close = difflib.get_close_matches(name, _keywords(), n=1)
+        if close:
+            message += f"; did you mean {close[0]!r}?"
+        raise TypeError(message)
+
+
+def _keywords() -> tuple[str, ...]:
+    """Every keyword :func:`assert_attention_close` takes: its settings, read off its
+    signature, and the options of the computation."""
+    parameters = inspect.signature(assert_attention_close).parameters.values()
+    own = tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    return own + OPTION_NAMES
 
 
 def assert_attention_close(
@@ -65,7 +97,7 @@ def assert_attention_close(
     rtol: float | None = None,
     atol: float | None = None,
     reference: str | None = None,
-    tolerance: str = "dtype",
+    tolerance: str | None = None,
     fudge: float = 2.0,
     fail_on: tuple[str, ...] | list[str] | None = None,
     fail_on_severity: str | None = None,
@@ -79,7 +111,9 @@ def assert_attention_close(
     with ``options`` (the options of ``sdpa compute``, as keywords: ``causal=True``,
     ``scale=0.125``, ``key_lengths=[5, 3]``, ``dtype="float16"``...) and the given
     ``output`` ``(..., L, Ev)``, ``weights`` ``(..., L, S)`` and ``lse`` ``(..., L)``
-    are judged as ``sdpa check`` judges them. Tolerances default by the export's
+    are judged as ``sdpa check`` judges them, by default as ``sdpa check`` does
+    (``tolerance=None``: :class:`~sdpa_cli.check.settings.CheckSettings`' default;
+    ``"dtype"``, ``"measured"``... as ``--tolerance``); the export's format is its
     dtype (a torch bfloat16 tensor counts as bfloat16).
 
     Returns:
@@ -87,8 +121,11 @@ def assert_attention_close(
 
     Raises:
         AssertionError: a check failed; the message is the report.
+        TypeError: an unknown keyword (before anything is computed), with the closest
+            valid one: ``casual`` → ``did you mean 'causal'?``.
         SdpaError: the inputs or options are invalid (not a failed check).
     """
+    _check_keywords(options)
     arrays: dict[str, NDArray[Any]] = {}
     dtypes: set[str] = set()
     given = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask}
@@ -110,15 +147,17 @@ def assert_attention_close(
         options=parse_options(raw, {n: n for n in raw}),
         names={n: n for n in ("q", "k", "v", "bias", "mask") if n in arrays},
     )
+    # sdpa check's own default tolerance unless one is asked for.
+    chosen: dict[str, Any] = {} if tolerance is None else {"tolerance": tolerance}
     settings = CheckSettings(
         rtol=rtol,
         atol=atol,
         reference=reference,
-        tolerance=tolerance,
         fudge=fudge,
         fail_on=None if fail_on is None else tuple(fail_on),
         fail_on_severity=fail_on_severity,
         equal_nan=equal_nan,
+        **chosen,
     )
     expected = [Expected(n, arrays[n], n) for n in ("output", "weights", "lse") if n in arrays]
     report = run_checks(spec, expected, settings, thresholds)

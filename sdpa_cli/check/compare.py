@@ -42,9 +42,15 @@ class Tolerance:
     rtol: float
     atol: float
     source: str
+    factor: float | None = None
+    """Under the kernel-relative judgement (:mod:`sdpa_cli.check.relative`): how much
+    worse than the plain computation an element may be; rtol and atol are then 0."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rtol": self.rtol, "atol": self.atol, "source": self.source}
+        out: dict[str, Any] = {"rtol": self.rtol, "atol": self.atol, "source": self.source}
+        if self.factor is not None:
+            out["factor"] = self.factor
+        return out
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,8 @@ class Mismatch:
     worst_reference: float | None
     passing_atol: float | None
     passing_rtol: float | None
+    passing_factor: float | None = None
+    """Under the kernel-relative judgement: the smallest factor that would pass."""
 
     @property
     def fraction(self) -> float:
@@ -321,7 +329,15 @@ def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
             f"worst element: index {format_index(m.worst_at)}: got {sig(m.worst_actual, 8)}, "
             f"reference {sig(m.worst_reference, 8)}"
         )
-    if tol is not None:
+    if tol is not None and tol.factor is not None:
+        lines.append(f"judged: {tol.source}")
+        if (
+            m.mismatched
+            and m.passing_factor is not None
+            and not (m.nan_mismatches or m.inf_mismatches)
+        ):
+            lines.append(f"would pass with: --fudge {ceil_sig(m.passing_factor)}")
+    elif tol is not None:
         lines.append(f"tolerance: rtol {sig(tol.rtol, 6)}, atol {sig(tol.atol, 6)} ({tol.source})")
         if m.mismatched:
             if m.passing_atol is None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from sdpa_cli.check.records import Expected
 from sdpa_cli.engine import precision
@@ -107,6 +109,28 @@ def as_reference(spec: AttentionSpec, fmt: str) -> AttentionSpec:
         spec.options, dtype=fmt, accumulate=fmt, softmax_dtype=fmt, logits_dtype=fmt
     )
     return dataclasses.replace(spec, options=options)
+
+
+def as_seen_by_kernel(spec: AttentionSpec, export: str) -> AttentionSpec:
+    """``spec`` with Q, K and V rounded to the export's format where they are stored
+    wider: a kernel that computed in float16 saw float16 inputs, and a reference
+    from the unrounded ones would charge it with their rounding (PyTorch's kernel
+    tests build the reference from the low-precision inputs too). A bias and a
+    mask keep their own dtype."""
+    target = precision.numpy_dtype(export)
+    order = precision.FORMATS.index
+
+    def seen(x: NDArray[Any]) -> NDArray[Any]:
+        name = str(x.dtype)
+        if name not in precision.FORMATS or order(name) >= order(export):
+            return x
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asarray(x).astype(target)
+
+    q, k, v = seen(spec.q), seen(spec.k), seen(spec.v)
+    if q is spec.q and k is spec.k and v is spec.v:
+        return spec
+    return dataclasses.replace(spec, q=q, k=k, v=v)
 
 
 def as_naive(spec: AttentionSpec, dtype: str) -> AttentionSpec:

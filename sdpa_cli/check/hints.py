@@ -1,15 +1,25 @@
-"""Hints on failed comparisons: the computation re-run under the options a kernel most
-often gets wrong, one at a time, and under the measured tolerance; a hint says which
-one the export matches."""
+"""Hints on failed comparisons: the computation re-run under the slips a kernel or a port
+most often makes, one at a time, and under the measured tolerance; a hint says which
+one the export matches.
+
+Whether an alternative matches does not depend on the failed check's own tolerance
+(:func:`export_matches`): the export must sit within the export format's default
+tolerances, loosened ×4, nearly everywhere, and much closer to the alternative than to
+the reference of the options given.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from sdpa_cli.check.compare import compare, measured_tolerance
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
 from sdpa_cli.check.exports import (
     RUN_STAGES,
     Fitted,
@@ -19,25 +29,121 @@ from sdpa_cli.check.exports import (
 )
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
-from sdpa_cli.engine.spec import AttentionSpec, scale_factor
-from sdpa_cli.engine.trace import Trace, trace
+from sdpa_cli.engine import masks
+from sdpa_cli.engine.block import dropout_keep, softmax, softmax_lse, visibility
+from sdpa_cli.engine.spec import AttentionSpec, build_spec, scale_factor
+from sdpa_cli.engine.trace import Trace, merge_heads, trace
 from sdpa_cli.engine.types import F64
+from sdpa_cli.errors import SpecError
 from sdpa_cli.text import sig
 
 _SUSPECT_LIMIT = 1 << 22
 """Scores in a case above which a failed comparison is not re-tried under other options."""
 
+MATCH_LOOSENING = 4.0
+"""How much looser than the export format's defaults an alternative may be matched."""
+MATCH_OUTLIERS = 1e-3
+"""The share of elements (0.1%) an alternative may miss and still match."""
+MATCH_GAIN = 10.0
+"""How many times smaller the RMS error against an alternative must be than against
+the reference of the options given."""
 
-def _alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
-    """The computation under the options a kernel most often gets wrong, one at a time."""
+
+def export_matches(
+    export: NDArray[Any], alternative: NDArray[Any], reference: NDArray[Any], export_format: str
+) -> bool:
+    """Whether an export is the alternative computation rather than the reference.
+
+    It is when (a) ``|export − alternative| ≤ 4·atol + 4·rtol·|alternative|`` (the
+    defaults of ``export_format``, :data:`~sdpa_cli.check.compare.DTYPE_TOLERANCES`)
+    on all but 0.1% of the elements finite on either side (one finite side counts as
+    a miss), and (b) the RMS of ``export − alternative`` is at most a tenth of the RMS
+    of ``export − reference`` (each over the pairs finite on both sides). (b) keeps an
+    alternative that changes nothing, or next to nothing, from matching an export that
+    fails for another reason. All three arrays have one shape.
+    """
+    rtol, atol = (MATCH_LOOSENING * t for t in DTYPE_TOLERANCES[export_format])
+    got = np.asarray(export, dtype=np.float64)
+    alt = np.asarray(alternative, dtype=np.float64)
+    ref = np.asarray(reference, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        both = np.isfinite(got) & np.isfinite(alt)
+        counted = int(np.count_nonzero(np.isfinite(got) | np.isfinite(alt)))
+        if not both.any():
+            return False
+        diff = np.abs(got[both] - alt[both])
+        within = int(np.count_nonzero(diff <= atol + rtol * np.abs(alt[both])))
+        if counted - within > MATCH_OUTLIERS * counted:
+            return False
+        against = np.isfinite(got) & np.isfinite(ref)
+        if not against.any():
+            return False
+        rms_alt = math.sqrt(float(np.mean(np.square(diff))))
+        rms_ref = math.sqrt(float(np.mean(np.square(got[against] - ref[against]))))
+    # A reference exact on every finite pair leaves nothing for an alternative to explain.
+    return rms_ref > 0 and rms_alt * MATCH_GAIN <= rms_ref
+
+
+# --- the alternatives -------------------------------------------------------------------
+
+Values = Callable[[str, bool], "F64 | None"]
+"""An alternative's values of an export (``output``, ``weights``, ``lse``; heads merged
+or not), in the file's layout; None where the alternative says nothing about it."""
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A computation a kernel may have done instead: ``label`` names the fix in the
+    user's terms, ``hint`` is the sentence a failed check gets."""
+
+    label: str
+    hint: str
+    values: Values
+
+
+def _option(label: str) -> str:
+    return f"the export matches the computation with {label}: the kernel and these options disagree on it"
+
+
+def _traced(
+    spec: AttentionSpec, ref_format: str, view: Callable[[F64], F64] | None = None
+) -> Values:
+    """The values of ``spec`` in the reference's format, traced once on first use.
+    With ``view``, the output only, read through it (the other exports: None)."""
+    runs: list[Trace] = []
+
+    def values(name: str, merged: bool) -> F64 | None:
+        if view is not None and (name != "output" or merged):
+            return None
+        if not runs:
+            runs.append(trace(as_reference(spec, ref_format), RUN_STAGES, gather_stats=False))
+        got = tensor_values(runs[0], name, merged)
+        return got if view is None else view(got)
+
+    return values
+
+
+def alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alternative]:
+    """The computation under the slips a kernel most often makes, one at a time, each
+    only where it applies: the options first, then the tensors read another way."""
+    for label, alt in _option_alternatives(spec):
+        yield Alternative(label, _option(label), _traced(alt, ref_format))
+    yield from _tensor_alternatives(spec, ref_format)
+
+
+def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
+    """The options a kernel most often disagrees with: the scale, causal or not, the
+    causal alignment, the mask's polarity, the padding, the bias, the window by one."""
     o = spec.options
 
     def alt(**changes: Any) -> AttentionSpec:
         return dataclasses.replace(spec, options=dataclasses.replace(o, **changes))
 
+    standard = math.isclose(spec.scale, scale_factor("sqrt-dk", spec.E))
+    slips = {"dk": ": 1/√E applied twice", "none": ": the scale omitted"} if standard else {}
     for rule, what in (("dk", "1/E"), ("sqrt-dk", "1/√E"), ("none", "1")):
         if o.scale != rule and not math.isclose(spec.scale, scale_factor(rule, spec.E)):
-            yield f"--scale {rule} (scale {what})", spec.with_scale(rule)
+            yield f"--scale {rule} (scale {what}{slips.get(rule, '')})", spec.with_scale(rule)
     yield ("--no-causal" if o.causal else "--causal"), alt(causal=not o.causal)
     if (o.causal or o.window is not None) and spec.L != spec.S:
         other = "lower-right" if o.causal_align == "upper-left" else "upper-left"
@@ -48,7 +154,164 @@ def _alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
     if o.key_lengths is not None:
         yield "no --key-lengths (padding keys attended)", alt(key_lengths=None)
     if spec.bias is not None:
-        yield "no --bias", dataclasses.replace(spec, bias=None)
+        yield "no --bias (the bias left out)", dataclasses.replace(spec, bias=None)
+    if o.window is not None:
+        for window, why in _windows(*o.window):
+            yield f"--window {window[0]},{window[1]} ({why})", alt(window=window)
+
+
+def _windows(left: int, right: int) -> Iterator[tuple[tuple[int, int], str]]:
+    """A window one key narrower or wider on each side (the right side only when it
+    has keys): the off-by-one of ports between libraries that count it differently."""
+    if left > 0:
+        yield (
+            (left - 1, right),
+            "one key fewer on the left: Hugging Face's sliding_window counts the query itself",
+        )
+    yield (
+        (left + 1, right),
+        "one key more on the left: FlashAttention's window_size leaves the query itself out",
+    )
+    if right > 0:
+        yield (left, right - 1), "one key fewer on the right"
+        yield (left, right + 1), "one key more on the right"
+
+
+def _tensor_alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alternative]:
+    """The tensors read another way: K/V heads tiled, (B, L, H, E) read as (B, H, L, E),
+    a (B, S) mask read as (L, S), the bias added before the softcap."""
+    if spec.group > 1:
+        label = "K/V heads tiled (head h uses K/V head h mod G) instead of interleaved (h div r)"
+        hint = (
+            f"the export matches the computation with {label}: the kernel expands K and V "
+            "with repeat (tiling); sdpa, like PyTorch's enable_gqa, with repeat_interleave"
+        )
+        yield Alternative(label, hint, _traced(_tiled_heads(spec), ref_format))
+    transposed = _transposed(spec)
+    if transposed is not None:
+        label = (
+            "Q, K, V and the output look like (B, L, H, E) (FlashAttention's layout): "
+            "transpose them to (B, H, L, E)"
+        )
+        hint = f"{label}; the export matches the computation on them transposed"
+        yield Alternative(label, hint, _traced(transposed, ref_format, _swap_middle))
+    padding = _key_padding_mask(spec)
+    if padding is not None:
+        label = "the mask is a (B, S) key-padding mask: give it as (B, 1, 1, S)"
+        hint = f"{label}; the export matches the computation with it so"
+        yield Alternative(label, hint, _traced(padding, ref_format))
+    if spec.options.softcap is not None and spec.bias is not None:
+        label = (
+            "the bias was added before the softcap (softcap(QKᵀ·scale + bias)); sdpa adds it after"
+        )
+        hint = f"{label}: the export matches the computation in that order"
+        yield Alternative(label, hint, _bias_before_softcap(spec))
+
+
+def _swap_middle(values: F64) -> F64:
+    """(B, H, L, Ev) ↔ (B, L, H, Ev)."""
+    return np.swapaxes(values, 1, 2)
+
+
+def _tiled_heads(spec: AttentionSpec) -> AttentionSpec:
+    """K and V expanded to the H query heads, head h taking K/V head h mod G (torch's
+    ``k.repeat(1, r, 1, 1)``), where the engine reads head h // r (``repeat_interleave``)."""
+    G = spec.H // spec.group
+    heads = np.arange(spec.H) % G
+
+    def tiled(a: NDArray[Any]) -> NDArray[Any]:
+        return a if a.shape[-3] == 1 else np.take(a, heads, axis=-3)
+
+    return dataclasses.replace(spec, k=tiled(spec.k), v=tiled(spec.v), group=1)
+
+
+def _transposed(spec: AttentionSpec) -> AttentionSpec | None:
+    """The computation on Q, K and V with axes 1 and 2 swapped, when all three were
+    given 4-D, without --heads, a bias or a mask (whose axes would need reading
+    anew), and the swapped computation has the output's shape swapped."""
+    o = spec.options
+    if o.heads is not None or spec.bias is not None or spec.mask is not None:
+        return None
+    if any(len(spec.shapes.get(n, ())) != 4 for n in ("q", "k", "v")):
+        return None
+    try:
+        swapped = build_spec(
+            *(np.swapaxes(a, 1, 2) for a in (spec.q, spec.k, spec.v)),
+            options=o,
+            names=spec.names,
+        )
+    except SpecError:  # the shapes do not fit that reading: no hint
+        return None
+    B, H, L, Ev = swapped.output_shape
+    return swapped if (B, L, H, Ev) == spec.output_shape else None
+
+
+def _key_padding_mask(spec: AttentionSpec) -> AttentionSpec | None:
+    """A 2-D mask (boolean or additive) given as (B, S), which broadcasting read as
+    (L, S) (L = B), as the key-padding mask (B, 1, 1, S) it is."""
+    if spec.mask is None or len(spec.lead) < 2:
+        return None
+    B, S = spec.lead[-2], spec.S
+    if B < 2 or spec.shapes.get("mask") != (B, S):
+        return None
+    shape = (1,) * (len(spec.lead) - 2) + (B, 1, 1, S)
+    return dataclasses.replace(spec, mask=spec.mask.reshape(shape))
+
+
+def _bias_before_softcap(spec: AttentionSpec) -> Values:
+    """softmax(C·tanh((Q Kᵀ·scale + bias) / C) + ALiBi + masks)·V in float64, the
+    bias inside the softcap: straight numpy, slice by slice (a hint's case is small)."""
+    found: dict[str, F64] = {}
+
+    def values(name: str, merged: bool) -> F64 | None:
+        if not found:
+            found.update(_capped_bias_run(spec))
+        got = found[name]
+        return merge_heads(spec, got) if name == "output" and merged else got
+
+    return values
+
+
+def _capped_bias_run(spec: AttentionSpec) -> dict[str, F64]:
+    """:func:`_bias_before_softcap`'s output, weights and LSE, every slice."""
+    o = spec.options
+    assert o.softcap is not None
+    assert spec.bias is not None
+    L, S = spec.L, spec.S
+    rows, keys = slice(0, L), slice(0, S)
+    output = np.empty(spec.output_shape)
+    weights = np.empty(spec.weights_shape)
+    lse = np.empty((*spec.lead, L))
+
+    def part(name: str, at: tuple[int, ...]) -> F64:
+        a = getattr(spec, name)
+        return np.asarray(a[spec.operand_index(name, at)], dtype=np.float64)
+
+    # Non-finite inputs are the findings' business; numpy need not warn of them here.
+    with np.errstate(all="ignore"):
+        for at in np.ndindex(*spec.lead):
+            q, k, v = part("q", at), part("k", at), part("v", at)
+            logits = (q @ k.T) * spec.factor + part("bias", at)
+            logits = o.softcap * np.tanh(logits / o.softcap)
+            if o.alibi:
+                slope = float(spec.alibi_slopes[at[-1] if at else 0])
+                logits = logits + masks.alibi(0, L, L, S, slope)
+            if spec.mask is not None and not spec.mask_is_bool:
+                logits = logits + part("mask", at)
+            logits = np.broadcast_to(logits, (L, S))
+            visible = visibility(spec, at, rows, keys)
+            if visible is not None:
+                logits = np.where(visible, logits, o.mask_value_in("float64"))
+            w = softmax(np.array(logits), native=True)
+            weights[at], lse[at] = w, softmax_lse(logits, w)
+            if o.dropout > 0:
+                keep = dropout_keep(spec, at, rows, keys)
+                w = np.where(keep, w / (1.0 - o.dropout), 0.0)
+            output[at] = w @ v
+    return {"output": output, "weights": weights, "lse": lse}
+
+
+# --- the hints --------------------------------------------------------------------------
 
 
 def with_hints(
@@ -60,9 +323,10 @@ def with_hints(
     export: str,
     ref_format: str,
 ) -> list[Check]:
-    """A hint on each failed comparison that one changed option would pass, or that
-    the measured tolerance (the naive low-precision error) would. Each alternative is
-    computed once, for every failed comparison; a case of more than
+    """A hint on each failed comparison that one alternative computation explains
+    (:func:`export_matches` against ``ref``, the reference of the options given), or
+    that the measured tolerance (the naive low-precision error) would pass. Each
+    alternative is computed once, for every failed comparison; a case of more than
     :data:`_SUSPECT_LIMIT` scores gets none."""
     if math.prod(spec.weights_shape) > _SUSPECT_LIMIT:
         return checks
@@ -71,7 +335,7 @@ def with_hints(
         for c in checks
         if c.status == "fail" and c.name.endswith(".close")
     }
-    hints = _option_hints(failing, spec, fitted, ref_format)
+    hints = _option_hints(failing, spec, fitted, ref, export, ref_format)
     unexplained = {name: c for name, c in failing.items() if name not in hints}
     hints.update(_tolerance_hints(unexplained, spec, settings, fitted, ref, export))
     out = []
@@ -86,25 +350,20 @@ def _option_hints(
     failing: Mapping[str, Check],
     spec: AttentionSpec,
     fitted: Mapping[str, Fitted],
+    ref: Mapping[str, F64],
+    export: str,
     ref_format: str,
 ) -> dict[str, str]:
-    """For each failed comparison (by export), the first alternative option under
-    which the export matches the reference."""
+    """For each failed comparison (by export), the first alternative the export matches."""
     hints: dict[str, str] = {}
-    for label, alt in _alternatives(spec):
+    for alt in alternatives(spec, ref_format):
         pending = [n for n in failing if n not in hints]
         if not pending:
             break
-        run = trace(as_reference(alt, ref_format), RUN_STAGES, gather_stats=False)
         for name in pending:
-            tol = failing[name].tolerance
-            assert tol is not None
-            got = tensor_values(run, name, fitted[name].merged)
-            if not compare(fitted[name].values, got, tol.rtol, tol.atol).mismatched:
-                hints[name] = (
-                    f"the export matches the computation with {label}: "
-                    "the kernel and these options disagree on it"
-                )
+            got = alt.values(name, fitted[name].merged)
+            if got is not None and export_matches(fitted[name].values, got, ref[name], export):
+                hints[name] = alt.hint
     return hints
 
 
@@ -117,7 +376,9 @@ def _tolerance_hints(
     export: str,
 ) -> dict[str, str]:
     """For each failed comparison of a 16- or 8-bit export under the dtype's default
-    tolerance, whether the measured tolerance would pass it."""
+    tolerance, whether the measured tolerance would pass it. Only a check whose
+    tolerance came from the defaults (its source ends with ``defaults``) gets one: a
+    given or measured tolerance, or a kernel-relative one, is left as judged."""
     hints: dict[str, str] = {}
     narrow = export not in ("float64", "float32")
     naive: Trace | None = None

@@ -36,6 +36,7 @@ from sdpa_cli.check.exports import (
     Fitted,
     as_naive,
     as_reference,
+    as_seen_by_kernel,
     export_dtype,
     fit_expected,
     tensor_values,
@@ -43,6 +44,7 @@ from sdpa_cli.check.exports import (
 from sdpa_cli.check.gate import finding_checks, gated_kinds
 from sdpa_cli.check.hints import with_hints
 from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
+from sdpa_cli.check.relative import Judgement, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
@@ -203,9 +205,9 @@ def run_checks(
     ref_format = settings.reference or (
         "float64" if export in ("float64", "float32") else "float32"
     )
-    ref_spec = spec if _same_run(spec, ref_format) else as_reference(spec, ref_format)
-    measured = settings.tolerance == "measured"
-    naive_spec = as_naive(spec, export) if measured and expected else None
+    seen = as_seen_by_kernel(spec, export) if expected else spec
+    ref_spec = seen if _same_run(seen, ref_format) else as_reference(seen, ref_format)
+    naive_spec = as_naive(seen, export) if expected and _plain_needed(settings, export) else None
     found = _judge_pass(spec, ref_spec, naive_spec, set(fitted), jobs, progress)
     diagnosis = diagnose(found.stats, thresholds)
     gated, own_only = gated_kinds(settings, bool(expected))
@@ -228,6 +230,16 @@ def run_checks(
     )
 
 
+def _plain_needed(settings: CheckSettings, export: str) -> bool:
+    """Whether the judgement reads the plain computation in the export's format: the
+    kernel-relative default (for exports narrower than float64) and ``measured``."""
+    if settings.rtol is not None:
+        return False
+    return settings.tolerance == "measured" or (
+        settings.tolerance == "kernel" and export != "float64"
+    )
+
+
 def _same_run(spec: AttentionSpec, ref_format: str) -> bool:
     """Whether the run as given already is the reference (float64, not emulated)."""
     return ref_format == "float64" and not spec.options.emulated
@@ -246,6 +258,9 @@ class _Against:
     tolerances: dict[str, Tolerance]
     trace: Trace | None = None
     support: NDArray[np.bool_] | None = None
+    plain: dict[str, F64] | None = None
+    """The plain computation's values, with the kernel-relative judgement."""
+    judgement: Judgement | None = None
 
 
 def _export_checks(
@@ -261,14 +276,39 @@ def _export_checks(
     checks: list[Check] = []
     if "output" in fitted:
         checks += _output_checks(spec, fitted["output"], ref["output"], tols["output"], found, nan)
+        _judged(checks, "output", fitted, against, nan)
     if "weights" in fitted:
         assert against.support is not None
         checks += _weights_checks(
             fitted["weights"], ref["weights"], tols["weights"], against.support, nan
         )
+        _judged(checks, "weights", fitted, against, nan)
     if "lse" in fitted:
         checks += _lse_checks(fitted, against, nan)
+        _judged(checks, "lse", fitted, against, nan)
     return checks
+
+
+def _judged(
+    checks: list[Check], name: str, fitted: Mapping[str, Fitted], against: _Against, nan: bool
+) -> None:
+    """Under the kernel-relative judgement, ``name.close`` judged against the plain
+    computation (in place of the fixed-tolerance comparison)."""
+    if against.judgement is None or against.plain is None:
+        return
+    f = fitted[name]
+    at = next(i for i, c in enumerate(checks) if c.name == f"{name}.close")
+    checks[at] = relative_check(
+        name,
+        f.values,
+        against.values[name],
+        against.plain[name],
+        against.judgement,
+        f.exp.label,
+        nan,
+        rows=name != "lse",
+        slices=1 if name == "lse" else 2,
+    )
 
 
 def _compared_with(
@@ -296,18 +336,23 @@ def _compared_with(
         lse = fitted["lse"].values
         ref["lse"] = np.where((ref["lse"] == -math.inf) & np.isinf(lse), lse, ref["lse"])
     tols = {}
+    plain: dict[str, F64] = {}
     for name, f in fitted.items():
         naive = None
         if naive_spec is not None:
-            naive = _whole(spec, found.naive, name, naive_weights, f.merged)
-        tols[name] = _tolerance(settings, export, ref[name], naive)
-    if reference is None:
-        return _Against(ref, tols)
-    assert reference.masked is not None
-    assert reference.weights is not None
-    assert reference.visible is not None
-    support = weighable(reference.visible, reference.masked, reference.weights)
-    return _Against(ref, tols, reference, support)
+            naive = plain[name] = _whole(spec, found.naive, name, naive_weights, f.merged)
+        kernel = settings.tolerance == "kernel"
+        tols[name] = _tolerance(settings, export, ref[name], None if kernel else naive)
+    judgement = None
+    if settings.tolerance == "kernel" and naive_spec is not None:
+        judgement = Judgement(export, factor=settings.fudge)
+    support = None
+    if reference is not None:
+        assert reference.masked is not None
+        assert reference.weights is not None
+        assert reference.visible is not None
+        support = weighable(reference.visible, reference.masked, reference.weights)
+    return _Against(ref, tols, reference, support, plain or None, judgement)
 
 
 def _whole(

@@ -87,7 +87,7 @@ _CHECK_PARSERS: dict[str, Any] = {
     "rtol": _tolerance,
     "atol": _tolerance,
     "reference": _one_of(REFERENCE_FORMATS),
-    "tolerance": _one_of(("dtype", "measured")),
+    "tolerance": _one_of(("kernel", "dtype", "measured")),
     "fudge": _fudge,
     "fail_on": _kinds,
     "fail_on_severity": _one_of(SEVERITIES),
@@ -159,10 +159,12 @@ class CheckSettings:
     atol: float | None = None
     reference: str | None = None
     """Format of the reference: float32 for 16- and 8-bit exports, float64 otherwise."""
-    tolerance: str = "dtype"
-    """``dtype`` (the defaults of :data:`~sdpa_cli.check.compare.DTYPE_TOLERANCES`) or
-    ``measured``: no worse than the naive computation in the export's format, times
-    ``fudge``."""
+    tolerance: str = "kernel"
+    """``kernel``: element by element no worse than the plain computation in the
+    export's format times ``fudge`` (:mod:`sdpa_cli.check.relative`); ``dtype``: the
+    fixed defaults of :data:`~sdpa_cli.check.compare.DTYPE_TOLERANCES`; ``measured``:
+    PyTorch's ``get_tolerances`` (one rtol and atol from the plain computation's
+    largest errors, times ``fudge``)."""
     fudge: float = 2.0
     fail_on: tuple[str, ...] | None = None
     """Finding kinds that fail the run; default :data:`DEFAULT_GATE` without

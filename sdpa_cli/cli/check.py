@@ -43,8 +43,8 @@ CHECK_EXIT_CODES_HELP = (
     metavar="FILE",
     help="The exported logsumexp per row, (..., L), as FlashAttention returns it.",
 )
-@click.option("--rtol", metavar="X", help="Relative tolerance (with --atol; default by dtype).")
-@click.option("--atol", metavar="X", help="Absolute tolerance (with --rtol; default by dtype).")
+@click.option("--rtol", metavar="X", help="Fixed relative tolerance (with --atol).")
+@click.option("--atol", metavar="X", help="Fixed absolute tolerance (with --rtol).")
 @click.option(
     "--reference",
     type=click.Choice(["float32", "float64"]),
@@ -52,11 +52,12 @@ CHECK_EXIT_CODES_HELP = (
 )
 @click.option(
     "--tolerance",
-    type=click.Choice(["dtype", "measured"]),
-    help="dtype: defaults by the export's dtype; measured: no worse than the naive "
-    "computation in that dtype × --fudge (as PyTorch's kernel tests).",
+    type=click.Choice(["kernel", "dtype", "measured"]),
+    help="kernel (default): each element no worse than the plain computation in the "
+    "export's dtype × --fudge, as kernel tests judge; dtype: PyTorch's fixed "
+    "tolerances for the dtype; measured: PyTorch's get_tolerances.",
 )
-@click.option("--fudge", metavar="F", help="Factor on measured tolerances (default 2).")
+@click.option("--fudge", metavar="F", help="How much worse than the plain computation (default 2).")
 @click.option(
     "--fail-on",
     metavar="KIND[,KIND...]",

@@ -387,7 +387,9 @@ def _biased(
     biased = logits.copy()
     if spec.bias is not None:
         bias = spec.bias[spec.operand_index("bias", lead_index)]
-        biased += ar.r(np.asarray(_part(bias, rows, keys), dtype=ar.dtype))
+        # The bias in its own dtype (a float32 bias stays float32 under --dtype
+        # bfloat16, as JAX keeps it); the sum is stored in the logits' format.
+        biased += np.asarray(_part(bias, rows, keys), dtype=ar.dtype)
     if spec.options.alibi:
         h = lead_index[-1] if lead_index else 0
         slope = float(spec.alibi_slopes[h])

@@ -394,7 +394,8 @@ def test_export_format_is_the_narrowest_unless_dtype_says(
     inputs: str, exports: dict[str, str], options: dict[str, Any], export: str, reference: str
 ) -> None:
     """--dtype when given, else the narrowest of the exports and Q/K/V; the reference is
-    float32 for 16-bit exports, float64 otherwise; tolerances are that format's floors."""
+    float32 for 16-bit exports, float64 otherwise; under --tolerance dtype the
+    tolerances are that format's floors."""
     q, k, v = (normal(s, 2, 3, 4).astype(inputs) for s in (1, 2, 3))
     oracle = attention(q, k, v)
     values = {"output": oracle.output, "weights": oracle.weights}
@@ -402,7 +403,7 @@ def test_export_format_is_the_narrowest_unless_dtype_says(
         name: bf16(values[name]) if dt == "bfloat16" else values[name].astype(dt)
         for name, dt in exports.items()
     }
-    report = check(q, k, v, arrays_, **options)
+    report = check(q, k, v, arrays_, CheckSettings(tolerance="dtype"), **options)
     assert (report.export_dtype, report.reference) == (export, reference)
     tol = by_name(report)["output.close"].tolerance
     assert tol is not None
@@ -1054,7 +1055,8 @@ def test_torch_bfloat16_output_misses_the_bfloat16_floors_on_a_handful() -> None
         v.float().numpy(),
         options=parse_options({"causal": True, "dtype": "bfloat16"}),
     )
-    report = run_checks(spec, [Expected("output", out.float().numpy(), "out")])
+    exported = [Expected("output", out.float().numpy(), "out")]
+    report = run_checks(spec, exported, CheckSettings(tolerance="dtype"))
     close = by_name(report)["output.close"]
     m = close.mismatch
     assert m is not None
@@ -1070,6 +1072,11 @@ def test_torch_bfloat16_output_misses_the_bfloat16_floors_on_a_handful() -> None
     assert out.float()[m.worst_at].item() == m.worst_actual
     assert close.hint is not None  # the measured tolerance would pass it, and says so
     assert "passes --tolerance measured" in close.hint
+    # The default judgement (against the plain bfloat16 computation) passes it.
+    default = by_name(run_checks(spec, exported))["output.close"]
+    assert default.passed, default.summary
+    assert default.tolerance is not None
+    assert default.tolerance.factor == 2.0
 
 
 # --- assert_attention_close -----------------------------------------------------------------------
@@ -1130,7 +1137,8 @@ def test_a_bfloat16_tensor_is_judged_as_bfloat16() -> None:
     assert report.export_dtype == "bfloat16"
     tol = by_name(report)["output.close"].tolerance
     assert tol is not None
-    assert (tol.rtol, tol.atol) == PYTORCH_FLOORS["bfloat16"]
+    assert tol.factor == 2.0
+    assert "the plain bfloat16 computation" in tol.source
 
 
 # --- hints: the one option a failed export agrees with -------------------------------------------

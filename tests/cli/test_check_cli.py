@@ -79,6 +79,7 @@ MISMATCH_KEYS = {
     "worst_reference",
     "passing_atol",
     "passing_rtol",
+    "passing_factor",
     "fraction",
 }
 CASE_KEYS = {
@@ -124,7 +125,8 @@ def validate_check(c: Any) -> None:
         assert isinstance(c["hint"], str)
     if "tolerance" in c:
         tol = c["tolerance"]
-        assert set(tol) == {"rtol", "atol", "source"}
+        assert set(tol) - {"factor"} == {"rtol", "atol", "source"}
+        assert is_number(tol.get("factor", 0.0))
         assert is_number(tol["rtol"])
         assert is_number(tol["atol"])
         assert isinstance(tol["source"], str)
@@ -139,12 +141,19 @@ def validate_check(c: Any) -> None:
             assert is_index(m[key])
         for key in ("max_abs", "max_rel", "fraction"):
             assert is_number(m[key])
-        for key in ("worst_actual", "worst_reference", "passing_atol", "passing_rtol"):
+        for key in (
+            "worst_actual",
+            "worst_reference",
+            "passing_atol",
+            "passing_rtol",
+            "passing_factor",
+        ):
             assert is_number(m[key], optional=True)
         assert (m["worst_at"] is None) == (m["mismatched"] == 0)
         assert m["fraction"] == pytest.approx(m["mismatched"] / m["total"])
         if c["name"].endswith(".close"):
-            assert c["passed"] is (m["mismatched"] == 0)
+            shifted = c.get("shifted_slices", [])
+            assert c["passed"] is (m["mismatched"] == 0 and not shifted)
 
 
 def validate_case(doc: Any) -> None:
@@ -551,8 +560,24 @@ def fp16_export(request: pytest.FixtureRequest, workdir: Path) -> str:
 FP16 = ("hq.npy", "hk.npy", "hv.npy", "--expect-output", "ho.npy")
 
 
-def test_float16_output_passes_at_the_float16_defaults(fp16_export: str) -> None:
+def test_float16_output_passes_by_default_against_the_plain_float16_computation(
+    fp16_export: str,
+) -> None:
     doc = check_json(*FP16, code=ExitCode.OK)
+    assert (doc["export_dtype"], doc["reference"]) == ("float16", "float32")
+    close = by_name(doc)["output.close"]
+    assert close["tolerance"]["factor"] == 2.0
+    assert close["tolerance"]["source"].startswith("kernel: ≤ 2× the plain float16")
+    assert 0 < close["rms_error"] <= 2 * close["plain_rms_error"]
+    assert close["shifted_slices"] == []
+    stats = close["error_stats"]
+    assert 0 < stats["abs"]["median"] <= stats["abs"]["p90"] <= stats["abs"]["p99"]
+    assert stats["abs"]["p99"] <= stats["abs"]["max"] == close["mismatch"]["max_abs"]
+    assert 0.999 < stats["cosine"]["min"] <= 1.0
+
+
+def test_float16_output_passes_at_the_float16_defaults(fp16_export: str) -> None:
+    doc = check_json(*FP16, "--tolerance", "dtype", code=ExitCode.OK)
     assert (doc["export_dtype"], doc["reference"]) == ("float16", "float32")
     close = by_name(doc)["output.close"]
     assert close["tolerance"] == {"rtol": 1e-3, "atol": 1e-3, "source": "float16 defaults"}

@@ -1,0 +1,248 @@
+"""The default judgement of ``sdpa check``: an export against the plain computation.
+
+A kernel in float16 or bfloat16 is judged as the FlashAttention and PyTorch kernel
+tests judge their own: by how far it strays from the float64 (or float32) reference
+compared with how far the same computation done plainly in the export's format
+strays (the emulation ``--dtype`` runs: inputs, scores and output in the format,
+softmax and accumulation in float32, as Hugging Face's eager attention computes).
+Element by element, an export passes when
+
+    |export − reference| ≤ factor · max(|plain − reference|, floor)
+
+where the floor is ``FLOOR_ULPS`` units in the last place of the format at the
+output row's scale (the largest |reference| of the row): where the plain
+computation happens to land exactly on the reference, a faithful kernel may still
+round differently. Per (batch, head) slice the mean signed error must also stay
+within what rounding allows (the plain computation's own mean error times the
+factor, plus ``MEAN_SHARE`` of its RMS error, plus six standard errors of the
+export's mean): a whole head shifted by a few of its own rounding errors passes
+element by element, and fails here.
+
+Pure numpy: arrays in, :class:`~sdpa_cli.check.records.Check` out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.check.compare import Tolerance, compare
+from sdpa_cli.check.records import Check
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.records import argmax_index
+from sdpa_cli.engine.types import F64
+from sdpa_cli.text import format_index, percent, plural, sig
+
+FACTOR = 2.0
+"""How much worse than the plain computation an element may be (``--fudge``)."""
+
+FLOOR_ULPS = 2.0
+"""The floor of each element's allowance, in units in the last place of the format at
+the row's scale."""
+
+MEAN_SHARE = 0.25
+"""A slice's mean signed error may reach this share of the plain computation's RMS
+error (plus six standard errors of the mean) before the slice is called shifted."""
+
+STATS_QUANTILES = {"median": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How an export is judged against the plain computation in its format."""
+
+    export: str
+    factor: float = FACTOR
+    floor_ulps: float = FLOOR_ULPS
+
+    @property
+    def tolerance(self) -> Tolerance:
+        """The rule as the report names it (no single rtol/atol: 0 and 0)."""
+        source = (
+            f"kernel: ≤ {sig(self.factor, 6)}× the plain {self.export} computation's error, "
+            f"floor {sig(self.floor_ulps, 6)} ulp of the row's scale"
+        )
+        return Tolerance(0.0, 0.0, source, factor=self.factor)
+
+
+def ulp(x: F64, name: str) -> F64:
+    """The spacing of the format ``name`` at magnitude ``|x|`` (its smallest subnormal
+    step at 0)."""
+    f = precision.fmt(name)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        _, e = np.frexp(np.abs(x))
+    spacing = np.ldexp(f.eps, e - 1)
+    # below the smallest normal number (0 included) the step is the subnormal one
+    out: F64 = np.where(np.abs(x) < f.normal, f.tiny, np.maximum(spacing, f.tiny))
+    return out
+
+
+def _row_scale(reference: F64, rows: bool) -> F64:
+    """The magnitude each element is judged at: its row's largest |reference| (the
+    output and weights, rows on the last axis), or its own (the LSE)."""
+    mags = np.where(np.isfinite(reference), np.abs(reference), 0.0)
+    if not rows or reference.ndim == 0:
+        return mags
+    return np.broadcast_to(np.max(mags, axis=-1, keepdims=True, initial=0.0), mags.shape)
+
+
+def error_stats(actual: F64, reference: F64, slices: int) -> dict[str, Any]:
+    """Polygraphy's error statistics over the finite pairs: mean, median, p90, p99
+    and max of the absolute and the relative error, and per (batch, head) slice
+    (the leading axes but the last ``slices``) the cosine similarity."""
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    finite = np.isfinite(a) & np.isfinite(r)
+    diff = np.abs(a - r)[finite]
+    mag = np.abs(r)[finite]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(mag > 0, diff / np.where(mag > 0, mag, 1.0), np.where(diff > 0, np.inf, 0.0))
+    out: dict[str, Any] = {}
+    for kind, values in (("abs", diff), ("rel", rel)):
+        figures = {"mean": float(np.mean(values)) if values.size else 0.0}
+        for label, q in STATS_QUANTILES.items():
+            figures[label] = float(np.quantile(values, q)) if values.size else 0.0
+        figures["max"] = float(np.max(values, initial=0.0))
+        out[kind] = figures
+    lead = a.shape[: a.ndim - slices] if a.ndim > slices else ()
+    aa = np.where(finite, a, 0.0).reshape((*lead, -1)) if lead else np.where(finite, a, 0.0)[None]
+    rr = np.where(finite, r, 0.0).reshape((*lead, -1)) if lead else np.where(finite, r, 0.0)[None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dot = np.einsum("...i,...i->...", aa, rr)
+        norms = np.linalg.norm(aa, axis=-1) * np.linalg.norm(rr, axis=-1)
+        cos = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), 1.0)
+    worst = argmax_index(-cos) if cos.size else ()
+    out["cosine"] = {"min": float(np.min(cos, initial=1.0)), "min_at": list(worst)}
+    return out
+
+
+def _shifted_slices(
+    err: F64, plain: F64, finite: NDArray[np.bool_], slices: int, factor: float
+) -> list[tuple[tuple[int, ...], float, float]]:
+    """The (batch, head) slices whose mean signed error is beyond what rounding allows:
+    (index, mean error, allowance). ``plain`` is each element's allowance base,
+    max(|plain − reference|, floor), signed as the plain error."""
+    if err.ndim <= slices:
+        return []
+    lead = err.shape[: err.ndim - slices]
+    e = np.where(finite, err, 0.0).reshape((*lead, -1))
+    p = np.where(finite, plain, 0.0).reshape((*lead, -1))
+    n = np.maximum(finite.reshape((*lead, -1)).sum(axis=-1), 1)
+    mean = e.sum(axis=-1) / n
+    spread = np.sqrt(np.maximum((e * e).sum(axis=-1) / n - mean * mean, 0.0))
+    plain_mean = np.abs(p.sum(axis=-1) / n)
+    plain_rms = np.sqrt((p * p).sum(axis=-1) / n)
+    # The plain computation's own bias (times the factor), a share of its RMS error,
+    # and six standard errors of the export's mean.
+    allowed = factor * plain_mean + MEAN_SHARE * plain_rms + 6.0 * spread / np.sqrt(n)
+    out = []
+    for at in zip(*np.nonzero(np.abs(mean) > allowed), strict=True):
+        idx = tuple(int(x) for x in at)
+        out.append((idx, float(mean[idx]), float(allowed[idx])))
+    return out
+
+
+def relative_check(
+    name: str,
+    actual: F64,
+    reference: F64,
+    plain: F64,
+    judgement: Judgement,
+    label: str,
+    equal_nan: bool,
+    *,
+    rows: bool,
+    slices: int,
+) -> Check:
+    """``name.close`` under the kernel-relative rule (the module's docstring).
+
+    ``rows``: judge each element at its row's scale (last axis); ``slices``: the
+    trailing axes of one (batch, head) slice (2 for the output, 1 for the LSE)."""
+    m = compare(actual, reference, 0.0, math.inf, equal_nan=equal_nan)  # non-finite only
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    p = np.asarray(plain, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(a) & np.isfinite(r)
+        err = np.where(finite, a - r, 0.0)
+        plain_err = np.where(finite & np.isfinite(p), p - r, 0.0)
+        floor = judgement.floor_ulps * ulp(_row_scale(r, rows), judgement.export)
+        allowed = judgement.factor * np.maximum(np.abs(plain_err), floor)
+        ratio = np.abs(err) / allowed
+    beyond = finite & (ratio > 1.0)
+    count = int(beyond.sum())
+    need = float(np.max(np.where(finite, ratio, 0.0), initial=0.0)) * judgement.factor
+    base = np.copysign(np.maximum(np.abs(plain_err), floor), plain_err)
+    shifted = _shifted_slices(err, base, finite, slices, judgement.factor)
+    worst_at = m.worst_at
+    if worst_at is None and count:
+        worst_at = argmax_index(np.where(finite, ratio, 0.0))
+    mismatch = replace(
+        m,
+        mismatched=m.mismatched + count,
+        worst_at=worst_at,
+        worst_actual=None if worst_at is None else float(a[worst_at]),
+        worst_reference=None if worst_at is None else float(r[worst_at]),
+        passing_atol=None,
+        passing_rtol=None,
+        passing_factor=need,
+    )
+    stats = error_stats(a, r, slices)
+    plain_rms = float(np.sqrt(np.mean(plain_err[finite] ** 2))) if finite.any() else 0.0
+    rms = float(np.sqrt(np.mean(err[finite] ** 2))) if finite.any() else 0.0
+    details: dict[str, Any] = {
+        "error_stats": stats,
+        "plain_rms_error": plain_rms,
+        "rms_error": rms,
+        "factor_needed": need,
+        "shifted_slices": [
+            {"index": list(i), "mean_error": mean, "allowed": allow} for i, mean, allow in shifted
+        ],
+    }
+    failed = bool(mismatch.mismatched or shifted)
+    summary = _summary(mismatch, count, need, rms, plain_rms, shifted, judgement)
+    return Check(
+        f"{name}.close",
+        "fail" if failed else "pass",
+        summary,
+        index=worst_at if mismatch.mismatched else (shifted[0][0] if shifted else None),
+        file=label,
+        tolerance=judgement.tolerance,
+        mismatch=mismatch,
+        details=details,
+    )
+
+
+def _summary(
+    m: Any,
+    count: int,
+    need: float,
+    rms: float,
+    plain_rms: float,
+    shifted: list[tuple[tuple[int, ...], float, float]],
+    judgement: Judgement,
+) -> str:
+    """One line: how the export's error compares with the plain computation's."""
+    errors = (
+        f"RMS error {sig(rms, 3)}, the plain {judgement.export} computation's {sig(plain_rms, 3)}"
+    )
+    parts = []
+    if m.mismatched:
+        parts.append(
+            f"{m.mismatched:,} of {m.total:,} ({percent(m.fraction)}) beyond "
+            f"{sig(judgement.factor, 6)}× the plain computation's error (would pass at "
+            f"{sig(need, 3)}×)"
+        )
+    if shifted:
+        i, mean, allowed = shifted[0]
+        parts.append(
+            f"{plural(len(shifted), 'slice')} shifted: {format_index(i)} by "
+            f"{sig(mean, 3)} on average, where rounding allows {sig(allowed, 3)}"
+        )
+    if not parts:
+        return f"all {m.total:,} within {sig(judgement.factor, 6)}× the plain computation's error; {errors}"
+    return "; ".join(parts) + f"; {errors}"

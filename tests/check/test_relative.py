@@ -1,0 +1,108 @@
+"""The kernel-relative judgement (``sdpa_cli.check.relative``): an export against the
+plain computation in its format, element by element and slice by slice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sdpa_cli.check.relative import Judgement, error_stats, relative_check, ulp
+
+
+@pytest.mark.parametrize(
+    ("x", "fmt", "spacing"),
+    [
+        (1.0, "bfloat16", 2.0**-7),
+        (1.5, "bfloat16", 2.0**-7),
+        (0.75, "float16", 2.0**-11),
+        (1000.0, "float16", 0.5),
+        (0.0, "float16", 2.0**-24),
+        (1.0, "float32", 2.0**-23),
+    ],
+)
+def test_ulp_is_the_formats_spacing_at_that_magnitude(x: float, fmt: str, spacing: float) -> None:
+    assert ulp(np.array([x, -x]), fmt).tolist() == [spacing, spacing]
+
+
+def judged(actual: np.ndarray, reference: np.ndarray, plain: np.ndarray, **kw: float):  # type: ignore[no-untyped-def]
+    return relative_check(
+        "output",
+        actual,
+        reference,
+        plain,
+        Judgement("float16", **kw),
+        "out.npy",
+        False,
+        rows=True,
+        slices=2,
+    )
+
+
+def noisy_case(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (1, 4, 64, 16) reference; the plain computation off by ~1e-2 (a few float16
+    ulps at the rows' scale), the export by half as much (independent noise)."""
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(size=(1, 4, 64, 16))
+    plain = ref + rng.normal(scale=1e-2, size=ref.shape)
+    export = ref + rng.normal(scale=5e-3, size=ref.shape)
+    return export, ref, plain
+
+
+def test_an_export_no_worse_than_the_plain_computation_passes() -> None:
+    export, ref, plain = noisy_case()
+    c = judged(ref + 0.5 * (plain - ref), ref, plain)
+    assert c.status == "pass", c.summary
+    assert c.details["rms_error"] == pytest.approx(0.5 * c.details["plain_rms_error"])
+    assert c.details["factor_needed"] == pytest.approx(0.5)  # half the plain error
+    assert c.details["shifted_slices"] == []
+    assert judged(export, ref, plain, factor=1000.0).status == "pass"
+
+
+def test_an_element_three_times_the_plain_error_fails_there() -> None:
+    _, ref, plain = noisy_case()
+    export = ref + 0.5 * (plain - ref)
+    at = (0, 2, 10, 3)
+    export[at] = ref[at] + 3.0 * (plain[at] - ref[at])
+    c = judged(export, ref, plain, floor_ulps=0.0)
+    assert c.status == "fail"
+    assert c.mismatch is not None
+    assert c.mismatch.mismatched == 1
+    assert c.mismatch.worst_at == at
+    assert c.details["factor_needed"] == pytest.approx(3.0)
+    assert "would pass at 3×" in c.summary
+
+
+def test_the_floor_admits_an_element_the_plain_computation_got_exactly() -> None:
+    ref = np.full((1, 1, 2, 4), 1.0)
+    plain = ref.copy()  # exact by chance
+    export = ref + 2.0**-10  # one float16 ulp at 1.0, within 2 × 2 ulp
+    assert judged(export, ref, plain).status == "pass"
+    assert judged(ref + 5 * 2.0**-10, ref, plain).status == "fail"
+
+
+def test_a_head_shifted_by_twice_its_rounding_error_is_named() -> None:
+    _, ref, plain = noisy_case(1)
+    export = ref + 0.5 * (plain - ref)
+    rms = float(np.sqrt(np.mean((export - ref) ** 2)))
+    export[0, 1] += 2 * rms
+    c = judged(export, ref, plain)
+    assert c.mismatch is not None
+    assert c.mismatch.worst_at is not None
+    assert c.mismatch.worst_at[:2] == (0, 1)  # the elements beyond are that head's
+    assert c.status == "fail"
+    assert [s["index"] for s in c.details["shifted_slices"]] == [[0, 1]]
+    assert c.details["shifted_slices"][0]["mean_error"] == pytest.approx(2 * rms, rel=0.05)
+    assert "1 slice shifted: [0, 1]" in c.summary
+
+
+def test_error_stats_are_polygraphys_figures() -> None:
+    ref = np.array([[[1.0, 2.0, 4.0, 8.0]]])
+    actual = ref + np.array([[[0.1, -0.2, 0.4, 0.0]]])
+    stats = error_stats(actual, ref, 2)
+    assert stats["abs"]["mean"] == pytest.approx(0.175)
+    assert stats["abs"]["median"] == pytest.approx(0.15)
+    assert stats["abs"]["max"] == pytest.approx(0.4)
+    assert stats["rel"]["max"] == pytest.approx(0.1)
+    cos = float(actual.ravel() @ ref.ravel() / np.linalg.norm(actual) / np.linalg.norm(ref))
+    assert stats["cosine"]["min"] == pytest.approx(cos)
+    assert stats["cosine"]["min_at"] == [0]
