@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-fast lint fmt golden bench bench-quick bench-grad fuzz clean
+.PHONY: install demo test test-fast lint fmt golden bench bench-quick bench-grad bench-gate fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,24 @@ fuzz: $(VENV)/.dev-installed
 bench-grad: $(VENV)/.dev-installed
 	$(BENCH_TORCH)
 	$(BIN)/python bench/bench.py --only grad $(BENCH_ARGS)
+
+# The verdict benchmark of issue 17: does `sdpa check`, with no tolerance flag, pass every
+# faithful export of a real kernel and fail every real bug? Kernels: PyTorch's CPU SDPA
+# (fused and math), Hugging Face eager attention in tiny random Llama, Mistral and Gemma 2
+# models (built from configs, nothing downloaded), JAX's XLA attention; float16 and
+# bfloat16. Bugs: one head shifted by 1, 2, 4, 8 × its error, a rolled row, scale 1/d_k,
+# an inverted mask, a window off by one, a flipped causal alignment, bfloat16 claimed as
+# float32. Prints a confusion table, every wrong verdict, the smallest shift caught and a
+# Markdown table; exits 1 on any false failure or false pass. A few minutes; a library
+# that cannot be installed skips its kernels. More options: BENCH_ARGS="--only hf-gemma2
+# --keep /tmp/gate --json gate.json" (bench/bench_gate.py --help).
+BENCH_GATE_LIBS = $(BIN)/pip install --quiet transformers==5.23.0 jax==0.10.2 \
+	|| echo "bench-gate: transformers or jax not installable; their kernels are skipped"
+
+bench-gate: $(VENV)/.dev-installed
+	$(BENCH_TORCH)
+	$(BENCH_GATE_LIBS)
+	$(BIN)/python bench/bench_gate.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

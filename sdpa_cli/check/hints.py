@@ -29,7 +29,7 @@ from sdpa_cli.check.exports import (
 )
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
-from sdpa_cli.engine import masks
+from sdpa_cli.engine import masks, precision
 from sdpa_cli.engine.block import dropout_keep, softmax, softmax_lse, visibility
 from sdpa_cli.engine.spec import AttentionSpec, build_spec, scale_factor
 from sdpa_cli.engine.trace import Trace, merge_heads, trace
@@ -335,7 +335,17 @@ def with_hints(
         for c in checks
         if c.status == "fail" and c.name.endswith(".close")
     }
-    hints = _option_hints(failing, spec, fitted, ref, export, ref_format)
+    hints = _format_hints(failing, fitted, export)
+    hints.update(
+        _option_hints(
+            {n: c for n, c in failing.items() if n not in hints},
+            spec,
+            fitted,
+            ref,
+            export,
+            ref_format,
+        )
+    )
     unexplained = {name: c for name, c in failing.items() if name not in hints}
     hints.update(_tolerance_hints(unexplained, spec, settings, fitted, ref, export))
     out = []
@@ -344,6 +354,35 @@ def with_hints(
         hint = hints.get(name) if c is failing.get(name) else None
         out.append(c if hint is None else dataclasses.replace(c, hint=hint))
     return out
+
+
+NARROWER = ("bfloat16", "float16")
+"""Formats a float32 or float64 export is most often computed in and stored wider."""
+
+
+def _format_hints(
+    failing: Mapping[str, Check], fitted: Mapping[str, Fitted], export: str
+) -> dict[str, str]:
+    """For each failed comparison of a float32 or float64 export whose every value is
+    a number of a narrower format: the export was likely computed in that format and
+    stored wider (at least 16 non-zero values, so that a few round numbers prove
+    nothing)."""
+    hints: dict[str, str] = {}
+    if export not in ("float32", "float64"):
+        return hints
+    for name in failing:
+        values = np.asarray(fitted[name].exp.values, dtype=np.float64)
+        finite = values[np.isfinite(values)]
+        if np.count_nonzero(finite) < 16:
+            continue
+        for fmt in NARROWER:
+            if np.array_equal(precision.round_to(finite, fmt), finite):
+                hints[name] = (
+                    f"every exported value is a {fmt} number: the export looks computed "
+                    f"in {fmt} and stored as {export}; if so, check it with --dtype {fmt}"
+                )
+                break
+    return hints
 
 
 def _option_hints(

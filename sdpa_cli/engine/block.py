@@ -326,7 +326,10 @@ def attend_block(
         raw, scaled = _scores(spec, ar, q, ops.k[keys])
         capped = None
         if o.softcap is not None:
-            capped = ar.rl(o.softcap * np.tanh(scaled / ar.const(o.softcap)))
+            # Each step stored in the logits' format, as Gemma 2's eager attention
+            # does (÷C, tanh, ×C, each a tensor op in the model's dtype).
+            t = ar.rl(np.tanh(ar.rl(scaled / ar.const(o.softcap))))
+            capped = ar.rl(o.softcap * t)
         logits = capped if capped is not None else scaled
         biased = _biased(spec, ar, logits, lead_index, rows, keys)
         logits = biased if biased is not None else logits

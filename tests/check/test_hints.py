@@ -26,6 +26,7 @@ from sdpa_cli.check.hints import MATCH_GAIN, alternatives, export_matches
 from sdpa_cli.check.records import Check, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings
+from sdpa_cli.engine import precision
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.errors import ExitCode
@@ -448,3 +449,31 @@ def test_torch_heads_repeated_not_interleaved_get_the_tiled_hint() -> None:
     assert "K/V heads tiled (head h uses K/V head h mod G)" in close.hint
     good = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert close_check(spec, good.numpy()).status == "pass"
+
+
+# --- a narrow computation stored wide ------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_a_narrow_output_stored_as_float32_is_named(fmt: str) -> None:
+    """A float32 export whose every value is a bfloat16 (or float16) number: it was
+    computed in that format; the check fails at float32's precision and says so."""
+    q, k, v = (normal(s, 1, 2, 16, 8).astype(np.float32) for s in (71, 72, 73))
+    narrow = precision.round_to(attention(q, k, v).output, fmt).astype(np.float32)
+    spec = build_spec(q, k, v)
+    report = run_checks(spec, [Expected("output", narrow, "out.npy")])
+    c = next(c for c in report.checks if c.name == "output.close")
+    assert c.status == "fail"
+    assert c.hint == (
+        f"every exported value is a {fmt} number: the export looks computed in {fmt} "
+        f"and stored as float32; if so, check it with --dtype {fmt}"
+    )
+
+
+def test_a_float32_output_gets_no_narrow_format_hint() -> None:
+    q, k, v = (normal(s, 1, 2, 16, 8).astype(np.float32) for s in (71, 72, 73))
+    wrong = (attention(q, k, v).output * 1.01).astype(np.float32)
+    report = run_checks(build_spec(q, k, v), [Expected("output", wrong, "out.npy")])
+    c = next(c for c in report.checks if c.name == "output.close")
+    assert c.status == "fail"
+    assert c.hint is None or "number" not in c.hint

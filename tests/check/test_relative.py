@@ -73,11 +73,21 @@ def test_an_element_three_times_the_plain_error_fails_there() -> None:
 
 
 def test_the_floor_admits_an_element_the_plain_computation_got_exactly() -> None:
+    """Where the plain computation lands on the reference, an element may still be a
+    floor (1 float16 ulp at the row's scale, 2**-10 at 1.0) times the factor off."""
     ref = np.full((1, 1, 2, 4), 1.0)
     plain = ref.copy()  # exact by chance
-    export = ref + 2.0**-10  # one float16 ulp at 1.0, within 2 × 2 ulp
-    assert judged(export, ref, plain).status == "pass"
-    assert judged(ref + 5 * 2.0**-10, ref, plain).status == "fail"
+    one_off = ref.copy()
+    one_off[0, 0, 1, 2] += 2 * 2.0**-10
+    assert judged(one_off, ref, plain).status == "pass"
+    one_off[0, 0, 1, 2] += 2.0**-10
+    assert judged(one_off, ref, plain).status == "fail"
+    # every element one ulp off the same way is a shift, not rounding
+    c = judged(ref + 2.0**-10, ref, plain)
+    assert c.status == "fail"
+    assert c.mismatch is not None
+    assert c.mismatch.mismatched == 0
+    assert [s["index"] for s in c.details["shifted_slices"]] == [[0, 0]]
 
 
 def test_a_head_shifted_by_twice_its_rounding_error_is_named() -> None:

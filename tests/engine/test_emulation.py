@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.diagnosis.findings import Emulation
 from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import attend_block, softmax
 from sdpa_cli.engine.driver import iter_blocks
 from sdpa_cli.engine.options import Options, parse_options
@@ -275,6 +276,31 @@ def test_emulation_equals_pytorch_operators_in_the_format(
     assert reported is not None
     actual = float(np.abs(out - exact).max())
     assert actual / 1.1 <= reported.max_abs <= 1.1 * actual
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_softcap_rounds_each_step_as_gemma2s_eager_attention(torch: Any, name: str) -> None:
+    """Gemma 2's eager attention caps the logits with three tensor ops in the model's
+    dtype (÷C, tanh, ×C), each rounded: the emulation stores each step in the format
+    too, so its capped logits are PyTorch's but for a rare ulp (the matmul's sum or
+    tanh, computed wider and rounded, may land on the other side of a tie)."""
+    q = normal(21, 1, 2, 32, 32, sd=2.0).astype(DTYPES[name]).astype(np.float64)
+    k = normal(22, 1, 2, 32, 32, sd=2.0).astype(DTYPES[name]).astype(np.float64)
+    v = normal(23, 1, 2, 32, 32).astype(DTYPES[name]).astype(np.float64)
+    tq, tk = (torch.from_numpy(a).to(torch_dtype(torch, name)) for a in (q, k))
+    logits = (tq @ tk.transpose(-1, -2)) * 0.125
+    logits = logits / 5.0
+    logits = torch.tanh(logits)
+    logits = logits * 5.0
+    t, _ = run(q, k, v, dtype=name, scale=0.125, softcap=5.0)
+    assert t.capped is not None
+    assert t.scaled is not None
+    steps = ulps(t.capped, logits.double().numpy(), name)
+    assert steps.max() <= 1
+    assert np.mean(steps == 0) >= 0.998
+    # rounding only once, at the end, misses many more
+    once = precision.round_to(5.0 * np.tanh(t.scaled / 5.0), name)
+    assert np.mean(ulps(once, logits.double().numpy(), name) == 0) < 0.99
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
