@@ -50,6 +50,16 @@ error (plus six standard errors of the mean) before the slice is called shifted.
 
 STATS_QUANTILES = {"median": 0.5, "p90": 0.9, "p99": 0.99}
 
+ERROR_STATS = (
+    *(
+        f"{kind}_{stat}"
+        for kind in ("abs", "rel")
+        for stat in ("mean", "median", "p90", "p99", "max")
+    ),
+    "cosine_min",
+)
+"""What ``--max-error`` may limit: each at most its value, ``cosine_min`` at least."""
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -161,6 +171,39 @@ def _shifted_slices(
     return out, float(np.max(ratio, initial=0.0))
 
 
+OUTLIER_RATIO = 8.0
+"""A row (or slice) is named when its RMS error is this many times the median row's
+(slice's), and more than the factor times its own plain computation's."""
+
+
+def outliers(
+    err: F64, plain_err: F64, finite: NDArray[np.bool_], axes: int, factor: float
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows (``axes`` = 1) or (batch, head) slices (``axes`` = 2) whose error is far
+    above the others' (:data:`OUTLIER_RATIO`), worst first, at most five, and how many
+    there are: real bugs live in one head or one row."""
+    if err.ndim <= axes:
+        return [], 0
+    lead = err.shape[: err.ndim - axes]
+    e = np.where(finite, err, 0.0).reshape((*lead, -1))
+    p = np.where(finite, plain_err, 0.0).reshape((*lead, -1))
+    n = np.maximum(finite.reshape((*lead, -1)).sum(axis=-1), 1)
+    rms = np.sqrt((e * e).sum(axis=-1) / n)
+    plain_rms = np.sqrt((p * p).sum(axis=-1) / n)
+    median = float(np.median(rms)) if rms.size else 0.0
+    far = (rms > OUTLIER_RATIO * median) & (rms > factor * plain_rms)
+    order = sorted(zip(*np.nonzero(far), strict=True), key=lambda at: -float(rms[at]))
+    named = [
+        {
+            "index": [int(x) for x in at],
+            "rms_error": float(rms[at]),
+            "times_median": float(rms[at] / median) if median > 0 else math.inf,
+        }
+        for at in order[:5]
+    ]
+    return named, len(order)
+
+
 def relative_check(
     name: str,
     actual: F64,
@@ -205,6 +248,10 @@ def relative_check(
         passing_rtol=None,
         passing_factor=need,
     )
+    bad_slices, _ = outliers(err, plain_err, finite, slices, judgement.factor)
+    bad_rows, n_rows = (
+        outliers(err, plain_err, finite, slices - 1, judgement.factor) if slices > 1 else ([], 0)
+    )
     stats = error_stats(a, r, slices)
     plain_rms = float(np.sqrt(np.mean(plain_err[finite] ** 2))) if finite.any() else 0.0
     rms = float(np.sqrt(np.mean(err[finite] ** 2))) if finite.any() else 0.0
@@ -214,12 +261,25 @@ def relative_check(
         "rms_error": rms,
         "factor_needed": need,
         "shift_ratio": shift_ratio,
+        "outlier_slices": bad_slices,
+        "outlier_rows": bad_rows,
         "shifted_slices": [
             {"index": list(i), "mean_error": mean, "allowed": allow} for i, mean, allow in shifted
         ],
     }
     failed = bool(mismatch.mismatched or shifted)
     summary = _summary(mismatch, count, need, rms, plain_rms, shifted, judgement)
+    if failed:
+        # A few rows name the bug better than their slice; many rows, the slice.
+        by_row = bool(bad_rows) and (n_rows <= len(bad_rows) or not bad_slices)
+        named = bad_rows if by_row else bad_slices
+        if named:
+            what = "row" if by_row else "slice"
+            worst = named[0]
+            summary += (
+                f"; the error is in {what} {format_index(tuple(worst['index']))} "
+                f"({sig(worst['times_median'], 3)}× the median {what}'s)"
+            )
     return Check(
         f"{name}.close",
         "fail" if failed else "pass",
@@ -261,3 +321,35 @@ def _summary(
     if not parts:
         return f"all {m.total:,} within {sig(judgement.factor, 6)}× the plain computation's error; {errors}"
     return "; ".join(parts) + f"; {errors}"
+
+
+def stat_value(stats: dict[str, Any], name: str) -> float:
+    """One of :data:`ERROR_STATS` read from :func:`error_stats`' figures."""
+    kind, stat = name.split("_", 1)
+    return float(stats[kind][stat])
+
+
+def error_limit_check(
+    name: str, stats: dict[str, Any], limits: tuple[tuple[str, float], ...], label: str
+) -> Check:
+    """``name.error``: the error statistics against ``--max-error``'s limits (each at
+    most its value; ``cosine_min`` at least)."""
+    parts, broken = [], []
+    for stat, limit in limits:
+        value = stat_value(stats, stat)
+        ok = value >= limit if stat == "cosine_min" else value <= limit
+        sign = ("≥" if ok else "<") if stat == "cosine_min" else ("≤" if ok else ">")
+        shown = sig(value, 3)
+        if stat == "cosine_min" and 0.99 < value < 1:  # near 1, what matters is 1 − it
+            shown = f"1 − {sig(1 - value, 3)}"
+        text = f"{stat} {shown} {sign} {sig(limit, 6)}"
+        parts.append(text)
+        if not ok:
+            broken.append(text)
+    return Check(
+        f"{name}.error",
+        "fail" if broken else "pass",
+        "; ".join(broken or parts),
+        file=label,
+        details={"error_stats": stats, "limits": dict(limits)},
+    )

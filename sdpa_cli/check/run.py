@@ -44,7 +44,7 @@ from sdpa_cli.check.exports import (
 from sdpa_cli.check.gate import finding_checks, gated_kinds
 from sdpa_cli.check.hints import with_hints
 from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
-from sdpa_cli.check.relative import Judgement, relative_check
+from sdpa_cli.check.relative import Judgement, error_limit_check, error_stats, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
@@ -219,6 +219,7 @@ def run_checks(
         against = _compared_with(spec, settings, fitted, export, ref_spec, naive_spec, found)
         checks = _export_checks(spec, fitted, against, found, settings.equal_nan)
         checks = with_hints(checks, spec, settings, fitted, against.values, export, ref_format)
+        checks += _error_checks(checks, fitted, against, settings.max_error)
     checks.extend(findings)
     return CheckReport(
         checks=tuple(checks),
@@ -287,6 +288,26 @@ def _export_checks(
         checks += _lse_checks(fitted, against, nan)
         _judged(checks, "lse", fitted, against, nan)
     return checks
+
+
+def _error_checks(
+    checks: list[Check],
+    fitted: Mapping[str, Fitted],
+    against: _Against,
+    limits: tuple[tuple[str, float], ...],
+) -> list[Check]:
+    """With ``--max-error``, each export's error statistics against its limits (read
+    from the kernel-relative check, or computed under a fixed tolerance)."""
+    if not limits:
+        return []
+    out = []
+    for name, f in fitted.items():
+        close = next(c for c in checks if c.name == f"{name}.close")
+        stats = close.details.get("error_stats")
+        if stats is None:
+            stats = error_stats(f.values, against.values[name], 1 if name == "lse" else 2)
+        out.append(error_limit_check(name, stats, limits, f.exp.label))
+    return out
 
 
 def _judged(

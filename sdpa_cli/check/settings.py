@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sdpa_cli.check.relative import ERROR_STATS
 from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES, Thresholds
 from sdpa_cli.engine.options import parse_bool, parse_number
 from sdpa_cli.errors import InputError, SpecError
@@ -30,6 +31,7 @@ CHECK_NAMES = (
     "fail_on",
     "fail_on_severity",
     "equal_nan",
+    "max_error",
 )
 """Settings of ``sdpa check`` a config file, a manifest or a flag may give."""
 
@@ -74,6 +76,36 @@ def _fudge(value: Any, where: str) -> float:
     return x
 
 
+def _error_limits(value: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """``abs_p99=1e-3,cosine_min=0.999``, a list of such, or a mapping: limits on the
+    error statistics (:data:`~sdpa_cli.check.relative.ERROR_STATS`)."""
+    if isinstance(value, Mapping):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)) and all(
+        isinstance(x, (list, tuple)) and len(x) == 2 for x in value
+    ):  # already parsed: (stat, value) pairs
+        items = [(str(k), v) for k, v in value]
+    else:
+        texts = value.split(",") if isinstance(value, str) else value
+        if not isinstance(texts, (list, tuple)):
+            raise SpecError(where, f"expected STAT=VALUE pairs, got {shown(value)}")
+        items = []
+        for text in texts:
+            stat, eq, number = str(text).strip().partition("=")
+            if not eq:
+                raise SpecError(where, f"expected STAT=VALUE, got {shown(text)}")
+            items.append((stat.strip(), number.strip()))
+    limits = []
+    for stat, number in items:
+        if stat not in ERROR_STATS:
+            raise SpecError(
+                where,
+                f"unknown error statistic {shown(stat)}; choose from {', '.join(ERROR_STATS)}",
+            )
+        limits.append((stat, _tolerance(number, f"{where} {stat}")))
+    return tuple(limits)
+
+
 def _one_of(choices: tuple[str, ...]) -> Any:
     def parse(value: Any, where: str) -> str:
         if not isinstance(value, str) or value not in choices:
@@ -92,6 +124,7 @@ _CHECK_PARSERS: dict[str, Any] = {
     "fail_on": _kinds,
     "fail_on_severity": _one_of(SEVERITIES),
     "equal_nan": parse_bool,
+    "max_error": _error_limits,
 }
 
 
@@ -173,6 +206,9 @@ class CheckSettings:
     """Fail on any finding at or above this severity."""
     equal_nan: bool = False
     """Whether NaN in both the export and the reference counts as a match."""
+    max_error: tuple[tuple[str, float], ...] = ()
+    """Limits on the error statistics, each export's ``NAME.error`` check (none: no
+    such check)."""
 
     def __post_init__(self) -> None:
         if (self.rtol is None) != (self.atol is None):

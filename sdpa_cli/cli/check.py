@@ -59,6 +59,12 @@ CHECK_EXIT_CODES_HELP = (
 )
 @click.option("--fudge", metavar="F", help="How much worse than the plain computation (default 2).")
 @click.option(
+    "--max-error",
+    metavar="STAT=X[,...]",
+    help="Also fail when an error statistic passes X: abs_ or rel_ mean, median, p90, "
+    "p99, max (at most X), cosine_min (at least X); e.g. abs_p99=1e-3,cosine_min=0.9999.",
+)
+@click.option(
     "--fail-on",
     metavar="KIND[,KIND...]",
     help="Fail on these finding kinds, or none (default without --expect-*: "
@@ -121,6 +127,7 @@ def check(
     reference: str | None,
     tolerance: str | None,
     fudge: str | None,
+    max_error: str | None,
     fail_on: str | None,
     fail_on_severity: str | None,
     equal_nan: bool | None,
@@ -168,6 +175,7 @@ def check(
             "reference": reference,
             "tolerance": tolerance,
             "fudge": fudge,
+            "max_error": max_error,
             "fail_on": fail_on,
             "fail_on_severity": fail_on_severity,
             "equal_nan": equal_nan,

@@ -37,6 +37,7 @@ from sdpa_cli.diagnosis.findings import KINDS, Thresholds
 from sdpa_cli.engine.block import softmax, softmax_lse
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.trace import trace
 from sdpa_cli.errors import SpecError
 
 F64 = NDArray[np.float64]
@@ -1321,3 +1322,52 @@ def test_rows_summary_under_a_finite_mask_value_says_rows_without_keys_sum_to_on
     rows = by_name(check(q, k, v, {"weights": oracle.weights}, **opts))["weights.rows"]
     assert rows.status == "pass"
     assert rows.summary.startswith("all 4 rows sum to 1")  # no-key rows are spread: they sum to 1
+
+
+# --- the reference starts from the inputs the kernel saw ------------------------------------
+
+
+@needs_torch
+def test_float32_inputs_of_a_bfloat16_kernel_are_rounded_before_the_reference() -> None:
+    """Q, K, V stored in float32, the kernel run on their bfloat16 rounding: the
+    reference starts from the rounded inputs (as PyTorch's kernel tests build it), so
+    the faithful export passes, and its error is the kernel's, not the inputs'."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 128, 64, generator=g) for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True
+    )
+    spec = build_spec(
+        q.numpy(),
+        k.numpy(),
+        v.numpy(),
+        options=parse_options({"causal": True, "dtype": "bfloat16"}),
+    )
+    report = run_checks(spec, [Expected("output", out.float().numpy(), "out")])
+    close = by_name(report)["output.close"]
+    assert close.passed, close.summary
+    rounded = torch.nn.functional.scaled_dot_product_attention(
+        q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(), is_causal=True
+    )
+    kernel_rms = float(((out.double() - rounded) ** 2).mean().sqrt())
+    assert close.details["rms_error"] == pytest.approx(kernel_rms, rel=0.05)
+    unrounded = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=True
+    )
+    assert float(((out.double() - unrounded) ** 2).mean().sqrt()) > 1.5 * kernel_rms
+
+
+def test_a_float32_bias_keeps_its_dtype_under_an_emulated_format() -> None:
+    """--dtype bfloat16 --logits-dtype float32 with a float32 bias: the bias is added
+    as stored (JAX keeps it in float32), not rounded to bfloat16 first."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(1, 1, 4, 8)) for _ in range(3))
+    bias = (rng.normal(size=(4, 4)) * 3).astype(np.float32)
+    options = parse_options({"dtype": "bfloat16", "logits_dtype": "float32"})
+    t = trace(build_spec(q, k, v, bias=bias, options=options), ("scaled", "biased"))
+    assert t.scaled is not None
+    assert t.biased is not None
+    expected = (t.scaled + bias.astype(np.float64)).astype(np.float32).astype(np.float64)
+    np.testing.assert_array_equal(t.biased, expected)
+    rounded_first = t.scaled + bias.astype(ml_dtypes.bfloat16).astype(np.float64)
+    assert not np.array_equal(t.biased, rounded_first.astype(np.float32).astype(np.float64))

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdpa_cli.check.relative import Judgement, error_stats, relative_check, ulp
+from sdpa_cli.check.relative import (
+    Judgement,
+    error_limit_check,
+    error_stats,
+    relative_check,
+    ulp,
+)
 
 
 @pytest.mark.parametrize(
@@ -116,3 +122,42 @@ def test_error_stats_are_polygraphys_figures() -> None:
     cos = float(actual.ravel() @ ref.ravel() / np.linalg.norm(actual) / np.linalg.norm(ref))
     assert stats["cosine"]["min"] == pytest.approx(cos)
     assert stats["cosine"]["min_at"] == [0]
+
+
+def test_one_bad_row_is_named_not_its_slice() -> None:
+    export, ref, plain = noisy_case(2)
+    export = ref + 0.5 * (plain - ref)
+    export[0, 3, 17] = np.roll(export[0, 3, 17], 1)
+    c = judged(export, ref, plain)
+    assert c.status == "fail"
+    assert [r["index"] for r in c.details["outlier_rows"]] == [[0, 3, 17]]
+    assert "the error is in row [0, 3, 17]" in c.summary
+
+
+def test_a_whole_bad_head_is_named_as_its_slice() -> None:
+    export, ref, plain = noisy_case(3)
+    export = ref + 0.5 * (plain - ref)
+    export[0, 2] = ref[0, 2] * 1.05
+    c = judged(export, ref, plain)
+    assert c.status == "fail"
+    assert [r["index"] for r in c.details["outlier_slices"]] == [[0, 2]]
+    assert len(c.details["outlier_rows"]) == 5  # the worst five of its 64 rows
+    assert "the error is in slice [0, 2]" in c.summary
+
+
+def test_a_faithful_export_names_nothing() -> None:
+    _, ref, plain = noisy_case(4)
+    c = judged(ref + 0.5 * (plain - ref), ref, plain)
+    assert c.details["outlier_rows"] == []
+    assert c.details["outlier_slices"] == []
+
+
+def test_error_limits_fail_on_the_statistic_beyond_them() -> None:
+    ref = np.array([[[1.0, 2.0, 4.0, 8.0]]])
+    stats = error_stats(ref + np.array([[[0.1, -0.2, 0.4, 0.0]]]), ref, 2)
+    ok = error_limit_check("output", stats, (("abs_max", 0.5), ("cosine_min", 0.99)), "o")
+    assert ok.status == "pass"
+    assert ok.summary == "abs_max 0.4 ≤ 0.5; cosine_min 1 − 0.00108 ≥ 0.99"
+    bad = error_limit_check("output", stats, (("abs_p99", 0.1), ("rel_max", 0.2)), "o")
+    assert bad.status == "fail"
+    assert bad.summary == "abs_p99 0.394 > 0.1"  # 0.2 + 0.97 · (0.4 − 0.2), linear

@@ -1273,7 +1273,7 @@ def test_an_unknown_config_key_is_one_error_line(
     line = assert_one_error_line(check(*QKV))
     assert line == (
         f"sdpa: error: {where}: unknown check setting; expected rtol, atol, reference, "
-        "tolerance, fudge, fail-on, fail-on-severity, equal-nan"
+        "tolerance, fudge, fail-on, fail-on-severity, equal-nan, max-error"
     )
 
 
@@ -1287,6 +1287,32 @@ def test_tolerance_flag_overrides_config_tolerances(exports: dict[str, F64], wor
     (workdir / "sdpa.yaml").write_text("check:\n  rtol: 0.02\n  atol: 0.02\n")
     doc = check_json(*QKV, "--expect-output", "output.npy", "--tolerance", "measured", code=0)
     assert by_name(doc)["output.close"]["tolerance"]["source"].startswith("measured")
+
+
+def test_max_error_adds_an_error_check_per_export(exports: dict[str, F64], workdir: Path) -> None:
+    """--max-error limits the error statistics: output.error passes within them and
+    fails beyond, naming the statistic; the config file gives the same."""
+    args = (*QKV, "--expect-output", "output.npy")
+    doc = check_json(*args, "--max-error", "abs_max=1,cosine_min=0.5", code=0)
+    c = by_name(doc)["output.error"]
+    assert c["status"] == "pass"
+    assert c["limits"] == {"abs_max": 1.0, "cosine_min": 0.5}
+    assert c["error_stats"]["abs"]["max"] <= 1.0
+    doc = check_json(*args, "--max-error", "abs_max=0", code=ExitCode.CHECK_FAILED)
+    c = by_name(doc)["output.error"]
+    assert c["status"] == "fail"
+    assert c["summary"].startswith("abs_max ")
+    assert c["summary"].endswith(" > 0")
+    (workdir / "sdpa.yaml").write_text("check:\n  max-error: {rel_max: 0}\n")
+    doc = check_json(*args, code=ExitCode.CHECK_FAILED)
+    assert by_name(doc)["output.error"]["summary"].endswith(" > 0")
+
+
+def test_an_unknown_error_statistic_is_one_line() -> None:
+    result = invoke("check", *QKV, "--expect-output", "output.npy", "--max-error", "p99=1")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert result.stderr.startswith("sdpa: error: --max-error: unknown error statistic 'p99'")
+    assert result.stderr.count("\n") == 1
 
 
 # --- end to end: the installed entry point ------------------------------------------------------
