@@ -130,6 +130,21 @@ def error_stats(actual: F64, reference: F64, slices: int) -> dict[str, Any]:
     return out
 
 
+def _by_slice(
+    finite: NDArray[np.bool_], axes: int, *arrays: F64
+) -> tuple[NDArray[np.int64], list[F64]]:
+    """Each array's finite elements grouped by their leading index (the trailing
+    ``axes`` flattened, the rest zeroed), and how many each group holds (at least 1)."""
+    lead = finite.shape[: finite.ndim - axes]
+    n = np.maximum(finite.reshape((*lead, -1)).sum(axis=-1), 1)
+    return n, [np.where(finite, x, 0.0).reshape((*lead, -1)) for x in arrays]
+
+
+def _rms(x: F64, n: NDArray[np.int64]) -> F64:
+    out: F64 = np.sqrt((x * x).sum(axis=-1) / n)
+    return out
+
+
 def _shifted_slices(
     err: F64,
     plain: F64,
@@ -144,16 +159,11 @@ def _shifted_slices(
     element's floor."""
     if err.ndim <= slices:
         return [], 0.0
-    lead = err.shape[: err.ndim - slices]
-    e = np.where(finite, err, 0.0).reshape((*lead, -1))
-    p = np.where(finite, plain, 0.0).reshape((*lead, -1))
-    n = np.maximum(finite.reshape((*lead, -1)).sum(axis=-1), 1)
+    n, (e, p, f) = _by_slice(finite, slices, err, plain, floor)
     mean = e.sum(axis=-1) / n
     spread = np.sqrt(np.maximum((e * e).sum(axis=-1) / n - mean * mean, 0.0))
-    f = np.where(finite, floor, 0.0).reshape((*lead, -1))
     plain_mean = np.abs(p.sum(axis=-1) / n)
-    plain_rms = np.sqrt((p * p).sum(axis=-1) / n)
-    floor_rms = np.sqrt((f * f).sum(axis=-1) / n)
+    plain_rms, floor_rms = _rms(p, n), _rms(f, n)
     # The plain computation's own bias (times the factor), a share of its RMS error,
     # and six standard errors of the export's mean; in a slice of a few elements the
     # spread is not known, and the floor stands in for it (weighing 1/√n).
@@ -184,12 +194,8 @@ def outliers(
     there are: real bugs live in one head or one row."""
     if err.ndim <= axes:
         return [], 0
-    lead = err.shape[: err.ndim - axes]
-    e = np.where(finite, err, 0.0).reshape((*lead, -1))
-    p = np.where(finite, plain_err, 0.0).reshape((*lead, -1))
-    n = np.maximum(finite.reshape((*lead, -1)).sum(axis=-1), 1)
-    rms = np.sqrt((e * e).sum(axis=-1) / n)
-    plain_rms = np.sqrt((p * p).sum(axis=-1) / n)
+    n, (e, p) = _by_slice(finite, axes, err, plain_err)
+    rms, plain_rms = _rms(e, n), _rms(p, n)
     median = float(np.median(rms)) if rms.size else 0.0
     far = (rms > OUTLIER_RATIO * median) & (rms > factor * plain_rms)
     order = sorted(zip(*np.nonzero(far), strict=True), key=lambda at: -float(rms[at]))
