@@ -91,13 +91,19 @@ def ulp(x: F64, name: str) -> F64:
     return out
 
 
-def _row_scale(reference: F64, rows: bool) -> F64:
-    """The magnitude each element is judged at: its row's largest |reference| (the
-    output and weights, rows on the last axis), or its own (the LSE)."""
-    mags = np.where(np.isfinite(reference), np.abs(reference), 0.0)
-    if not rows or reference.ndim == 0:
-        return mags
-    return np.broadcast_to(np.max(mags, axis=-1, keepdims=True, initial=0.0), mags.shape)
+def _floor(reference: F64, rows: bool, judgement: Judgement) -> F64:
+    """Each element's floor, broadcastable to ``reference``: ``floor_ulps`` ulp of its
+    row's largest |reference| (the output and weights, rows on the last axis; shape
+    ``(..., 1)``), or of its own and at least of 1 (the LSE)."""
+    mags = np.abs(reference)
+    if rows and reference.ndim:
+        mags = np.max(mags, axis=-1, keepdims=True, initial=0.0)
+    if not np.isfinite(mags).all():  # rows holding NaN or inf: their finite values' scale
+        full = np.where(np.isfinite(reference), np.abs(reference), 0.0)
+        mags = np.max(full, axis=-1, keepdims=True, initial=0.0) if rows else full
+    if not rows:  # an LSE is m + log Σ: its rounding is at the scale of its terms, ≥ 1
+        mags = np.maximum(mags, 1.0)
+    return judgement.floor_ulps * ulp(mags, judgement.export)
 
 
 def error_stats(actual: F64, reference: F64, slices: int) -> dict[str, Any]:
@@ -107,20 +113,24 @@ def error_stats(actual: F64, reference: F64, slices: int) -> dict[str, Any]:
     a = np.asarray(actual, dtype=np.float64)
     r = np.asarray(reference, dtype=np.float64)
     finite = np.isfinite(a) & np.isfinite(r)
-    diff = np.abs(a - r)[finite]
-    mag = np.abs(r)[finite]
+    every = bool(finite.all())
+    diff = np.abs(a - r).ravel() if every else np.abs(a - r)[finite]
+    mag = np.abs(r).ravel() if every else np.abs(r)[finite]
     with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(mag > 0, diff / np.where(mag > 0, mag, 1.0), np.where(diff > 0, np.inf, 0.0))
+        rel = np.divide(diff, mag, out=np.zeros_like(diff), where=mag > 0)
+        rel[(mag == 0) & (diff > 0)] = np.inf  # a zero reference missed by anything
     out: dict[str, Any] = {}
     for kind, values in (("abs", diff), ("rel", rel)):
         figures = {"mean": float(np.mean(values)) if values.size else 0.0}
-        for label, q in STATS_QUANTILES.items():
-            figures[label] = float(np.quantile(values, q)) if values.size else 0.0
+        qs = np.quantile(values, list(STATS_QUANTILES.values())) if values.size else None
+        for i, label in enumerate(STATS_QUANTILES):
+            figures[label] = float(qs[i]) if qs is not None else 0.0
         figures["max"] = float(np.max(values, initial=0.0))
         out[kind] = figures
     lead = a.shape[: a.ndim - slices] if a.ndim > slices else ()
-    aa = np.where(finite, a, 0.0).reshape((*lead, -1)) if lead else np.where(finite, a, 0.0)[None]
-    rr = np.where(finite, r, 0.0).reshape((*lead, -1)) if lead else np.where(finite, r, 0.0)[None]
+    aa = a if every else np.where(finite, a, 0.0)
+    rr = r if every else np.where(finite, r, 0.0)
+    aa, rr = (x.reshape((*lead, -1)) if lead else x.reshape((1, -1)) for x in (aa, rr))
     with np.errstate(divide="ignore", invalid="ignore"):
         dot = np.einsum("...i,...i->...", aa, rr)
         norms = np.linalg.norm(aa, axis=-1) * np.linalg.norm(rr, axis=-1)
@@ -133,15 +143,16 @@ def error_stats(actual: F64, reference: F64, slices: int) -> dict[str, Any]:
 def _by_slice(
     finite: NDArray[np.bool_], axes: int, *arrays: F64
 ) -> tuple[NDArray[np.int64], list[F64]]:
-    """Each array's finite elements grouped by their leading index (the trailing
-    ``axes`` flattened, the rest zeroed), and how many each group holds (at least 1)."""
+    """Each array (zero where ``finite`` is False) grouped by its leading index (the
+    trailing ``axes`` flattened: a view), and how many finite elements each group
+    holds (at least 1)."""
     lead = finite.shape[: finite.ndim - axes]
     n = np.maximum(finite.reshape((*lead, -1)).sum(axis=-1), 1)
-    return n, [np.where(finite, x, 0.0).reshape((*lead, -1)) for x in arrays]
+    return n, [x.reshape((*lead, -1)) for x in arrays]
 
 
 def _rms(x: F64, n: NDArray[np.int64]) -> F64:
-    out: F64 = np.sqrt((x * x).sum(axis=-1) / n)
+    out: F64 = np.sqrt(np.einsum("...i,...i->...", x, x) / n)
     return out
 
 
@@ -159,11 +170,13 @@ def _shifted_slices(
     element's floor."""
     if err.ndim <= slices:
         return [], 0.0
-    n, (e, p, f) = _by_slice(finite, slices, err, plain, floor)
+    n, (e, p) = _by_slice(finite, slices, err, plain)
     mean = e.sum(axis=-1) / n
-    spread = np.sqrt(np.maximum((e * e).sum(axis=-1) / n - mean * mean, 0.0))
+    spread = np.sqrt(np.maximum(np.einsum("...i,...i->...", e, e) / n - mean * mean, 0.0))
     plain_mean = np.abs(p.sum(axis=-1) / n)
-    plain_rms, floor_rms = _rms(p, n), _rms(f, n)
+    plain_rms = _rms(p, n)
+    # the floor's RMS over the slice (a row's floor stands for its elements)
+    floor_rms = np.sqrt(np.mean(np.square(floor), axis=tuple(range(-slices, 0))))
     # The plain computation's own bias (times the factor), a share of its RMS error,
     # and six standard errors of the export's mean; in a slice of a few elements the
     # spread is not known, and the floor stands in for it (weighing 1/√n).
@@ -179,6 +192,30 @@ def _shifted_slices(
         idx = tuple(int(x) for x in at)
         out.append((idx, float(mean[idx]), float(allowed[idx])))
     return out, float(np.max(ratio, initial=0.0))
+
+
+def needs_plain(
+    actual: F64, reference: F64, judgement: Judgement, *, rows: bool, slices: int
+) -> NDArray[np.bool_]:
+    """Per row (the array's shape without its last axis when ``rows``, else its own),
+    whether the rule must read the plain computation there. Without it the rule's
+    allowance is at least ``factor`` × the floor for each element, and six standard
+    errors for a slice's mean: a row whose every element, and whose slice, passes that
+    passes the rule whatever the plain computation's error, so a faithful kernel's
+    export rarely needs the plain computation at all."""
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(a) & np.isfinite(r)
+        err = np.where(finite, a - r, 0.0)
+        floor = _floor(r, rows, judgement)
+        beyond = finite & (np.abs(err) > judgement.factor * floor)
+    need: NDArray[np.bool_] = np.array(beyond.any(axis=-1) if rows else beyond)
+    zero = np.zeros_like(err)
+    shifted, _ = _shifted_slices(err, zero, floor, finite, slices, judgement.factor)
+    for idx, _, _ in shifted:
+        need[idx] = True  # a slice's shift is judged against its whole plain computation
+    return need
 
 
 OUTLIER_RATIO = 8.0
@@ -233,17 +270,22 @@ def relative_check(
     with np.errstate(invalid="ignore", over="ignore"):
         finite = np.isfinite(a) & np.isfinite(r)
         err = np.where(finite, a - r, 0.0)
-        plain_err = np.where(finite & np.isfinite(p), p - r, 0.0)
-        floor = judgement.floor_ulps * ulp(_row_scale(r, rows), judgement.export)
-        allowed = judgement.factor * np.maximum(np.abs(plain_err), floor)
-        ratio = np.abs(err) / allowed
-    beyond = finite & (ratio > 1.0)
-    count = int(beyond.sum())
-    need = float(np.max(np.where(finite, ratio, 0.0), initial=0.0)) * judgement.factor
+        # NaN: the plain computation was not needed there (needs_plain)
+        known = finite & np.isfinite(p)
+        plain_err = np.where(known, p - r, 0.0)
+        floor = _floor(r, rows, judgement)
+        # ratio = |err| / (factor · max(|plain err|, floor)), in place; err is 0 where
+        # a side is not finite, so the ratio is 0 there
+        ratio = np.abs(plain_err)
+        np.maximum(ratio, floor, out=ratio)
+        ratio *= judgement.factor
+        np.divide(np.abs(err), ratio, out=ratio)
+    count = int(np.count_nonzero(ratio > 1.0))
+    need = float(np.max(ratio, initial=0.0)) * judgement.factor
     shifted, shift_ratio = _shifted_slices(err, plain_err, floor, finite, slices, judgement.factor)
     worst_at = m.worst_at
     if worst_at is None and count:
-        worst_at = argmax_index(np.where(finite, ratio, 0.0))
+        worst_at = argmax_index(ratio)
     mismatch = replace(
         m,
         mismatched=m.mismatched + count,
@@ -259,7 +301,7 @@ def relative_check(
         outliers(err, plain_err, finite, slices - 1, judgement.factor) if slices > 1 else ([], 0)
     )
     stats = error_stats(a, r, slices)
-    plain_rms = float(np.sqrt(np.mean(plain_err[finite] ** 2))) if finite.any() else 0.0
+    plain_rms = float(np.sqrt(np.mean(plain_err[known] ** 2))) if known.any() else None
     rms = float(np.sqrt(np.mean(err[finite] ** 2))) if finite.any() else 0.0
     details: dict[str, Any] = {
         "error_stats": stats,
@@ -303,14 +345,19 @@ def _summary(
     count: int,
     need: float,
     rms: float,
-    plain_rms: float,
+    plain_rms: float | None,
     shifted: list[tuple[tuple[int, ...], float, float]],
     judgement: Judgement,
 ) -> str:
-    """One line: how the export's error compares with the plain computation's."""
-    errors = (
-        f"RMS error {sig(rms, 3)}, the plain {judgement.export} computation's {sig(plain_rms, 3)}"
-    )
+    """One line: how the export's error compares with the plain computation's (when
+    the rule needed it)."""
+    if plain_rms is None:
+        errors = f"RMS error {sig(rms, 3)}"
+    else:
+        errors = (
+            f"RMS error {sig(rms, 3)}, "
+            f"the plain {judgement.export} computation's {sig(plain_rms, 3)}"
+        )
     parts = []
     if m.mismatched:
         parts.append(
@@ -323,6 +370,12 @@ def _summary(
         parts.append(
             f"{plural(len(shifted), 'slice')} shifted: {format_index(i)} by "
             f"{sig(mean, 3)} on average, where rounding allows {sig(allowed, 3)}"
+        )
+    if not parts and plain_rms is None:
+        ulps = sig(judgement.factor * judgement.floor_ulps, 6)
+        return (
+            f"all {m.total:,} within {ulps} ulp of their row's scale (no plain "
+            f"{judgement.export} computation needed); {errors}"
         )
     if not parts:
         return f"all {m.total:,} within {sig(judgement.factor, 6)}× the plain computation's error; {errors}"

@@ -43,6 +43,7 @@ from sdpa_cli.check.exports import (
 )
 from sdpa_cli.check.gate import finding_checks, gated_kinds
 from sdpa_cli.check.hints import with_hints
+from sdpa_cli.check.plain import needed_rows, plain_values
 from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
 from sdpa_cli.check.relative import Judgement, error_limit_check, error_stats, relative_check
 from sdpa_cli.check.settings import CheckSettings
@@ -208,7 +209,10 @@ def run_checks(
     seen = as_seen_by_kernel(spec, export) if expected else spec
     ref_spec = seen if _same_run(seen, ref_format) else as_reference(seen, ref_format)
     naive_spec = as_naive(seen, export) if expected and _plain_needed(settings, export) else None
-    found = _judge_pass(spec, ref_spec, naive_spec, set(fitted), jobs, progress)
+    # The kernel-relative rule reads the plain computation afterwards, for the rows
+    # that need it; PyTorch's measured tolerance reads all of it, in the pass.
+    in_pass = naive_spec if settings.tolerance == "measured" else None
+    found = _judge_pass(spec, ref_spec, in_pass, set(fitted), jobs, progress)
     diagnosis = diagnose(found.stats, thresholds)
     gated, own_only = gated_kinds(settings, bool(expected))
     findings = finding_checks(
@@ -348,7 +352,7 @@ def _compared_with(
     if "weights" in fitted:
         # The one score-sized comparison: the export holds as many numbers itself.
         reference = trace(ref_spec, RUN_STAGES, gather_stats=False)
-        if naive_spec is not None:
+        if naive_spec is not None and settings.tolerance == "measured":
             naive_weights = trace(naive_spec, RUN_STAGES, gather_stats=False)
     ref = {
         name: _whole(spec, found.reference, name, reference, f.merged) for name, f in fitted.items()
@@ -357,23 +361,23 @@ def _compared_with(
         lse = fitted["lse"].values
         ref["lse"] = np.where((ref["lse"] == -math.inf) & np.isinf(lse), lse, ref["lse"])
     tols = {}
-    plain: dict[str, F64] = {}
     for name, f in fitted.items():
         naive = None
-        if naive_spec is not None:
-            naive = plain[name] = _whole(spec, found.naive, name, naive_weights, f.merged)
-        kernel = settings.tolerance == "kernel"
-        tols[name] = _tolerance(settings, export, ref[name], None if kernel else naive)
-    judgement = None
+        if naive_spec is not None and found.naive:
+            naive = _whole(spec, found.naive, name, naive_weights, f.merged)
+        tols[name] = _tolerance(settings, export, ref[name], naive)
+    judgement = plain = None
     if settings.tolerance == "kernel" and naive_spec is not None:
         judgement = Judgement(export, factor=settings.fudge)
+        need = needed_rows(spec, fitted, found.reference, judgement)
+        plain = plain_values(naive_spec, fitted, need)
     support = None
     if reference is not None:
         assert reference.masked is not None
         assert reference.weights is not None
         assert reference.visible is not None
         support = weighable(reference.visible, reference.masked, reference.weights)
-    return _Against(ref, tols, reference, support, plain or None, judgement)
+    return _Against(ref, tols, reference, support, plain, judgement)
 
 
 def _whole(

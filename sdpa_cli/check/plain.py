@@ -1,0 +1,75 @@
+"""The plain computation in the export's format, for the rows the default judgement
+needs it in.
+
+The kernel-relative rule (:mod:`sdpa_cli.check.relative`) reads the plain computation
+only where an element, or a slice's mean, is beyond what the rule allows without it
+(:func:`~sdpa_cli.check.relative.needs_plain`). A faithful kernel's export rarely is:
+the plain computation (every stage rounded to the format, the slow emulation) then
+runs for those rows alone, and not at all for most exports. Elsewhere its values are
+NaN, "not computed".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.check.exports import RUN_STAGES, Fitted, tensor_values
+from sdpa_cli.check.relative import Judgement, needs_plain
+from sdpa_cli.engine.block import attend_block, block_lse
+from sdpa_cli.engine.driver import block_rows
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.trace import merge_heads, split_heads_of_output, trace
+from sdpa_cli.engine.types import F64
+
+
+def needed_rows(
+    spec: AttentionSpec,
+    fitted: Mapping[str, Fitted],
+    reference: Mapping[str, F64],
+    judgement: Judgement,
+) -> NDArray[np.bool_]:
+    """``(*lead, L)``: the query rows whose output or LSE the rule cannot pass without
+    the plain computation (``reference`` holds the reference's output in the engine's
+    layout and its LSE)."""
+    need = np.zeros((*spec.lead, spec.L), dtype=np.bool_)
+    if "output" in fitted:
+        f = fitted["output"]
+        values = split_heads_of_output(spec, f.values) if f.merged else f.values
+        need |= needs_plain(values, reference["output"], judgement, rows=True, slices=2)
+    if "lse" in fitted:
+        need |= needs_plain(fitted["lse"].values, reference["lse"], judgement, rows=False, slices=1)
+    return need
+
+
+def plain_values(
+    naive: AttentionSpec, fitted: Mapping[str, Fitted], need: NDArray[np.bool_]
+) -> dict[str, F64]:
+    """The plain computation's value of each export, in the export's layout: the output
+    and the LSE for the row blocks holding a needed row (NaN elsewhere), the weights
+    whole (a weights export holds as many numbers itself)."""
+    out: dict[str, F64] = {}
+    output = np.full(naive.output_shape, np.nan)
+    lse = np.full((*naive.lead, naive.L), np.nan)
+    step = block_rows(naive)
+    for lead in np.ndindex(*naive.lead):
+        li = tuple(int(x) for x in lead)
+        rows = need[li]
+        for i0 in range(0, naive.L, step):
+            i1 = min(i0 + step, naive.L)
+            if not rows[i0:i1].any():
+                continue
+            at: tuple[int | slice, ...] = (*li, slice(i0, i1))
+            block = attend_block(naive, li, slice(i0, i1), emulate=True)
+            output[at] = block.output
+            lse[at] = block_lse(block)
+    for name, f in fitted.items():
+        if name == "output":
+            out[name] = merge_heads(naive, output) if f.merged else output
+        elif name == "lse":
+            out[name] = lse
+        else:
+            out[name] = tensor_values(trace(naive, RUN_STAGES, gather_stats=False), name)
+    return out
