@@ -72,6 +72,8 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
             "dropout": o.dropout,
             "seed": o.seed,
             "heads": o.heads,
+            "kv_heads": o.kv_heads,
+            "layout": o.layout,
             "group": spec.group,
             "dtype": o.dtype,
             "accumulate": o.accumulate,

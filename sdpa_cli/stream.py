@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.diagnosis.findings import Diagnosis
-from sdpa_cli.engine.block import applicable_stages, visibility
+from sdpa_cli.engine.block import applicable_stages, visible_keys
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import Trace
@@ -151,7 +151,8 @@ def trace_stages(spec: AttentionSpec, stages: tuple[str, ...]) -> tuple[str, ...
 
 
 def _shape(spec: AttentionSpec, name: str) -> tuple[int, ...]:
-    """A stage's shape as written: the output's with heads merged under ``--heads``."""
+    """A stage's shape as written: the output's as returned (heads merged under
+    ``--heads``, ``(..., L, H, Ev)`` under ``--layout bshd``)."""
     return spec.merged_output_shape if name == "output" else spec.weights_shape
 
 
@@ -178,14 +179,15 @@ def _stage_rows(
 ) -> Iterator[Rows]:
     """The rows of stage ``name`` (or ``visible``) in C order, as float64 (bool), a
     block at a time; nothing when the stage is empty. The output comes a slice at a
-    time under ``--heads``, its heads merged (its rows need every head)."""
+    time under ``--heads`` and ``--layout bshd``, its heads merged (its rows need
+    every head)."""
     if math.prod(_shape(spec, name)) == 0:
         return iter(())
 
     def visit(place: Place) -> Rows:
         values: NDArray[Any]
         if name == "visible":  # the masks alone: no need to compute the block
-            seen = visibility(spec, place.lead, place.rows, place.keys)
+            seen = visible_keys(spec, place.lead, place.rows, place.keys)
             n = place.rows.stop - place.rows.start
             values = np.ones((n, spec.S), np.bool_) if seen is None else np.asarray(seen)
         else:
@@ -193,8 +195,7 @@ def _stage_rows(
         return place.lead, place.rows.start, values
 
     rows = sweep(spec, visit, jobs=jobs, keys=keys, progress=progress)
-    heads = spec.options.heads
-    return rows if name != "output" or heads is None else _merge_heads(spec, heads, rows)
+    return rows if name != "output" or not spec.output_rearranged else _merge_heads(spec, rows)
 
 
 def _pieces(values: NDArray[Any]) -> Iterator[Rows]:
@@ -205,14 +206,21 @@ def _pieces(values: NDArray[Any]) -> Iterator[Rows]:
             yield lead, i0, values[lead][i0 : i0 + step]
 
 
-def _merge_heads(spec: AttentionSpec, heads: int, rows: Iterator[Rows]) -> Iterator[Rows]:
-    """The output's rows ``(L, heads · Ev)`` of each slice of the merged leading axes,
-    gathered from the blocks of its heads (which come head after head)."""
+def _merge_heads(spec: AttentionSpec, rows: Iterator[Rows]) -> Iterator[Rows]:
+    """The output's rows of each slice of the leading axes but the head's, gathered
+    from the blocks of its heads (which come head after head): ``(L, heads · Ev)``
+    under ``--heads``; under ``--layout bshd`` the ``(H, Ev)`` of each query row, the
+    row index joining the leading axes of ``(..., L, H, Ev)``."""
+    heads = spec.lead[-1]
     merged = np.empty((spec.L, heads, spec.Ev))
     for lead, start, values in rows:
         merged[start : start + len(values), lead[-1]] = values
         if lead[-1] == heads - 1 and start + len(values) == spec.L:
-            yield lead[:-1], 0, merged.reshape(spec.L, heads * spec.Ev)
+            if spec.options.heads is not None:
+                yield lead[:-1], 0, merged.reshape(spec.L, heads * spec.Ev)
+            else:
+                for i in range(spec.L):
+                    yield (*lead[:-1], i), 0, merged[i]
 
 
 def _json_array(shape: tuple[int, ...], rows: Iterator[Rows], out: _Out) -> None:
@@ -474,12 +482,13 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 def _copy(spec: AttentionSpec, name: str, temp: IO[bytes], member: IO[bytes]) -> None:
     """A stage's temporary file into its member; the output with its heads merged,
-    ``(..., L, heads · Ev)``, under ``--heads`` (a slice of the merged axes at a time)."""
+    ``(..., L, heads · Ev)`` under ``--heads``, ``(..., L, H, Ev)`` under ``--layout
+    bshd`` (the same bytes; a slice of the leading axes at a time)."""
     temp.seek(0)
-    heads = spec.options.heads
-    if name != "output" or heads is None:
+    if name != "output" or not spec.output_rearranged:
         shutil.copyfileobj(temp, member, _COPY_BYTES)
         return
+    heads = spec.lead[-1]
     per_slice = heads * spec.L * spec.Ev
     for _ in range(math.prod(spec.lead[:-1])):
         parts = np.frombuffer(temp.read(8 * per_slice), np.float64)

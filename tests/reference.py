@@ -11,6 +11,9 @@ with Python floats, ``math.exp`` and ``math.tanh``, straight from the formulas:
     weights = exp(masked − row max) / Σ, all zero for a row with no visible key
     output  = Σ_j weights[i, j] · V[j, :]
 
+``visible`` is what the findings count as visible: a float mask's value ≤ −1e4 (a
+sentinel, as models build masks) hides its key there too, while it is still added.
+
 Leading axes broadcast as in PyTorch (right-aligned, size 1 stretches); the last
 leading axis is the head axis, and K/V with G heads serve Q's H heads by
 h → h // (H / G). Numpy is used only to hold arrays and to list their elements.
@@ -159,6 +162,8 @@ def attention(
                         logit += m
                 if not visible:
                     logit = mask_value
+                if ms is not None and not mask_is_bool and m <= -1e4:
+                    visible = False  # a sentinel: hidden for the findings, added as given
 
                 for name, x in (("raw", raw), ("scaled", scaled), ("capped", capped)):
                     stages[name][(*index, i, j)] = x

@@ -41,14 +41,16 @@ def load_expected(paths: Mapping[str, str | None]) -> list[Expected]:
 
 def expected_shapes(spec: AttentionSpec, name: str) -> tuple[tuple[int, ...], ...]:
     """The layouts accepted for an exported ``name``: the computation's, and for the
-    output under ``--heads`` the merged ``(..., L, heads·Ev)`` as well."""
+    output under ``--heads`` the merged ``(..., L, heads·Ev)`` as well; under
+    ``--layout bshd`` the output's ``(..., L, H, Ev)`` alone (the weights and the LSE
+    keep the scores' layout, as FlashAttention returns them)."""
     if name == "weights":
         return (spec.weights_shape,)
     if name == "lse":
         return ((*spec.lead, spec.L),)
     if spec.options.heads is not None:
         return (spec.merged_output_shape, spec.output_shape)
-    return (spec.output_shape,)
+    return (spec.merged_output_shape,)
 
 
 def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -65,7 +67,8 @@ class Fitted:
     exp: Expected
     values: F64
     merged: bool
-    """An output in the merged ``(..., L, heads·Ev)`` layout (under ``--heads``)."""
+    """An output in the layout it is returned in, other than the engine's: merged
+    ``(..., L, heads·Ev)`` under ``--heads``, ``(..., L, H, Ev)`` under ``--layout bshd``."""
 
 
 def fit_expected(spec: AttentionSpec, exp: Expected) -> Fitted:
@@ -78,16 +81,23 @@ def fit_expected(spec: AttentionSpec, exp: Expected) -> Fitted:
     for shape in expected_shapes(spec, exp.name):
         if got == shape or _strip_ones(got) == _strip_ones(shape):
             values = np.asarray(exp.values).reshape(shape)  # read (as float64) chunk by chunk
-            merged = exp.name == "output" and shape != spec.output_shape
+            merged = (
+                exp.name == "output"
+                and spec.output_rearranged
+                and shape == spec.merged_output_shape
+            )
             return Fitted(exp, values, merged)
     want = " or ".join(str(s) for s in expected_shapes(spec, exp.name))
     raise SpecError(exp.label, f"has shape {got}; the computation's {exp.name} is {want}")
 
 
 def merged_index(spec: AttentionSpec, at: Index) -> Index:
-    """An index into the split output ``(..., heads, L, Ev)`` as an index into the
-    merged ``(..., L, heads·Ev)`` layout the file has."""
+    """An index into the engine's output ``(..., H, L, Ev)`` as an index into the
+    layout the file has: merged ``(..., L, heads·Ev)`` under ``--heads``,
+    ``(..., L, H, Ev)`` under ``--layout bshd``."""
     *lead, h, i, c = at
+    if spec.options.heads is None:
+        return (*lead, i, h, c)
     return (*lead, i, h * spec.Ev + c)
 
 

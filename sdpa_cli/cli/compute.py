@@ -61,8 +61,9 @@ def compute(
 ) -> None:
     """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
 
-    Inputs are three files Q K V (.npy, .npz[:name], .safetensors[:name], .json,
-    .yaml) or one case file holding q, k, v and options. Flags override the case file.
+    Inputs are three files Q K V (.npy, .npz[:name], .safetensors[:name],
+    .pt[:name] (torch.save, read with weights_only), .json, .yaml) or one case file
+    holding q, k, v and options. Flags override the case file.
 
     \b
     Examples:

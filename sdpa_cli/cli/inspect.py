@@ -23,8 +23,9 @@ def inspect(files: tuple[str, ...], fmt: str, color: bool | None) -> int:
     and inf counts, and float16/bfloat16 headroom (overflow, flush to zero, subnormal).
 
     FILE is .npy, .npz (every array, or FILE.npz:name), .safetensors (every tensor,
-    or FILE.safetensors:name), .json or .yaml (a nested list, or a case file's q, k,
-    v, bias and mask). Files are read through the same checks as every other
+    or FILE.safetensors:name), a PyTorch file (every tensor, or FILE.pt:name; read
+    with torch.load(weights_only=True)), .json or .yaml (a nested list, or a case
+    file's q, k, v, bias and mask). Files are read through the same checks as every other
     command, so a file sdpa refuses is refused here with the same message.
     Statistics are over the finite values, in float64, read block by block.
 

@@ -85,6 +85,16 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Split (..., L, d_model) inputs into N heads; the output is merged back.",
     ),
     click.option(
+        "--kv-heads",
+        metavar="G",
+        help="With --heads: K and V hold G heads (d_model_kv = G·E), as ONNX's 3-D Attention inputs (grouped-query attention).",
+    ),
+    click.option(
+        "--layout",
+        type=click.Choice(["bhsd", "bshd"]),
+        help="Axes of Q, K, V and the output: bhsd (B, H, L, E), default, as PyTorch; bshd (B, L, H, E), as FlashAttention and xformers (read through a transposing view; the output is returned so).",
+    ),
+    click.option(
         "--dtype",
         metavar="FORMAT",
         help="Run as a kernel in FORMAT: float64 (default, exact), float32, float16, bfloat16, float8_e4m3fn, float8_e5m2; reports the error against float64.",

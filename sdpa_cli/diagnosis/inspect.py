@@ -13,6 +13,8 @@ What a file holds:
 - ``.npz``: every member; ``file.npz:name`` one member.
 - ``.safetensors``: every tensor, in name order (the loader re-reads the JSON header
   for each, a few KiB in practice); ``file.safetensors:name`` one tensor.
+- PyTorch files (``torch.save``): every tensor, in the file's order, from one
+  ``torch.load(weights_only=True)``; ``file.pt:name`` one tensor.
 - ``.json``/``.yaml``: a mapping is a case file, read by
   :func:`~sdpa_cli.files.cases.load_case` (so it is refused as ``sdpa compute`` would
   refuse it) and reported tensor by tensor (``q``, ``k``, ``v``, ``bias``, ``mask``,
@@ -50,6 +52,7 @@ from sdpa_cli.errors import InputError
 from sdpa_cli.files.cases import load_case
 from sdpa_cli.files.loaders import Source, sniff
 from sdpa_cli.files.npy import load_npy, load_npz, npz_members
+from sdpa_cli.files.pytorch import load_torch, torch_arrays
 from sdpa_cli.files.safetensors import load_safetensors, safetensors_members
 from sdpa_cli.files.structured import nested_to_array, parse_text
 
@@ -158,7 +161,7 @@ class FileReport:
 
     Attributes:
         path: the file as given (with ``:member`` when one was picked).
-        format: ``npy``, ``npz``, ``safetensors``, ``json`` or ``yaml``.
+        format: ``npy``, ``npz``, ``safetensors``, ``torch``, ``json`` or ``yaml``.
         case: whether a JSON or YAML file was read as a case file.
         tensors: one entry per tensor, in the file's order (refused members included).
     """
@@ -208,6 +211,16 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
                     continue
                 rows.append(inspect_array(arr, name, chunk=chunk))
                 del arr  # one member in memory at a time (.npz members are read whole)
+    elif fmt == "torch":
+        if src.member is not None:
+            arr = load_torch(src.path, src.member, src.label)
+            rows.append(inspect_array(arr, src.member, chunk=chunk))
+        else:
+            for name, found in torch_arrays(src.path, src.label):
+                if isinstance(found, InputError):
+                    rows.append(refused(name, found))
+                else:
+                    rows.append(inspect_array(found, name, chunk=chunk))
     else:
         data = parse_text(src.path, fmt, src.label)
         if isinstance(data, dict):

@@ -269,10 +269,18 @@ def _mask_note(spec: AttentionSpec, gathered: SlicePass, lead: Index) -> str:
     known = np.where(np.isfinite(mass), mass, -1.0)
     worst = int(np.argmax(known)) if mass.size else 0
     empty = sum(1 for c in counts if c == 0)
+    fate = f"set to {spec.options.mask_value_label}{added}"
+    sentinels = spec.sentinels
+    if sentinels is not None and sentinels.values:
+        # A sentinel hides its key for the findings, but is added, not substituted.
+        o = spec.options
+        sentinel = f"the float mask's sentinel {sentinels.label()} added to their logits"
+        replaced = o.causal or o.window is not None or o.key_lengths is not None
+        fate = f"set to {o.mask_value_label} or {sentinel}" if replaced else sentinel
     note = (
         f"{_first_upper(' + '.join(rules)) or 'The mask'} hid {gathered.hidden:,} of "
-        f"{gathered.cells:,} scores ({share(gathered.hidden, gathered.cells)}), set to "
-        f"{spec.options.mask_value_label}{added}; rows see {min(counts)} … {max(counts)} keys"
+        f"{gathered.cells:,} scores ({share(gathered.hidden, gathered.cells)}), {fate}; "
+        f"rows see {min(counts)} … {max(counts)} keys"
     )
     note += f", {plural(empty, 'row')} none." if empty else "."
     if gathered.hidden_nonfinite:

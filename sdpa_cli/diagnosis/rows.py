@@ -128,11 +128,19 @@ def _fully_masked(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         else "sdpa returns zeros for it"
         + (" (there are no keys at all: S = 0)" if not spec.S else "")
     )
+    spread = (
+        "sdpa returns the weights the float mask leaves: its finite sentinel "
+        f"{spec.sentinels.label()} is added to the logits, not substituted, so the row's "
+        "weight goes to the keys it hides (as kernels that add the mask give it)"
+        if spec.sentinels and spec.sentinels.finite
+        else returns
+    )
     for idx in _rows(stats.n_visible == 0):
         yield Finding(
             "fully_masked",
             "warning",
-            f"row {format_index(idx)} has no visible key: {returns}",
+            f"row {format_index(idx)} has no visible key: "
+            f"{spread if stats.hidden_weight[idx] > 0 and not finite_mv else returns}",
             hint="PyTorch ≥ 2.5 and FlashAttention return zeros; JAX (mask value "
             "−0.7·finfo.max) returns the mean of V; a plain softmax over all −inf "
             "(PyTorch < 2.5, unguarded kernels, ONNX graphs) returns NaN. Check the "

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from sdpa_cli.diagnosis.findings import KINDS, Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
 from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings, scale_looks_omitted
+from sdpa_cli.diagnosis.sentinels import sentinel_fully_masked, sentinel_overflow, weak_sentinels
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import STAGES
 from sdpa_cli.engine.records import argmax_index, finite_std
@@ -37,6 +38,7 @@ def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Dia
     tally = Tally(KINDS)
     tally.add(_nonfinite(spec, stats))
     tally.add(overflow(spec, stats, working))
+    tally.add(sentinel_overflow(spec, stats, working))
     heads = head_summaries(stats, th)
     for kind, rows in row_findings(spec, stats, th, working):
         tally.rows(kind, rows, th.max_findings)
@@ -208,10 +210,13 @@ def _scale_numbers(spec: AttentionSpec, raw_std: float) -> tuple[str, dict[str, 
 
 def _mask_suspect(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     """Masks that look wrong: a float mask of 0 and 1, a boolean mask hiding most keys,
-    a finite mask value on fully masked rows, NaN or inf behind hidden keys."""
+    a finite mask value (or a float mask's finite sentinel) on fully masked rows, a
+    sentinel too weak for the logits, NaN or inf behind hidden keys."""
     yield from _zero_one_masks(spec)
     yield from _bool_mask(spec)
     yield from _finite_mask_value(spec, stats)
+    yield from sentinel_fully_masked(spec, stats)
+    yield from weak_sentinels(spec, stats)
     yield from _hidden_nonfinite(stats)
 
 

@@ -28,21 +28,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import masks, precision
+from sdpa_cli.engine.softmax import DENORMAL_FLOOR as DENORMAL_FLOOR
+from sdpa_cli.engine.softmax import softmax as softmax
+from sdpa_cli.engine.softmax import softmax_lse as softmax_lse
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
 
 STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "output")
 """Every stage, in the order of computation."""
-
-DENORMAL_FLOOR = {
-    np.dtype(dt): math.log(float(np.finfo(dt).tiny)) for dt in (np.float64, np.float32)
-}
-"""exp(x) is subnormal below log(smallest normal): −708.4 in float64, −87.3 in float32.
-Subnormals are 10–30× slower in exp and in the matmul that follows, and a saturated
-row (what this tool exists to find) is full of them. Arguments below the floor are
-set to −inf, so their weights are 0 rather than a subnormal: a change smaller than
-the format's smallest normal number, which no result can resolve after the row is
-normalised (every weight is divided by a sum ≥ 1)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +60,15 @@ class Block:
     keys: slice = field(default_factory=lambda: slice(0, None))
     all_visible: bool = False
     """Whether every key of ``keys`` is visible to every row (no mask applied)."""
+    sentinel: NDArray[np.bool_] | None = None
+    """The keys only a float mask's sentinel hides (≤ −1e4, :data:`masks.HIDES`): not
+    ``visible``, yet their logits are the mask added, not the mask value (None: none)."""
+
+    @property
+    def unreplaced(self) -> NDArray[np.bool_]:
+        """The keys whose logits no mask replaced by the mask value: the visible ones and
+        those a float mask's sentinel hides (it is added to them, as given)."""
+        return self.visible if self.sentinel is None else self.visible | self.sentinel
 
     def logits_before(self, stage: str) -> F64:
         """The logits just before ``stage`` (``capped``, ``biased`` or ``masked``):
@@ -154,7 +156,9 @@ def visibility(
     spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice | None = None
 ) -> NDArray[np.bool_] | None:
     """Which keys each query row of the block may attend to: every mask combined, or
-    None when no mask applies (every key is visible)."""
+    None when no mask applies (every key is visible). These are the keys whose
+    logits the mask value replaces; a float mask's sentinels, which are added, are
+    :func:`sentinel_keys`."""
     o = spec.options
     keys = keys if keys is not None else full_keys(spec)
     i0, i1 = rows.start, rows.stop
@@ -178,6 +182,44 @@ def visibility(
     if visible is not None:
         visible = np.broadcast_to(visible, (n_rows, keys.stop - keys.start))
     return visible
+
+
+def sentinel_keys(
+    spec: AttentionSpec,
+    lead_index: tuple[int, ...],
+    rows: slice,
+    keys: slice,
+    visible: NDArray[np.bool_] | None,
+) -> NDArray[np.bool_] | None:
+    """The keys of the block that a float mask's sentinel (≤ −1e4) hides and
+    ``visible`` (:func:`visibility`) leaves, or None when there are none."""
+    if not (spec.sentinels and spec.sentinels.values):
+        return None
+    assert spec.mask is not None
+    part = _part(spec.mask[spec.operand_index("mask", lead_index)], rows, keys)
+    shape = (rows.stop - rows.start, keys.stop - keys.start)
+    hit = np.broadcast_to(masks.hides(part), shape)
+    if visible is not None:
+        hit = hit & visible
+    return hit if hit.any() else None
+
+
+def visible_keys(
+    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice | None = None
+) -> NDArray[np.bool_] | None:
+    """The keys each row of the block sees, as the findings and tables count them:
+    :func:`visibility` less the keys a float mask's sentinel hides (None: all)."""
+    keys = keys if keys is not None else full_keys(spec)
+    visible = visibility(spec, lead_index, rows, keys)
+    return _seen(visible, sentinel_keys(spec, lead_index, rows, keys, visible))
+
+
+def _seen(
+    visible: NDArray[np.bool_] | None, sentinel: NDArray[np.bool_] | None
+) -> NDArray[np.bool_] | None:
+    if sentinel is None:
+        return visible
+    return ~sentinel if visible is None else visible & ~sentinel
 
 
 def dropout_keep(
@@ -335,6 +377,9 @@ def attend_block(
         logits = biased if biased is not None else logits
         visible = visibility(spec, lead_index, rows, keys)
         masked = _masked(spec, ar, logits, visible, lead_index, rows, keys)
+        # The findings read a float mask's sentinel as hiding; the logits keep it added.
+        sentinel = sentinel_keys(spec, lead_index, rows, keys, visible)
+        visible = _seen(visible, sentinel)
         weights = ar.r(softmax(masked, ar.softmax, native=ar.native))
         dropped = None
         if o.dropout > 0:
@@ -360,6 +405,7 @@ def attend_block(
         output,
         keys,
         all_visible,
+        sentinel,
     )
 
 
@@ -434,47 +480,6 @@ def _poisoned_outside(
         if outside.any():
             return output + ar.const(0.0) * ops.v[outside].sum(axis=0)  # type: ignore[no-any-return]
     return output
-
-
-def softmax(logits: F64, dtype: str = "float64", *, native: bool = False) -> F64:
-    """Row softmax over the last axis, max-subtracted, computed in the format ``dtype``
-    (``native``: in the dtype of ``logits`` itself, float64 or float32).
-
-    A row whose logits are all −inf (no visible key) gets zero weights, as PyTorch's
-    safe softmax, FlashAttention and ONNX return; a finite mask value keeps such a
-    row uniform, as kernels that mask with −1e9 or finfo.min do.
-    """
-
-    def r(x: F64) -> F64:
-        return x if native else precision.round_to(x, dtype)
-
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        # initial=−inf keeps an empty key axis (S = 0) valid; NaN still propagates.
-        m = np.max(logits, axis=-1, keepdims=True, initial=-math.inf)
-        # Subtracting the row max keeps exp ≤ 1 (no overflow); an all −inf row subtracts 0.
-        x = r(logits - np.where(m == -math.inf, 0.0, m).astype(logits.dtype))
-        floor = DENORMAL_FLOOR.get(x.dtype)
-        if floor is not None and x.size and np.min(x) < floor:
-            np.copyto(x, -math.inf, where=x < floor)  # see DENORMAL_FLOOR
-        e = r(np.exp(x, out=x))
-        total = e.sum(axis=-1, keepdims=True) if native else precision.row_sum(e, dtype)
-        total = np.where(total == 0.0, 1.0, total).astype(e.dtype)
-        return r(np.divide(e, total, out=e))
-
-
-def softmax_lse(masked: NDArray[Any], weights: NDArray[Any]) -> F64:
-    """Each row's logsumexp of the masked logits, read off their softmax: LSE =
-    s_top − log w_top for the row's largest weight (every weight is exp(s − LSE));
-    −inf for a row with no key to attend to, NaN for a row of NaN. Any leading axes;
-    keys last."""
-    if not weights.shape[-1]:
-        return np.full(weights.shape[:-1], -math.inf)
-    top = np.argmax(weights, axis=-1)[..., None]
-    w_top = np.take_along_axis(weights, top, axis=-1)[..., 0].astype(np.float64)
-    s_top = np.take_along_axis(masked, top, axis=-1)[..., 0].astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lse = s_top - np.log(w_top)
-    return np.where(np.isnan(w_top), math.nan, np.where(w_top > 0, lse, -math.inf))
 
 
 def block_lse(block: Block) -> F64:

@@ -124,7 +124,8 @@ def backward_block(
             dv = a.T @ dout
             da = dout @ v.T
         ds, top = softmax_backward(a, da)
-        dlogits = ds if block.all_visible else np.where(block.visible, ds, 0.0)
+        # The mask value replaced hidden logits (no gradient); a float mask is added.
+        dlogits = ds if block.all_visible else np.where(block.unreplaced, ds, 0.0)
         dscaled = dlogits
         if o.softcap is not None:
             t = np.tanh(block.scaled / o.softcap)

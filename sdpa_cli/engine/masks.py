@@ -9,16 +9,101 @@ keys for ``lower-right``) is an offset added to the query index::
 
     upper-left  (PyTorch ``is_causal``):            offset = 0
     lower-right (FlashAttention, ``causal_lower_right``): offset = S − L
+
+A float mask hides keys with a sentinel, added to the logits: −inf, or a large
+negative number as models build their masks (Hugging Face's ``finfo(dtype).min``,
+−1e4 or −1e9 in older code). :data:`HIDES` decides which values the findings read as
+hiding; :func:`sentinels` lists those a mask holds.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.engine import precision
+
 ALIGNMENTS = ("upper-left", "lower-right")
+
+HIDES = -1e4
+"""A float mask's value at or below this (−inf included) hides its key for the
+findings and the tables: the smallest sentinel in common use (BERT's −10000.0), and far
+below any additive bias a model means (ALiBi, relative positions). Only what the
+findings call hidden changes: the mask is still added as given, and a sentinel too weak
+for the logits it faces is a finding of its own."""
+
+_LISTED = 4
+"""Distinct sentinels a mask's summary keeps (the rest are counted)."""
+
+_CHUNK = 1 << 20
+"""Mask values compared at a time when a mask is scanned for its sentinels."""
+
+
+def hides(values: NDArray[Any]) -> NDArray[np.bool_]:
+    """Where a float mask's values hide their key (≤ :data:`HIDES`; NaN does not)."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(values, dtype=np.float64) <= HIDES
+
+
+@dataclass(frozen=True)
+class Sentinels:
+    """The distinct values of a float mask that hide keys (≤ :data:`HIDES`).
+
+    Attributes:
+        values: the most negative first, at most a few.
+        more: whether the mask holds other such values beyond those.
+    """
+
+    values: tuple[float, ...]
+    more: bool = False
+
+    @property
+    def finite(self) -> tuple[float, ...]:
+        return tuple(x for x in self.values if math.isfinite(x))
+
+    def label(self) -> str:
+        """``-3.40282e+38 (finfo(float32).min)``, ``-inf and -1e+09``, ..."""
+        names = [sentinel_label(x) for x in self.values]
+        text = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        return text + (" (and more)" if self.more else "")
+
+
+def sentinels(mask: NDArray[Any]) -> Sentinels:
+    """The sentinels a float mask holds, read :data:`_CHUNK` values at a time (a
+    memory-mapped mask is not converted whole). A mask holds one or two in practice:
+    a chunk whose hidden values are all equal costs two reductions, not a sort."""
+    flat = np.ravel(mask, order="K")
+    found: set[float] = set()
+    more = False
+    for start in range(0, flat.size, _CHUNK):
+        part = np.asarray(flat[start : start + _CHUNK], dtype=np.float64)
+        hidden = part[hides(part)]
+        if not hidden.size:
+            continue
+        lo, hi = float(hidden.min()), float(hidden.max())
+        found.update((lo,) if lo == hi else np.unique(hidden).tolist())
+        if len(found) > _LISTED:  # keep the most negative few; say there are more
+            found, more = set(sorted(found)[:_LISTED]), True
+    return Sentinels(tuple(sorted(found)), more)
+
+
+def sentinel_label(x: float) -> str:
+    """A sentinel as a number, named when models build it so: ``-65504
+    (finfo(float16).min)``, ``-2.382e+38 (-0.7·finfo(float32).max, JAX's)``."""
+    if x == -math.inf:
+        return "-inf"
+    text = f"{x:.6g}"
+    for name in precision.FORMATS:
+        top = precision.fmt(name).max
+        if x == -top:
+            return f"{text} (finfo({name}).min)"
+        if name in ("float32", "float16", "bfloat16") and math.isclose(x, -0.7 * top, rel_tol=1e-6):
+            return f"{text} (-0.7·finfo({name}).max, JAX's)"
+    return text
 
 
 def align_offset(align: str, L: int, S: int) -> int:

@@ -23,6 +23,9 @@ SCALE_NAMES = ("sqrt-dk", "dk", "none")
 FINFO_MIN = float(np.finfo(np.float64).min)
 """How ``finfo-min`` is stored: resolved against the working format when used."""
 MASK_TRUE_MEANS = ("attend", "masked")
+LAYOUTS = ("bhsd", "bshd")
+"""How Q, K, V (and the output) lay out their last three axes: (H, L, E), the
+engine's and PyTorch's, or (L, H, E), FlashAttention's, xformers' and many exports'."""
 MAX_SEED = 2**128 - 1
 """Dropout's Philox key is 128 bits."""
 
@@ -44,6 +47,8 @@ class Options:
     dropout: float = 0.0
     seed: int = 0
     heads: int | None = None
+    kv_heads: int | None = None
+    layout: str = "bhsd"
     dtype: str = "float64"
     accumulate: str = "float32"
     softmax_dtype: str = "float32"
@@ -53,6 +58,7 @@ class Options:
     def __post_init__(self) -> None:
         # Options built directly (the Python API) get the checks parse_options makes.
         _choice(self.dtype, "dtype", FORMATS)
+        _choice(self.layout, "layout", LAYOUTS)
         for name in ("accumulate", "softmax_dtype", "logits_dtype"):
             value = getattr(self, name)
             object.__setattr__(self, name, _working_format(name, value, self.dtype, name))
@@ -214,6 +220,8 @@ _PARSERS: dict[str, Any] = {
     "dropout": _dropout,
     "seed": lambda v, w: _int(v, w, maximum=MAX_SEED),
     "heads": lambda v, w: _int(v, w, minimum=1),
+    "kv_heads": lambda v, w: _int(v, w, minimum=1),
+    "layout": lambda v, w: _choice(v, w, LAYOUTS),
     "dtype": lambda v, w: _choice(v, w, FORMATS),
     "accumulate": lambda v, w: _choice(v, w, (*FORMATS, "same")),
     "softmax_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),

@@ -234,6 +234,9 @@ class RowStats:
     entropy: F64
     underflow: dict[str, NDArray[np.int64]]
     lost: dict[str, F64]
+    hidden_weight: F64 | None = None
+    """The weight each row puts on keys it does not see (a finite mask value, a float
+    mask's sentinel); None: nothing, as with −inf."""
 
 
 @dataclass
@@ -247,6 +250,8 @@ class Records:
     fresh_overflow: dict[tuple[str, str], Where]
     exp_overflow: dict[str, Where]
     mask_add_overflow: dict[str, Where]
+    sentinel_add_overflow: dict[str, Where]
+    """A float mask's sentinel plus the logits beyond a narrow format, at the keys it hides."""
     hidden_bad: dict[str, Where]
     errors: dict[str, StageError]
 
@@ -262,6 +267,7 @@ class Records:
             fresh_overflow={(s, d): Where() for s in OVERFLOW_STAGES for d in checked},
             exp_overflow={d: Where() for d in narrow},
             mask_add_overflow={d: Where() for d in narrow},
+            sentinel_add_overflow={d: Where() for d in narrow},
             hidden_bad={"k": Where(), "v": Where()},
             errors={s: StageError() for s in stages} if spec.options.emulated else {},
         )

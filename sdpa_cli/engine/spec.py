@@ -6,6 +6,11 @@ Q ``(..., L, E)``, K ``(..., S, E)``, V ``(..., S, Ev)``; the leading axes broad
 and the last leading axis is the head axis (H for Q, G for K and V). When G < H and
 G divides H, query head h reads key/value head h // (H/G) (grouped-query attention).
 
+Under ``--layout bshd`` Q, K and V come as ``(..., L, H, E)`` (FlashAttention's layout)
+and are read through a view with their last three axes ``(..., H, L, E)``; the output is
+returned in the layout given. Under ``--heads`` (and ``--kv-heads``) ``(..., L, d_model)``
+matrices are split into heads, also by a view.
+
 Tensors are kept as loaded (memory-mapped, integer, float16, ...) and reshaped only
 by views: the engine casts one block at a time to float64.
 """
@@ -23,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.masks import alibi_slopes
+from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
 from sdpa_cli.engine.options import Options
 from sdpa_cli.errors import SpecError
 from sdpa_cli.text import shown
@@ -67,6 +72,15 @@ class AttentionSpec:
         return self.mask is not None and self.mask.dtype == np.bool_
 
     @cached_property
+    def sentinels(self) -> Sentinels | None:
+        """The values of a float mask that hide keys for the findings (≤ −1e4, −inf
+        included; see :data:`~sdpa_cli.engine.masks.HIDES`), scanned once; None without
+        a float mask."""
+        if self.mask is None or self.mask_is_bool:
+            return None
+        return sentinels(self.mask)
+
+    @cached_property
     def alibi_slopes(self) -> NDArray[np.float64]:
         """One ALiBi slope per query head, computed once."""
         return alibi_slopes(self.H)
@@ -90,11 +104,21 @@ class AttentionSpec:
         return (*self.lead, self.L, self.Ev)
 
     @property
+    def output_rearranged(self) -> bool:
+        """Whether the output is returned in another layout than the engine's
+        ``(*lead, L, Ev)``: heads merged under ``--heads``, or ``(..., L, H, Ev)`` under
+        ``--layout bshd`` (when there is a head axis)."""
+        return self.options.heads is not None or (self.options.layout == "bshd" and bool(self.lead))
+
+    @property
     def merged_output_shape(self) -> tuple[int, ...]:
-        """The output's shape as returned: heads merged back under ``--heads``."""
-        if self.options.heads is None:
-            return self.output_shape
-        return (*self.lead[:-1], self.L, self.options.heads * self.Ev)
+        """The output's shape as returned: heads merged back under ``--heads``,
+        ``(..., L, H, Ev)`` under ``--layout bshd``."""
+        if self.options.heads is not None:
+            return (*self.lead[:-1], self.L, self.options.heads * self.Ev)
+        if self.output_rearranged:
+            return (*self.lead[:-1], self.L, self.lead[-1], self.Ev)
+        return self.output_shape
 
     @property
     def scale_label(self) -> str:
@@ -118,10 +142,12 @@ class AttentionSpec:
         it was loaded in, so that indices match the file: heads merged back under
         ``--heads``, the leading 1s the spec added dropped."""
         arr = np.asarray(getattr(self, name) if values is None else values)
+        shape = self.shapes.get(name)
         if self.options.heads is not None and name in ("q", "k", "v"):
             merged = np.moveaxis(arr, -3, -2)  # (..., L, heads, D/heads), undoing the split
             arr = merged.reshape(*merged.shape[:-2], -1)
-        shape = self.shapes.get(name)
+        elif self.options.layout == "bshd" and name in ("q", "k", "v") and len(shape or ()) >= 3:
+            arr = np.swapaxes(arr, -3, -2)  # (..., L, H, E) again, as the file has it
         if shape is not None and math.prod(shape) == arr.size:
             return arr.reshape(shape)
         return arr
@@ -162,15 +188,41 @@ def _check_numeric(name: str, label: str, a: NDArray[Any]) -> None:
         raise SpecError(label, f"{name} has dtype {a.dtype}; expected numbers (float, int or bool)")
 
 
-def _split_heads(a: NDArray[Any], n: int, name: str, label: str) -> NDArray[Any]:
+def _split_heads(
+    a: NDArray[Any], n: int, name: str, label: str, option: str = "--heads"
+) -> NDArray[Any]:
     """(..., L, D) → (..., n, L, D/n), as a view."""
     D = a.shape[-1]
     if D % n:
         raise SpecError(
-            "--heads", f"{name}'s last axis ({D}, from {label}) is not divisible by {shown(n)}"
+            option, f"{name}'s last axis ({D}, from {label}) is not divisible by {shown(n)}"
         )
     parts = a.reshape(*a.shape[:-1], n, D // n)
     return np.moveaxis(parts, -2, -3)
+
+
+def _kv_width_error(E: int, Dk: int, heads: int, kv_heads: int | None, label: str) -> None:
+    """K's heads are not as wide as Q's after the split: say how many K/V heads K's
+    model dimension holds at Q's head width, when it holds a whole number of them."""
+    if kv_heads is not None:
+        raise SpecError(
+            "--kv-heads",
+            f"K's last axis ({Dk}, from {label}) holds {kv_heads} heads of {Dk // kv_heads}, "
+            f"but Q's heads are {E} wide; K should hold {kv_heads}·{E} = {kv_heads * E}",
+        )
+    G = Dk // E if E and Dk % E == 0 else 0
+    if G and heads % G == 0:
+        raise SpecError(
+            label,
+            f"K's last axis ({Dk}) is not {heads} heads of Q's width {E}, but {G} of them: "
+            f"give --kv-heads {G} (grouped-query attention)",
+        )
+
+
+def _from_bshd(a: NDArray[Any]) -> NDArray[Any]:
+    """(..., L, H, E) → (..., H, L, E), as a view; a tensor of fewer than three axes
+    has no head axis and is read as it is."""
+    return np.swapaxes(a, -3, -2) if a.ndim >= 3 else a
 
 
 def _pad(a: NDArray[Any], lead_len: int) -> NDArray[Any]:
@@ -212,11 +264,12 @@ def build_spec(
         if a is not None:
             _check_numeric(n.upper() if n in "qkv" else n, labels[n], a)
 
-    q, k, v = _matrices(q, k, v, opts.heads, labels)
+    q, k, v = _matrices(q, k, v, opts, labels)
     L, E = q.shape[-2:]
     S, Ev = k.shape[-2], v.shape[-1]
     _check_dims(q, k, v, labels, shapes)
-    group = _group(q.shape[:-2], k.shape[:-2], v.shape[:-2], labels, shapes)
+    head_axis = -2 if opts.layout == "bshd" else -3  # in the tensors as loaded
+    group = _group(q.shape[:-2], k.shape[:-2], v.shape[:-2], labels, shapes, head_axis)
     lead = _lead(q.shape[:-2], k.shape[:-2], v.shape[:-2], group, labels, shapes)
     scores_shape = (*lead, L, S)
     extras = {
@@ -253,20 +306,44 @@ Shapes = Mapping[str, tuple[int, ...]]
 
 
 def _matrices(
-    q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], heads: int | None, labels: Mapping[str, str]
+    q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], opts: Options, labels: Mapping[str, str]
 ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """Q, K and V as stacks of matrices: a 1-D tensor is one row (one query, one key,
-    one value); with ``--heads`` the model dimension splits into heads."""
+    one value); with ``--heads`` the model dimension splits into heads (K and V into
+    ``--kv-heads`` of them); under ``--layout bshd`` the head axis moves before L."""
     q, k, v = (a.reshape(1, -1) if a.ndim == 1 else a for a in (q, k, v))
     for n, a in (("Q", q), ("K", k), ("V", v)):
         if a.ndim == 0:
             raise SpecError(
                 labels[n.lower()], f"{n} is a scalar; expected a matrix ({n}: (..., rows, dim))"
             )
+    heads, kv_heads = opts.heads, opts.kv_heads
+    if kv_heads is not None and heads is None:
+        raise SpecError(
+            "--kv-heads",
+            "needs --heads: it splits K and V of (..., S, d_model_kv) into G heads, "
+            "as --heads splits Q",
+        )
+    if opts.layout == "bshd" and heads is not None:
+        raise SpecError(
+            "--layout",
+            "bshd reads (B, L, H, E) tensors, --heads splits (..., L, d_model) ones; give one",
+        )
+    if opts.layout == "bshd":
+        return _from_bshd(q), _from_bshd(k), _from_bshd(v)
     if heads is not None:
+        G = heads if kv_heads is None else kv_heads
+        if heads % G:
+            raise SpecError(
+                "--kv-heads",
+                f"{G} key/value heads do not divide the {heads} query heads (--heads)",
+            )
         q = _split_heads(q, heads, "Q", labels["q"])
-        k = _split_heads(k, heads, "K", labels["k"])
-        v = _split_heads(v, heads, "V", labels["v"])
+        k = _split_heads(k, G, "K", labels["k"], "--heads" if kv_heads is None else "--kv-heads")
+        v = _split_heads(v, G, "V", labels["v"], "--heads" if kv_heads is None else "--kv-heads")
+        E, Ek = q.shape[-1], k.shape[-1]
+        if Ek != E:
+            _kv_width_error(E, Ek * G, heads, kv_heads, labels["k"])
     return q, k, v
 
 
@@ -294,6 +371,7 @@ def _group(
     v_lead: tuple[int, ...],
     labels: Mapping[str, str],
     shapes: Shapes,
+    head_axis: int = -3,
 ) -> int:
     """Query heads per key/value head: grouped-query attention has K and V with G heads,
     a divisor of Q's H heads (1 otherwise)."""
@@ -312,7 +390,7 @@ def _group(
         raise SpecError(
             labels["k"],
             f"grouped-query attention needs K/V's heads to divide Q's: "
-            f"Q has {H} heads (axis -3 of {shapes['q']}), K/V have {G}",
+            f"Q has {H} heads (axis {head_axis} of {shapes['q']}), K/V have {G}",
         )
     return H // G
 

@@ -86,6 +86,9 @@ class Stats:
     entropy: F64
     underflow: dict[str, NDArray[np.int32]]
     lost: dict[str, F64]
+    hidden_weight: F64
+    """Per row, the weight on keys it does not see (a finite mask value's, a float
+    mask sentinel's): 0 where hidden keys get none."""
     records: Records
     """The per-stage records of every block so far, merged in block order."""
     moments: Moments
@@ -111,6 +114,7 @@ class Stats:
             entropy=np.zeros(rows),
             underflow={d: np.zeros(rows, np.int32) for d in narrow},
             lost={d: np.zeros(rows) for d in narrow},
+            hidden_weight=np.zeros(rows),
             records=Records.empty(spec, checked, narrow),
             moments=Moments(),
         )
@@ -190,6 +194,7 @@ class Stats:
         for d in self.narrow:
             self.underflow[d][at] = rows.underflow[d]
             self.lost[d][at] = rows.lost[d]
+        self.hidden_weight[at] = 0.0 if rows.hidden_weight is None else rows.hidden_weight
 
     # --- rows: visible keys, the largest weight, the entropy ----------------------------
 
@@ -209,9 +214,13 @@ class Stats:
             return RowStats(n_visible, zeros, np.zeros(n, np.int64), zeros, underflow, lost)
         finite_hidden = not math.isinf(spec.options.effective_mask_value)
         exact = native_dtype(spec) is not None
-        if not block.all_visible and (finite_hidden or not exact):
-            # Over the visible keys only: a finite mask value leaves weight on hidden
-            # keys, which is not what a row attends to.
+        hidden_weight = None
+        if not block.all_visible and (finite_hidden or block.sentinel is not None or not exact):
+            # Over the visible keys only: a finite mask value (or a float mask's
+            # sentinel, added) leaves weight on hidden keys, which is not what a row
+            # attends to; how much it leaves is kept apart.
+            if finite_hidden or block.sentinel is not None:
+                hidden_weight = np.where(block.visible, 0.0, w).sum(axis=1)
             w = np.where(block.visible, w, 0.0)
             total = w.sum(axis=1, keepdims=True)
             w = w / np.where(total > 0, total, 1.0)
@@ -234,7 +243,7 @@ class Stats:
             entropy = np.where(np.isfinite(entropy), entropy, 0.0)
         else:
             entropy = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
-        return RowStats(n_visible, w_top, argmax, entropy, underflow, lost)
+        return RowStats(n_visible, w_top, argmax, entropy, underflow, lost, hidden_weight)
 
     def _underflow(self, reference: Block) -> tuple[dict[str, NDArray[np.int64]], dict[str, F64]]:
         """Weights that would flush to zero in each narrow format, and the mass lost.
@@ -322,8 +331,15 @@ class Stats:
                 if top > precision.fmt(d).exp_limit:
                     hits = finite_visible & (logits > precision.fmt(d).exp_limit)
                     rec.exp_overflow[d].add(hits, base, logits)
+        sentinel = reference.sentinel
+        if sentinel is not None:
+            # A float mask's sentinel, added to the logits (as every kernel adds the
+            # mask): beyond a narrow format the sum is −inf there.
+            for d in self.narrow:
+                hits = sentinel & precision.fmt(d).overflows(logits)
+                rec.sentinel_add_overflow[d].add(hits, base, logits)
         if math.isfinite(o.effective_mask_value) and not reference.all_visible:
-            hidden = ~reference.visible
+            hidden = ~reference.unreplaced
             if hidden.any():
                 # Kernels that *add* a finite mask value to the logits (HF's finfo.min,
                 # which is each format's own: −65504 in float16).

@@ -58,24 +58,29 @@ class Trace:
 
     @property
     def merged_output(self) -> F64 | None:
-        """The output with heads merged back, ``(..., L, heads · Ev)``, under ``--heads``."""
+        """The output as returned: heads merged back, ``(..., L, heads · Ev)``, under
+        ``--heads``; ``(..., L, H, Ev)`` under ``--layout bshd``."""
         return None if self.output is None else merge_heads(self.spec, self.output)
 
 
 def merge_heads(spec: AttentionSpec, output: F64) -> F64:
-    """An output ``(..., heads, L, Ev)`` as returned, ``(..., L, heads · Ev)``, under
-    ``--heads`` (as it is otherwise)."""
-    if spec.options.heads is None:
+    """An output ``(..., H, L, Ev)`` in the layout it is returned in: ``(..., L, heads ·
+    Ev)`` under ``--heads``, ``(..., L, H, Ev)`` under ``--layout bshd`` (a view), as it
+    is otherwise."""
+    if not spec.output_rearranged:
         return output
-    return np.moveaxis(output, -3, -2).reshape(spec.merged_output_shape)
+    swapped = np.swapaxes(output, -3, -2)
+    return swapped if spec.options.heads is None else swapped.reshape(spec.merged_output_shape)
 
 
 def split_heads_of_output(spec: AttentionSpec, values: NDArray[Any]) -> NDArray[Any]:
     """An array shaped like the output as returned (heads merged under ``--heads``,
-    leading 1s optional) → the engine's layout ``(*lead, L, Ev)``."""
-    if spec.options.heads is not None:
-        parts = values.reshape(*values.shape[:-1], spec.options.heads, spec.Ev)
-        values = np.moveaxis(parts, -2, -3)
+    ``(..., L, H, Ev)`` under ``--layout bshd``, leading 1s optional) → the engine's
+    layout ``(*lead, L, Ev)``."""
+    if spec.output_rearranged:
+        L, H, Ev = spec.L, spec.lead[-1], spec.Ev
+        parts = values.reshape(*spec.lead[:-1], L, H, Ev)
+        values = np.swapaxes(parts, -3, -2)
     return values.reshape(spec.output_shape)
 
 

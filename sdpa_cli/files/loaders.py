@@ -3,17 +3,20 @@
 Formats: ``.npy`` (memory-mapped, never unpickled), ``.npz`` (``file.npz:name`` picks
 an array), ``.safetensors`` (memory-mapped; ``file.safetensors:name`` picks a tensor;
 BF16, F8_E4M3 and F8_E5M2 as ``ml_dtypes`` arrays, upcast block by block like the
-rest), ``.json`` and ``.yaml``/``.yml`` (nested
+rest), PyTorch files (``torch.save``'s zip or legacy pickle, read only through
+``torch.load(weights_only=True)`` when torch is installed; ``file.pt:name`` picks a
+tensor), ``.json`` and ``.yaml``/``.yml`` (nested
 lists of numbers; YAML through the safe loader, aliases refused). The format is sniffed
-from the file's first bytes (``\\x93NUMPY``, ``PK``, a safetensors header length followed
-by ``{``) before the extension is trusted. Every error is an
+from the file's first bytes (``\\x93NUMPY``, ``PK`` (a zip holding ``*/data.pkl`` is
+PyTorch's), a pickle's PROTO opcode, a safetensors header length followed by ``{``)
+before the extension is trusted. Every error is an
 :class:`~sdpa_cli.errors.InputError` naming the file. A URL (``s3://...``,
 ``file://...``) is copied to a temporary file first (:mod:`~sdpa_cli.files.remote`)
 and read from there like any other file.
 
 This module names the source and dispatches on the sniffed format; each format's reader
-and checks live in :mod:`~sdpa_cli.files.npy`, :mod:`~sdpa_cli.files.safetensors` and
-:mod:`~sdpa_cli.files.structured`.
+and checks live in :mod:`~sdpa_cli.files.npy`, :mod:`~sdpa_cli.files.safetensors`,
+:mod:`~sdpa_cli.files.pytorch` and :mod:`~sdpa_cli.files.structured`.
 """
 
 from __future__ import annotations
@@ -28,19 +31,27 @@ from numpy.typing import NDArray
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.checks import reading
 from sdpa_cli.files.npy import NPY_MAGIC, ZIP_MAGIC, load_npy, load_npz
+from sdpa_cli.files.pytorch import (
+    HEAD_BYTES,
+    TORCH_SUFFIXES,
+    is_legacy_torch,
+    is_pickle,
+    is_torch_archive,
+    load_torch,
+)
 from sdpa_cli.files.remote import fetched, is_url
 from sdpa_cli.files.safetensors import SAFETENSORS_SUFFIX, load_safetensors, looks_like_safetensors
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
 from sdpa_cli.text import printable
 
-MEMBER_SUFFIXES = (".npz", SAFETENSORS_SUFFIX)
+MEMBER_SUFFIXES = (".npz", SAFETENSORS_SUFFIX, *TORCH_SUFFIXES)
 """Formats that hold several arrays, one picked with ``file:name``."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where an array comes from: ``path`` and, for ``.npz`` and ``.safetensors``, a
-    member ``name``."""
+    """Where an array comes from: ``path`` and, for ``.npz``, ``.safetensors`` and
+    PyTorch files, a member ``name``."""
 
     path: Path
     member: str | None
@@ -48,8 +59,8 @@ class Source:
 
     @classmethod
     def parse(cls, text: str, base: Path | None = None) -> Source:
-        """``file``, ``file.npz:name`` or ``file.safetensors:name``, relative to ``base``
-        when given."""
+        """``file``, ``file.npz:name``, ``file.safetensors:name`` or ``file.pt:name``,
+        relative to ``base`` when given."""
         member = None
         path_text = text
         head, sep, tail = text.rpartition(":")
@@ -63,12 +74,13 @@ class Source:
 
 
 def sniff(path: Path, label: str) -> str:
-    """The format of ``path``: ``npy``, ``npz``, ``safetensors``, ``json`` or ``yaml``."""
+    """The format of ``path``: ``npy``, ``npz``, ``safetensors``, ``torch``, ``json`` or
+    ``yaml``."""
     with reading(label):
         if path.is_dir():
             raise InputError(label, "is a directory, not a tensor file")
         with path.open("rb") as fh:
-            head = fh.read(9)
+            head = fh.read(HEAD_BYTES)
         size = path.stat().st_size
     if not head:
         raise InputError(label, "is empty")
@@ -76,27 +88,41 @@ def sniff(path: Path, label: str) -> str:
     if head.startswith(NPY_MAGIC):
         return "npy"
     if head.startswith(ZIP_MAGIC):
-        return "npz"
+        with reading(label):
+            return "torch" if is_torch_archive(path) else "npz"
+    if is_legacy_torch(head):
+        return "torch"
     if suffix == SAFETENSORS_SUFFIX or looks_like_safetensors(head, size):
         return "safetensors"
+    if is_pickle(head):
+        raise InputError(
+            label,
+            "is a Python pickle, not a tensor file (nor torch.save's); sdpa never unpickles: "
+            "save the arrays with numpy.save",
+        )
     if suffix == ".npy":
         raise InputError(label, "is not a .npy file (it does not start with the NUMPY magic bytes)")
     if suffix == ".npz":
         raise InputError(label, "is not a .npz file (it is not a zip archive)")
+    if suffix in TORCH_SUFFIXES[:3]:  # .bin is anyone's
+        raise InputError(
+            label, "is not a PyTorch file (neither torch.save's zip archive nor its pickle)"
+        )
     if suffix in TEXT_SUFFIXES:
         return TEXT_SUFFIXES[suffix]
     raise InputError(
         label,
-        f"unknown format {suffix or '(no extension)'!r}; expected .npy, .npz, .safetensors, .json, .yaml or .yml",
+        f"unknown format {suffix or '(no extension)'!r}; expected .npy, .npz, .safetensors, .pt, .json, .yaml or .yml",
     )
 
 
 def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
-    """Load one array from ``path``, ``path.npz:name`` or ``path.safetensors:name``.
+    """Load one array from ``path``, ``path.npz:name``, ``path.safetensors:name`` or
+    ``path.pt:name``.
 
-    ``.npy`` and ``.safetensors`` files come back memory-mapped and uncast (bfloat16
-    and float8 as ``ml_dtypes`` arrays); text files as int, float or bool
-    arrays. Shapes and dtypes are judged later, by the spec.
+    ``.npy``, ``.safetensors`` and PyTorch zip files come back memory-mapped and
+    uncast (bfloat16 and float8 as ``ml_dtypes`` arrays); text files as int, float or
+    bool arrays. Shapes and dtypes are judged later, by the spec.
 
     Raises:
         InputError: naming the file and the problem.
@@ -111,6 +137,8 @@ def load_array(source: str | Source, *, name: str = "value") -> NDArray[Any]:
         return load_npz(src.path, src.member, src.label)
     if fmt == "safetensors":
         return load_safetensors(src.path, src.member, src.label)
+    if fmt == "torch":
+        return load_torch(src.path, src.member, src.label)
     data = parse_text(src.path, fmt, src.label)
     return nested_to_array(data, src.label, name)
 

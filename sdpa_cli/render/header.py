@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from sdpa_cli.engine.masks import HIDES
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.render.common import THEME
 from sdpa_cli.text import shape, sig
@@ -32,9 +33,16 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     dims = f"L = {spec.L} {queries}, S = {spec.S} {keys}, E = {spec.E}, Ev = {spec.Ev}"
     if o.heads is not None:
         dims += f", split into {o.heads} heads"
+        if o.kv_heads is not None:
+            dims += f" (K and V into {o.kv_heads})"
     if spec.group > 1:
         dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
     grid.add_row("dims", Text(dims))
+    if o.layout == "bshd":
+        grid.add_row(
+            "layout",
+            Text("bshd: Q, K, V read as (…, L, H, E), the output returned so; scores (…, H, L, S)"),
+        )
     grid.add_row(
         "scores", Text(f"{shape(spec.weights_shape)}   output {shape(spec.merged_output_shape)}")
     )
@@ -95,6 +103,9 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         lines.append(
             ("mask", f"{spec.names.get('mask', 'mask')} {shape(spec.shapes['mask'])}, {kind}")
         )
+        if spec.sentinels and spec.sentinels.values:
+            hiding = f"{spec.sentinels.label()} read as hiding (any value ≤ {HIDES:g})"
+            lines.append(("float mask", hiding))
     if lines:
         lines.append(("mask value", o.mask_value_label))
     return lines

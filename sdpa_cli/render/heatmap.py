@@ -143,11 +143,16 @@ def _stage_captions(
         if cells.is_weights and not cells.visible[r].any() and cells.data[r].any()
     ]
     if leaking:
+        # A float mask's finite sentinel is added, so it leaves the row's weight where the
+        # logits put it; a finite mask value replaces the logits: uniform weights.
+        sentinels = spec.sentinels
+        how = f"the finite mask value {spec.options.mask_value_label} spreads their weight uniformly over hidden keys"
+        if sentinels is not None and sentinels.finite:
+            how = f"the float mask's finite sentinel {sentinels.label()} leaves their weight on the keys it hides"
         captions.append(
             Text(
                 f"rows {', '.join(f'q{i}' for i in leaking[:6])}{' …' if len(leaking) > 6 else ''} have no visible key, "
-                f"yet the finite mask value {spec.options.mask_value_label} spreads their weight "
-                "uniformly over hidden keys (a −inf mask gives zeros)",
+                f"yet {how} (a −inf mask gives zeros)",
                 THEME["note"],
             )
         )

@@ -31,6 +31,7 @@ FORMAT_NAMES = {
     "npy": ".npy",
     "npz": ".npz",
     "safetensors": ".safetensors",
+    "torch": "PyTorch",
     "json": "JSON",
     "yaml": "YAML",
 }

@@ -29,6 +29,7 @@ from reference import paper_alibi_slopes
 import sdpa_cli.check.compare
 import sdpa_cli.engine.block
 import sdpa_cli.engine.driver
+import sdpa_cli.engine.softmax
 from sdpa_cli.check.compare import Mismatch, compare
 from sdpa_cli.check.elements import v_range
 from sdpa_cli.check.records import CheckReport, Expected
@@ -71,8 +72,8 @@ def normal(seed: int, *shape: int) -> F64:
 
 @dataclass(frozen=True)
 class OneShot:
-    """Whole arrays: the masked logits (B, H, L, S), which keys each row may see, the
-    weights and the output (B, H, L, Ev)."""
+    """Whole arrays: the masked logits (B, H, L, S), which keys each row may see (a
+    float mask's sentinels, ≤ −1e4, hide theirs), the weights and the output (B, H, L, Ev)."""
 
     masked: F64
     visible: NDArray[np.bool_]
@@ -134,6 +135,8 @@ def one_shot(
     elif mask is not None:
         logits = logits + mask
     masked = np.where(visible, logits, mask_value)
+    if mask is not None and mask.dtype != np.bool_:
+        visible = visible & ~(mask <= -1e4)  # a sentinel hides its key, added as given
 
     top = masked.max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
@@ -153,7 +156,10 @@ def assert_matches_one_shot(got: Trace, want: OneShot, label: str = "") -> None:
     np.testing.assert_allclose(
         got.masked[want.visible], want.masked[want.visible], rtol=RTOL, atol=ATOL, err_msg=label
     )
-    np.testing.assert_array_equal(got.masked[~want.visible], want.masked[~want.visible])
+    hidden = ~want.visible  # at the mask value, or a float mask's sentinel added
+    np.testing.assert_allclose(
+        got.masked[hidden], want.masked[hidden], rtol=RTOL, atol=ATOL, err_msg=label
+    )
     np.testing.assert_allclose(got.weights, want.weights, rtol=RTOL, atol=ATOL, err_msg=label)
     np.testing.assert_allclose(got.output, want.output, rtol=RTOL, atol=ATOL, err_msg=label)
 
@@ -652,7 +658,7 @@ def test_denormal_guard_changes_nothing_a_format_can_resolve(
     spec = build_spec(q.astype(dtype), k.astype(dtype), v.astype(dtype), options=options)
     assert native_dtype(spec) == np.dtype(dtype)
     guarded = trace(spec, rows=5)
-    monkeypatch.setattr(sdpa_cli.engine.block, "DENORMAL_FLOOR", {})
+    monkeypatch.setattr(sdpa_cli.engine.softmax, "DENORMAL_FLOOR", {})
     bare = trace(spec, rows=5)
     assert guarded.weights is not None
     assert bare.weights is not None
