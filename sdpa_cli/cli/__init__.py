@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from sdpa_cli._version import __version__
+from sdpa_cli.cli.capture import capture
 from sdpa_cli.cli.check import check
 from sdpa_cli.cli.compute import compute
 from sdpa_cli.cli.explain import explain
@@ -101,6 +102,7 @@ cli.add_command(check)
 cli.add_command(grad)
 cli.add_command(inspect)
 cli.add_command(report)
+cli.add_command(capture)
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:

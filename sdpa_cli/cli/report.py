@@ -1,13 +1,36 @@
-"""``sdpa report``: the JSON reports ``sdpa check`` writes, worked on; ``sdpa report
-merge`` joins the reports of a manifest's shards (``sdpa check --manifest M --shard
-I/N --report FILE``) into the unsharded run's report, JUnit XML and exit code."""
+"""``sdpa report``: a manifest's runs, worked on. ``sdpa report merge`` joins the
+reports of a manifest's shards (``sdpa check --manifest M --shard I/N --report FILE``)
+into the unsharded run's report, JUnit XML and exit code; ``sdpa report model`` shows
+every case of a manifest (every attention call of a model) as a layer × head grid of
+attention statistics."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from sdpa_cli.cli.check import show_results, write_report_files
-from sdpa_cli.cli.options import COLOR_OPTION, JUNIT_OPTION, format_option
+from sdpa_cli.cli.options import (
+    COLOR_OPTION,
+    JOBS_OPTION,
+    JUNIT_OPTION,
+    diagnostic_options,
+    format_option,
+    make_console,
+    print_all,
+    progress_bar,
+    start_engine,
+)
+from sdpa_cli.errors import ExitCode, SdpaError, SpecError
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from sdpa_cli.check.manifest import ManifestCase
+    from sdpa_cli.diagnosis.findings import Thresholds
+    from sdpa_cli.diagnosis.model import GridRow
+    from sdpa_cli.engine.spec import AttentionSpec
 
 MERGE_EXIT_CODES_HELP = (
     "Exit codes: the merged run's: 0 every check passed · 1 a check failed · 2 a case could "
@@ -18,11 +41,12 @@ MERGE_EXIT_CODES_HELP = (
 
 @click.group()
 def report() -> None:
-    """Work with the JSON reports of sdpa check.
+    """Work with a manifest's runs: merge sharded reports, see a model at a glance.
 
     \b
     Example:
       sdpa report merge shard-1.json shard-2.json --junit report.xml
+      sdpa report model capture/manifest.yaml --metric all
     """
 
 
@@ -65,3 +89,155 @@ def merge(
     write_report_files(results, json_text, junit, report_path)
     show_results(results, document["manifest"], None, fmt, json_text, color)
     return int(document["exit_code"])
+
+
+MODEL_METRICS = (
+    "entropy",
+    "max_weight",
+    "saturated",
+    "near_uniform",
+    "fully_masked",
+    "sink_mass",
+    "error",
+)
+"""``--metric``'s choices: :data:`sdpa_cli.diagnosis.model.METRICS`, spelled out here
+so that ``sdpa --help`` need not import numpy (a test keeps the two the same)."""
+
+MODEL_EXIT_CODES_HELP = (
+    "Exit codes: 0 every case shown · 2 bad usage, a manifest that cannot be read, or a "
+    "case that cannot be (the others are shown; a line on stderr names it) · 3 internal "
+    "error · 130 interrupted. Notable heads are findings, never a failure."
+)
+
+
+@report.command(epilog=MODEL_EXIT_CODES_HELP)
+@click.argument("manifest", metavar="MANIFEST")
+@click.option(
+    "--metric",
+    type=click.Choice((*MODEL_METRICS, "all")),
+    default="entropy",
+    show_default=True,
+    help="The statistic the table shows, or all of them in turn: mean normalised "
+    "entropy, mean max weight, shares of saturated, near-uniform and fully masked "
+    "rows, the mean weight on key 0 (sink_mass), the output's relative RMS error "
+    "(cases with an expect-output).",
+)
+@format_option("Heatmap tables for a person, or one JSON object on stdout.")
+@JOBS_OPTION
+@diagnostic_options
+@COLOR_OPTION
+def model(
+    manifest: str,
+    metric: str,
+    fmt: str,
+    jobs: int | None,
+    given_thresholds: dict[str, str | None],
+    color: bool | None,
+) -> int:
+    """A model at a glance: every case of MANIFEST as a row, each query head a column.
+
+    Every case (an attention call: a layer) is computed as sdpa compute would, and
+    each query head's rows, pooled over the batch, give its statistics: mean entropy
+    (÷ log of the visible keys: 0 one-hot, 1 uniform), mean max weight, the shares of
+    saturated, near-uniform and fully masked rows, the attention-sink mass (mean
+    weight on key 0) and, for a case with an expect-output, the output's RMS error
+    relative to the reference's RMS. Rows are labelled by the case's layer where
+    sdpa capture's calls.yaml beside the manifest gives one to each case, else by
+    its name. Below the grid: the attention sinks (sink
+    mass > 0.5), dead heads (near-uniform on --head-fraction of their rows, or max
+    weight ≈ 1/visible keys) and saturated heads (one-hot on --head-fraction of their
+    rows), at most --max-findings of each kind (the JSON lists all). A case that
+    cannot be read is named on stderr, its row left blank, and the exit code is 2.
+
+    \b
+    Examples:
+      sdpa report model capture/manifest.yaml
+      sdpa report model capture/manifest.yaml --metric sink_mass
+      sdpa report model capture/manifest.yaml --metric all --format json
+    """
+    threads = start_engine(jobs)
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli._version import __version__
+    from sdpa_cli.check.manifest import load_manifest
+    from sdpa_cli.diagnosis.model import METRICS, model_grid
+    from sdpa_cli.diagnosis.thresholds import thresholds
+    from sdpa_cli.render.model import render_model
+    from sdpa_cli.report import to_json
+
+    th = thresholds(given_thresholds)
+    cases = load_manifest(manifest)
+    if metric == "error" and not any("output" in c.expect for c in cases):
+        raise SpecError("--metric error", f"no case of {manifest} has an expect-output")
+    layers = capture_layers(manifest)
+    grid = model_grid([_grid_row(case, layers.get(case.name), th, threads) for case in cases], th)
+    for row in grid.rows:
+        if row.error is not None:  # one line each, never wrapped
+            click.echo(f"sdpa: error: {row.name}: {row.error}", err=True)
+    if fmt == "json":
+        document = {"sdpa_version": __version__, "manifest": manifest, **grid.to_dict()}
+        click.echo(to_json(document))
+    else:
+        shown = [m for m in METRICS if m in grid.metrics] if metric == "all" else [metric]
+        console = make_console(color)
+        view = render_model(grid, shown, manifest, console.width, th.max_findings)
+        print_all(console, [view])
+    unread = any(row.error is not None for row in grid.rows)
+    return int(ExitCode.BAD_INPUT if unread else ExitCode.OK)
+
+
+def capture_layers(manifest: str) -> dict[str, int]:
+    """Case name → layer, from the ``calls.yaml`` sdpa capture writes beside its
+    manifest (a ``name`` and a ``layer`` for each call); nothing where there is no such
+    file, or it does not read as one: the layers only label the grid's rows."""
+    # imported here: keeps sdpa --help fast
+    from pathlib import Path
+
+    from sdpa_cli.files.structured import parse_text
+
+    path = Path(manifest).parent / "calls.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        data = parse_text(path, "yaml", str(path))
+    except SdpaError:
+        return {}
+    calls = data.get("calls") if isinstance(data, dict) else None
+    return {
+        str(call["name"]): call["layer"]
+        for call in (calls if isinstance(calls, list) else [])
+        if isinstance(call, dict)
+        and "name" in call
+        and isinstance(call.get("layer"), int)
+        and not isinstance(call.get("layer"), bool)
+    }
+
+
+def _grid_row(case: ManifestCase, layer: int | None, th: Thresholds, threads: int) -> GridRow:
+    """One case's row of the grid: loaded as sdpa check --manifest loads it (options
+    from the manifest), its heads measured; or the one-line reason it cannot be read."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.model import GridRow, head_metrics
+    from sdpa_cli.engine.inputs import load_spec
+
+    try:
+        spec, _ = load_spec(case.inputs, case.bias, case.mask, case.options, case.where)
+        expected = _expected_output(spec, case)
+        with progress_bar(spec, case.name) as progress:
+            heads = head_metrics(spec, th, expected, jobs=threads, progress=progress)
+    except SdpaError as exc:
+        return GridRow(case.name, layer, error=str(exc))
+    return GridRow(case.name, layer, heads)
+
+
+def _expected_output(spec: AttentionSpec, case: ManifestCase) -> NDArray[Any] | None:
+    """The case's expect-output in the computation's layout ``(*lead, L, Ev)`` (heads
+    split under ``heads``), fitted as sdpa check fits it; None without one."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.check.exports import fit_expected, load_expected
+    from sdpa_cli.engine.trace import split_heads_of_output
+
+    path = case.expect.get("output")
+    if path is None:
+        return None
+    fitted = fit_expected(spec, load_expected({"output": path})[0])
+    return split_heads_of_output(spec, fitted.values) if fitted.merged else fitted.values

@@ -1,0 +1,200 @@
+"""What a capture writes: a ``.safetensors`` file per call, streamed tensor by tensor
+from the device, and the manifest ``sdpa check --manifest`` runs with its sidecar.
+
+The safetensors format: ``N`` (8 bytes, little-endian), ``N`` bytes of JSON (padded with
+spaces to a multiple of 8), then the tensors' bytes, each tensor's
+``{"dtype", "shape", "data_offsets"}`` in the JSON. bfloat16 stays bfloat16 (``BF16``),
+which sdpa reads natively (``files/safetensors.py``), so ``check`` sees the format the
+kernel ran in without a ``dtype`` option.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from sdpa_cli.errors import SpecError
+from sdpa_cli.files.writers import write_all_atomic, write_atomic
+from sdpa_cli.text import shown
+
+SAFETENSORS_CODES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+"""torch dtype name → safetensors code, for the dtypes sdpa reads."""
+TENSOR_KEYS = {
+    "q": "q",
+    "k": "k",
+    "v": "v",
+    "mask": "mask",
+    "output": "expect-output",
+    "weights": "expect-weights",
+}
+"""A call file's tensor → the manifest key that names it."""
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "t": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def parse_size(text: str, where: str = "--max-bytes") -> int:
+    """``1000``, ``500MB``, ``2GiB``, ``1.5G``: a byte count. kB, MB, GB, TB are powers of
+    1000; KiB, MiB, GiB, TiB and the bare K, M, G, T powers of 1024.
+
+    Raises:
+        SpecError: naming ``where``.
+    """
+    found = _SIZE.fullmatch(text)
+    unit = found[2].lower() if found else None
+    if found is None or unit not in _UNITS:
+        raise SpecError(where, f"expected a size such as 500MB or 2GiB, got {shown(text)}")
+    size = int(float(found[1]) * _UNITS[unit])
+    if size <= 0:
+        raise SpecError(where, f"must be positive, got {shown(text)}")
+    return size
+
+
+def human_bytes(n: int) -> str:
+    """``1.2 MB``: powers of 1000, three significant digits."""
+    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= factor:
+            return f"{n / factor:.3g} {unit}"
+    return f"{n} B"
+
+
+def file_stem(number: int, name: str) -> str:
+    """``00012-model.layers.3.self_attn``: the call's number, then its name in characters
+    safe in any file system and in ``FILE.safetensors:NAME`` (no colon)."""
+    return f"{number:05d}-{_UNSAFE.sub('_', name)[:120]}"
+
+
+def unwritable(tensors: Mapping[str, Any]) -> str | None:
+    """Why a call's tensors cannot be written for sdpa (a dtype it does not read, no
+    data), or None."""
+    for name, tensor in tensors.items():
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in SAFETENSORS_CODES:
+            return f"its {name} is {dtype}, which sdpa does not read"
+        if tensor.device.type == "meta":
+            return f"its {name} is on the meta device (no data)"
+    return None
+
+
+def tensors_size(tensors: Mapping[str, Any]) -> int:
+    """The bytes of the tensors' data (the file adds its header)."""
+    return sum(int(t.numel()) * int(t.element_size()) for t in tensors.values())
+
+
+def safetensors_header(tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> bytes:
+    """The JSON header of a safetensors file of ``tensors`` (padded to 8 bytes)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = int(tensor.numel()) * int(tensor.element_size())
+        header[name] = {
+            "dtype": SAFETENSORS_CODES[str(tensor.dtype).removeprefix("torch.")],
+            "shape": [int(n) for n in tensor.shape],
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return text + b" " * (-len(text) % 8)  # the format aligns the data buffer to 8 bytes
+
+
+def write_safetensors(
+    path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str], torch: Any
+) -> int:
+    """Write torch ``tensors`` (on any device) to ``path``, atomically; its size in bytes.
+
+    One tensor at a time is copied to the host and written, so the host holds one
+    tensor of the call, never the capture.
+    """
+    text = safetensors_header(tensors, metadata)
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(len(text).to_bytes(8, "little"))
+        fh.write(text)
+        for tensor in tensors.values():
+            host = tensor.detach().to("cpu").contiguous().reshape(-1)
+            fh.write(host.view(torch.uint8).numpy().data)
+
+    write_atomic(path, write)
+    return 8 + len(text) + tensors_size(tensors)
+
+
+def manifest_case(
+    name: str, file: str, tensors: Mapping[str, Any], options: Mapping[str, Any], description: str
+) -> dict[str, Any]:
+    """The manifest entry of a recorded call: its name, a description, the tensors as
+    ``FILE.safetensors:NAME`` relative to the manifest, then the options."""
+    entry: dict[str, Any] = {"name": name, "description": description}
+    for key in TENSOR_KEYS:
+        if key in tensors:
+            entry[TENSOR_KEYS[key]] = f"{file}:{key}"
+    entry.update(options)
+    return entry
+
+
+MANIFEST_HEADER = """\
+# Written by sdpa capture: every attention call recorded, one case each.
+# Check them all:  sdpa check --manifest {manifest}
+# {counts}
+# Where each call came from (layer, call number, function, device, dtype, layout) is in
+# calls.yaml beside this file; calls that cannot be replayed are listed there, not here.
+"""
+
+
+def write_documents(
+    folder: Path, cases: list[dict[str, Any]], calls: list[dict[str, Any]], counts: str
+) -> Path | None:
+    """``manifest.yaml`` (when a case was recorded) and ``calls.yaml``, atomically, all
+    or none; the manifest's path, or None when none was written."""
+    import yaml  # imported here: only a capture's end needs it
+
+    def dump(data: Any) -> bytes:
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1 << 16)
+        return str(text).encode()
+
+    manifest = folder / "manifest.yaml"
+    files: list[tuple[Path, bytes]] = [
+        (
+            folder / "calls.yaml",
+            b"# Written by sdpa capture: " + counts.encode() + b"\n" + dump({"calls": calls}),
+        )
+    ]
+    if cases:
+        header = MANIFEST_HEADER.format(manifest=manifest, counts=counts)
+        files.insert(0, (manifest, header.encode() + dump({"cases": cases})))
+    write_all_atomic([(path, _writes(data)) for path, data in files])
+    return manifest if cases else None
+
+
+def _writes(data: bytes) -> Any:
+    return lambda fh: fh.write(data)

@@ -1,0 +1,231 @@
+"""``sdpa report model`` → rich renderables: a heatmap table per metric, a row per case
+and a column per query head, then the notable heads, case by case.
+
+Never prints. The heads that do not fit the width go on in a further table below
+(the same rows, the next heads), so every value is shown; long case names lose
+what all of them share (``model.layers.‹row›.self_attn``), then their start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.diagnosis.model import FLAT_MAX_WEIGHT, NOTABLE_KINDS, SINK_MASS, ModelGrid
+from sdpa_cli.render.common import MUTED, THEME, cell_style, note_text, rule
+from sdpa_cli.render.heatmap import fit_columns
+from sdpa_cli.text import compact, plural, sig
+
+PRECISION = 2
+"""Decimals of a cell: the metrics are shares and means in [0, 1]."""
+
+LABEL_SHARE = 3
+"""A row label may take a third of the width (at least :data:`LABEL_MIN` cells)
+before it is shortened."""
+LABEL_MIN = 12
+
+
+def metric_description(metric: str, th: Thresholds) -> str:
+    """What a metric's table shows, in a line."""
+    return {
+        "entropy": "mean entropy ÷ log(visible keys): 0 one-hot, 1 uniform",
+        "max_weight": "mean largest weight of a row",
+        "saturated": f"share of rows one-hot (max weight ≥ {sig(th.saturation)})",
+        "near_uniform": (
+            f"share of rows nearly uniform (entropy ≥ {sig(th.uniform)} of the maximum)"
+        ),
+        "fully_masked": "share of rows with no visible key",
+        "sink_mass": f"mean weight on key 0 (an attention sink above {sig(SINK_MASS)})",
+        "error": "RMS error of the expected output ÷ RMS of the reference (float64)",
+    }[metric]
+
+
+def _kind_titles(th: Thresholds) -> dict[str, str]:
+    fraction = f"{sig(100 * th.head_fraction)}%"
+    return {
+        "sink": f"attention sinks, mean weight on key 0 > {sig(SINK_MASS)}",
+        "dead": (
+            f"dead heads, nearly uniform on ≥ {fraction} of rows (the share shown) or max "
+            f"weight within {sig(100 * (FLAT_MAX_WEIGHT - 1))}% of 1/visible keys"
+        ),
+        "saturated": f"saturated heads, one-hot on ≥ {fraction} of rows (the share shown)",
+    }
+
+
+def row_labels(grid: ModelGrid, width: int) -> tuple[list[str], str, str | None]:
+    """The rows' labels, the label column's header, and a note on what was cut.
+
+    By layer when every case has one of its own; else by name, less the dotted parts
+    every name shares at either end (``model.layers.3.self_attn`` → ``3``), and a
+    label still longer than a third of ``width`` loses its start (``…``)."""
+    most = max(LABEL_MIN, width // LABEL_SHARE)
+    rows = grid.rows
+    layers = [r.layer for r in rows]
+    if rows and None not in layers and len(set(layers)) == len(rows):
+        return [str(layer) for layer in layers], "layer", None
+    labels = [r.name for r in rows]
+    note = None
+    parts = [x.split(".") for x in labels]
+    shortest = min((len(p) for p in parts), default=0)
+    head = tail = 0
+    if len(rows) > 1:
+        while head < shortest - 1 and len({p[head] for p in parts}) == 1:
+            head += 1
+        while tail < shortest - 1 - head and len({p[-1 - tail] for p in parts}) == 1:
+            tail += 1
+    if head or tail:
+        first = parts[0]
+        note = "case: " + ".".join([*first[:head], "‹case›", *first[len(first) - tail :]])
+        labels = [".".join(p[head : len(p) - tail]) for p in parts]
+    labels = [x if len(x) <= most else "…" + x[-(most - 1) :] for x in labels]
+    return labels, "case", note
+
+
+SHARES = ("saturated", "near_uniform", "fully_masked")
+"""Metrics that count rows: any that is not 0 is at least one row."""
+
+
+def cell_text(x: float, metric: str) -> str:
+    """A cell: ``—`` for no value (a head with no row to judge); the error in two
+    significant digits (``0.29``, ``1.6e-4``); a share or mean in two decimals, and
+    ``<0.01`` for a share that is not 0 but would read so (one fully masked row in
+    many; a mean that small is rounding, ``0.00``)."""
+    if math.isnan(x):
+        return "—"
+    if metric == "error":
+        if x != 0 and abs(x) < 0.01:
+            mantissa, _, exponent = f"{x:.1e}".partition("e")
+            return f"{mantissa}e{int(exponent)}"
+        return compact(x, 2)
+    if metric in SHARES and 0 < x < 0.005:
+        return "<0.01"
+    return f"{x:.{PRECISION}f}"
+
+
+def _cells(grid: ModelGrid, metric: str) -> tuple[list[list[str]], list[list[Text]]]:
+    """Each case's cell per head, as text and as styled text: blank where the case has
+    no such head (or no value), ``—`` where the head has no row to judge."""
+    values, present = grid.values(metric), grid.present(metric)
+    finite = values[present & np.isfinite(values)]
+    heat = float(np.abs(finite).max()) if finite.size else 0.0
+    texts: list[list[str]] = []
+    styled: list[list[Text]] = []
+    for vs, ps in zip(values, present, strict=True):
+        row_texts, row_cells = [], []
+        for x, p in zip(vs.tolist(), ps.tolist(), strict=True):
+            text = cell_text(x, metric) if p else ""
+            if not p:
+                cell = Text("")
+            elif math.isnan(x):
+                cell = Text(text, MUTED)
+            elif metric == "error":
+                cell = Text(text, cell_style(x, heat))
+            else:
+                cell = Text(text, cell_style(x, 1.0, weights=True))
+            row_texts.append(text)
+            row_cells.append(cell)
+        texts.append(row_texts)
+        styled.append(row_cells)
+    return texts, styled
+
+
+def grid_tables(grid: ModelGrid, metric: str, width: int) -> list[RenderableType]:
+    """One metric as heatmap tables: every head, as many per table as ``width`` allows."""
+    labels, header, _ = row_labels(grid, width)
+    texts, styled = _cells(grid, metric)
+    label_width = max([len(header), *(len(x) for x in labels)])
+    widths = [max([len(f"h{j}"), *(len(row[j]) for row in texts)]) for j in range(grid.heads)]
+    tables: list[RenderableType] = []
+    start = 0
+    while start < grid.heads:
+        n = fit_columns(widths[start:], label_width, grid.heads - start, width)
+        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+        table.add_column(header, style=THEME["label"], no_wrap=True, min_width=label_width)
+        for j in range(start, start + n):
+            table.add_column(f"h{j}", justify="right", no_wrap=True, min_width=widths[j])
+        for label, cells in zip(labels, styled, strict=True):
+            table.add_row(Text(label), *cells[start : start + n])
+        if tables:
+            tables.append(Text(""))
+        tables.append(table)
+        start += n
+    return tables
+
+
+def _notable_lines(grid: ModelGrid, width: int, max_listed: int) -> list[RenderableType]:
+    """The notable heads, kind by kind, a line per case (named in full):
+    ``model.layers.3.self_attn: h3 0.97, h5 0.88``."""
+    titles = _kind_titles(grid.thresholds)
+    parts: list[RenderableType] = []
+    for kind in NOTABLE_KINDS:
+        found = [n for n in grid.notable if n.kind == kind]
+        if not found:
+            continue
+        parts.append(note_text(f"{titles[kind]}: {plural(len(found), 'head')}", width))
+        by_case: dict[str, list[str]] = {}
+        for n in found[:max_listed]:
+            by_case.setdefault(n.case, []).append(f"h{n.head} {cell_text(n.value, kind)}")
+        for case, heads in by_case.items():
+            line = f"{case}: {', '.join(heads)}"
+            parts.append(note_text(line, width, indent=6, first=4))
+        if len(found) > max_listed:
+            more = len(found) - max_listed
+            parts.append(
+                note_text(f"… and {more} more (--format json lists every one)", width, indent=4)
+            )
+    if not parts:
+        parts.append(Text("  no attention sink, no dead head, no saturated head", THEME["good"]))
+    return parts
+
+
+def render_model(
+    grid: ModelGrid,
+    metrics: Sequence[str],
+    title: str,
+    width: int,
+    max_listed: int = 50,
+) -> RenderableType:
+    """The whole view: a title, each metric's tables (``metrics``, in order), the
+    notable heads (at most ``max_listed`` of each kind), the cases not read."""
+    n_read = sum(r.heads is not None for r in grid.rows)
+    head = Text(f"{title}\n", THEME["title"])
+    head.append(
+        f"{plural(len(grid.rows), 'case')} × {plural(grid.heads, 'query head')} · "
+        "each head's rows pooled over the batch",
+        MUTED,
+    )
+    _, _, label_note = row_labels(grid, width)
+    if label_note:
+        head.append(f"\n{label_note}", MUTED)
+    parts: list[RenderableType] = [head]
+    for metric in metrics:
+        parts += [Text(""), rule(metric, width)]
+        parts.append(note_text(metric_description(metric, grid.thresholds), width, style=MUTED))
+        parts.append(Text(""))
+        parts += grid_tables(grid, metric, width) if n_read else []
+        missing = [
+            r.name for r in grid.rows if r.heads is not None and metric not in r.heads.metrics
+        ]
+        if missing:
+            parts.append(note_text(f"no expect-output: {', '.join(missing)}", width, style=MUTED))
+    parts += [Text(""), rule("notable heads", width), *_notable_lines(grid, width, max_listed)]
+    unread = [r.name for r in grid.rows if r.heads is None]
+    if unread:
+        parts.append(Text(""))
+        parts.append(
+            note_text(
+                f"not read ({plural(len(unread), 'case')}; the errors above say why): "
+                + ", ".join(unread),
+                width,
+                indent=0,
+                style=THEME["note"],
+            )
+        )
+    return Group(*parts)
