@@ -81,7 +81,7 @@ class Export:
     """One kernel run as `sdpa check` reads it."""
 
     kernel: str  # torch-flash, torch-math, hf-llama, hf-mistral, hf-gemma2, jax-xla
-    dtype: str  # the kernel's format: float16 or bfloat16
+    dtype: str  # the kernel's format: float16, bfloat16 or float32
     case: str
     arrays: Mapping[str, Array]  # q, k, v, out, [lse], [mask], as saved
     flags: tuple[str, ...]
@@ -119,8 +119,8 @@ def saved(values: Any, dtype: str) -> Array:
 
 def round_to(values: F64, dtype: str) -> Array:
     """Float64 values rounded to the kernel's format, then stored as `saved` stores it."""
-    if dtype == "float16":
-        return values.astype(np.float16)
+    if dtype in ("float16", "float32"):
+        return values.astype(dtype)
     return values.astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
@@ -383,7 +383,7 @@ def torch_cases(seed: int = 17) -> list[Case]:
     return [
         _torch_case(backend, dtype, name, seed + i)
         for backend in TORCH_BACKENDS
-        for dtype in ("float16", "bfloat16")
+        for dtype in ("float16", "bfloat16", "float32")
         for i, name in enumerate(TORCH_CASES)
     ]
 
@@ -551,7 +551,7 @@ def _run_hf(family: str, dtype: str, layer: int, seed: int, bug: str | None) -> 
 def hf_cases(seed: int = 17) -> list[Case]:
     cases = []
     for family, spec in HF_MODELS.items():
-        for dtype in ("bfloat16", "float16"):
+        for dtype in ("bfloat16", "float16", "float32"):
             for layer, name in spec.layers.items():
                 bugs = [SCALE_DK]
                 if "sliding_window" in spec.extra and "sliding" in name:

@@ -98,7 +98,7 @@ def assert_attention_close(
     atol: float | None = None,
     reference: str | None = None,
     tolerance: str | None = None,
-    fudge: float = 2.0,
+    fudge: float | None = None,
     fail_on: tuple[str, ...] | list[str] | None = None,
     fail_on_severity: str | None = None,
     equal_nan: bool = False,

@@ -279,7 +279,13 @@ def _compare_finite(a: F64, r: F64, rtol: float, atol: float) -> Mismatch:
     )
 
 
-def measured_tolerance(reference: F64, naive: F64, export_dtype: str, fudge: float) -> Tolerance:
+MEASURED_FUDGE = 2.0
+"""``--tolerance measured``'s default factor, as PyTorch's ``get_tolerances``."""
+
+
+def measured_tolerance(
+    reference: F64, naive: F64, export_dtype: str, fudge: float | None
+) -> Tolerance:
     """PyTorch's ``get_tolerances``: how far the naive computation in the export's
     format strays from the reference, floored at the dtype defaults, times ``fudge``.
 
@@ -287,6 +293,7 @@ def measured_tolerance(reference: F64, naive: F64, export_dtype: str, fudge: flo
     reference) falls back to the default rtol, as PyTorch does.
     """
     rtol0, atol0 = DTYPE_TOLERANCES[export_dtype]
+    fudge = MEASURED_FUDGE if fudge is None else fudge
     ref = np.asarray(reference, dtype=np.float64)
     got = np.asarray(naive, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):

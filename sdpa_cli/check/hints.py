@@ -19,7 +19,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
+from sdpa_cli.check.compare import (
+    DTYPE_TOLERANCES,
+    MEASURED_FUDGE,
+    compare,
+    measured_tolerance,
+)
 from sdpa_cli.check.exports import (
     RUN_STAGES,
     Fitted,
@@ -191,7 +196,7 @@ def _tensor_alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alter
     if transposed is not None:
         label = (
             "Q, K, V and the output look like (B, L, H, E) (FlashAttention's layout): "
-            "transpose them to (B, H, L, E)"
+            "pass --layout bshd"
         )
         hint = f"{label}; the export matches the computation on them transposed"
         yield Alternative(label, hint, _traced(transposed, ref_format, _swap_middle))
@@ -232,7 +237,7 @@ def _transposed(spec: AttentionSpec) -> AttentionSpec | None:
     o = spec.options
     if o.heads is not None or spec.bias is not None or spec.mask is not None:
         return None
-    if any(len(spec.shapes.get(n, ())) != 4 for n in ("q", "k", "v")):
+    if o.layout != "bhsd" or any(len(spec.shapes.get(n, ())) != 4 for n in ("q", "k", "v")):
         return None
     try:
         swapped = build_spec(
@@ -433,7 +438,7 @@ def _tolerance_hints(
         if not compare(fitted[name].values, ref[name], tol.rtol, tol.atol).mismatched:
             hints[name] = (
                 f"it passes --tolerance measured (rtol {sig(tol.rtol, 3)}, atol {sig(tol.atol, 3)}): "
-                f"no worse than the naive {export} computation ×{sig(settings.fudge, 6)}, "
+                f"no worse than the naive {export} computation ×{sig(settings.fudge or MEASURED_FUDGE, 6)}, "
                 "as PyTorch's kernel tests judge"
             )
     return hints

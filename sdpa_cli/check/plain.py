@@ -31,9 +31,9 @@ def needed_rows(
     reference: Mapping[str, F64],
     judgement: Judgement,
 ) -> NDArray[np.bool_]:
-    """``(*lead, L)``: the query rows whose output or LSE the rule cannot pass without
-    the plain computation (``reference`` holds the reference's output in the engine's
-    layout and its LSE)."""
+    """``(*lead, L)``: the query rows the rule needs the plain computation for: every
+    row of a slice where one row's output or LSE cannot pass without it (``reference``
+    holds the reference's output in the engine's layout and its LSE)."""
     need = np.zeros((*spec.lead, spec.L), dtype=np.bool_)
     if "output" in fitted:
         f = fitted["output"]
@@ -41,6 +41,8 @@ def needed_rows(
         need |= needs_plain(values, reference["output"], judgement, rows=True, slices=2)
     if "lse" in fitted:
         need |= needs_plain(fitted["lse"].values, reference["lse"], judgement, rows=False, slices=1)
+    # the rule reads the plain computation's largest error over a whole slice
+    need |= need.any(axis=-1, keepdims=True)
     return need
 
 

@@ -7,9 +7,12 @@ strays (the emulation ``--dtype`` runs: inputs, scores and output in the format,
 softmax and accumulation in float32, as Hugging Face's eager attention computes).
 Element by element, an export passes when
 
-    |export − reference| ≤ factor · max(|plain − reference|, floor)
+    |export − reference| ≤ factor · max(max over its slice of |plain − reference|, floor)
 
-where the floor is ``FLOOR_ULPS`` unit in the last place of the format at the
+(the plain computation's largest error in the element's (batch, head) slice, as the
+FlashAttention tests compare the largest errors: the kernel's errors and the plain
+computation's are rounding of different sums, so element by element, or even row
+by row in float32, either may be the larger), where the floor is ``FLOOR_ULPS`` unit in the last place of the format at the
 output row's scale (the largest |reference| of the row): where the plain
 computation happens to land exactly on the reference, a faithful kernel may still
 round differently. Per (batch, head) slice the mean signed error must also stay
@@ -38,9 +41,23 @@ from sdpa_cli.engine.types import F64
 from sdpa_cli.text import ceil_sig, format_index, percent, plural, sig
 
 FACTOR = 2.0
-"""How much worse than the plain computation an element may be (``--fudge``)."""
+"""How much worse than the plain computation an element may be (``--fudge``), in the
+16- and 8-bit formats: there the plain computation rounds its logits and weights to
+the format, which kernels accumulating in float32 do not, so a faithful kernel's error
+is well under it (0.25 to 1 of it, measured), and twice is a margin."""
 
-FLOOR_ULPS = 1.0
+FACTORS = {"float32": 4.0}
+"""The factor where it differs: in float32 a kernel's errors and the plain
+computation's are the same kind (the rounding of sums taken in other orders), and
+their largest per slice differ by up to 2.1×, measured on PyTorch's kernels."""
+
+
+def factor_for(export: str, fudge: float | None) -> float:
+    """``--fudge`` when given, else the export format's factor."""
+    return fudge if fudge is not None else FACTORS.get(export, FACTOR)
+
+
+FLOOR_ULPS = 2.0
 """The floor of each element's allowance, in units in the last place of the format at
 the row's scale."""
 
@@ -73,8 +90,8 @@ class Judgement:
     def tolerance(self) -> Tolerance:
         """The rule as the report names it (no single rtol/atol: 0 and 0)."""
         source = (
-            f"kernel: ≤ {sig(self.factor, 6)}× the plain {self.export} computation's error, "
-            f"floor {sig(self.floor_ulps, 6)} ulp of the row's scale"
+            f"kernel: ≤ {sig(self.factor, 6)}× the plain {self.export} computation's largest "
+            f"error in the (batch, head) slice, floor {sig(self.floor_ulps, 6)} ulp of the row's scale"
         )
         return Tolerance(0.0, 0.0, source, factor=self.factor)
 
@@ -274,12 +291,12 @@ def relative_check(
         known = finite & np.isfinite(p)
         plain_err = np.where(known, p - r, 0.0)
         floor = _floor(r, rows, judgement)
-        # ratio = |err| / (factor · max(|plain err|, floor)), in place; err is 0 where
-        # a side is not finite, so the ratio is 0 there
-        ratio = np.abs(plain_err)
-        np.maximum(ratio, floor, out=ratio)
-        ratio *= judgement.factor
-        np.divide(np.abs(err), ratio, out=ratio)
+        # ratio = |err| / (factor · max(the slice's largest |plain err|, floor)); err
+        # is 0 where a side is not finite, so the ratio is 0 there
+        axes = tuple(range(-min(slices, plain_err.ndim), 0)) if plain_err.ndim else None
+        row_plain = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
+        ratio = np.abs(err)
+        ratio /= judgement.factor * np.maximum(row_plain, floor)
     count = int(np.count_nonzero(ratio > 1.0))
     need = float(np.max(ratio, initial=0.0)) * judgement.factor
     shifted, shift_ratio = _shifted_slices(err, plain_err, floor, finite, slices, judgement.factor)
@@ -362,8 +379,8 @@ def _summary(
     if m.mismatched:
         parts.append(
             f"{m.mismatched:,} of {m.total:,} ({percent(m.fraction)}) beyond "
-            f"{sig(judgement.factor, 6)}× the plain computation's error (would pass at "
-            f"{ceil_sig(need)}×)"
+            f"{sig(judgement.factor, 6)}× the plain computation's largest error in their slice (would "
+            f"pass at {ceil_sig(need)}×)"
         )
     if shifted:
         i, mean, allowed = shifted[0]
@@ -378,7 +395,10 @@ def _summary(
             f"{judgement.export} computation needed); {errors}"
         )
     if not parts:
-        return f"all {m.total:,} within {sig(judgement.factor, 6)}× the plain computation's error; {errors}"
+        return (
+            f"all {m.total:,} within {sig(judgement.factor, 6)}× the plain computation's "
+            f"largest error; {errors}"
+        )
     return "; ".join(parts) + f"; {errors}"
 
 

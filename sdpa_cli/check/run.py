@@ -45,7 +45,13 @@ from sdpa_cli.check.gate import finding_checks, gated_kinds
 from sdpa_cli.check.hints import with_hints
 from sdpa_cli.check.plain import needed_rows, plain_values
 from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
-from sdpa_cli.check.relative import Judgement, error_limit_check, error_stats, relative_check
+from sdpa_cli.check.relative import (
+    Judgement,
+    error_limit_check,
+    error_stats,
+    factor_for,
+    relative_check,
+)
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
@@ -368,7 +374,7 @@ def _compared_with(
         tols[name] = _tolerance(settings, export, ref[name], naive)
     judgement = plain = None
     if settings.tolerance == "kernel" and naive_spec is not None:
-        judgement = Judgement(export, factor=settings.fudge)
+        judgement = Judgement(export, factor=factor_for(export, settings.fudge))
         need = needed_rows(spec, fitted, found.reference, judgement)
         plain = plain_values(naive_spec, fitted, need)
     support = None

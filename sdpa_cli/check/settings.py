@@ -198,7 +198,9 @@ class CheckSettings:
     fixed defaults of :data:`~sdpa_cli.check.compare.DTYPE_TOLERANCES`; ``measured``:
     PyTorch's ``get_tolerances`` (one rtol and atol from the plain computation's
     largest errors, times ``fudge``)."""
-    fudge: float = 2.0
+    fudge: float | None = None
+    """The factor on the plain computation's error (default 2, 4 for a float32 export;
+    2 for ``measured``)."""
     fail_on: tuple[str, ...] | None = None
     """Finding kinds that fail the run; default :data:`DEFAULT_GATE` without
     expectations, none with them."""

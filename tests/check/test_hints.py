@@ -178,7 +178,7 @@ def test_a_window_with_nothing_on_the_left_is_not_narrowed() -> None:
 
 def test_the_layout_alternative_needs_four_dimensional_q_k_v_without_a_mask() -> None:
     q4, q3 = normal(1, 2, 5, 3, 4), normal(1, 5, 3, 4)
-    layout = "Q, K, V and the output look like (B, L, H, E) (FlashAttention's layout): transpose them to (B, H, L, E)"
+    layout = "Q, K, V and the output look like (B, L, H, E) (FlashAttention's layout): pass --layout bshd"
     assert layout in labels(spec_of(q4, q4, q4))
     assert layout not in labels(spec_of(q3, q3, q3))
     assert layout not in labels(spec_of(q4, q4, q4, mask=np.ones((3, 3), dtype=np.bool_)))
@@ -264,7 +264,7 @@ def flash_layout() -> Case:
     q, k, v = normal(1, 2, 3, 5, 4), normal(2, 2, 3, 5, 4), normal(3, 2, 3, 5, 2)
     out = attention(q, k, v, causal=True).output
     files = [np.swapaxes(a, 1, 2) for a in (q, k, v)]
-    fix = "transpose them to (B, H, L, E)"
+    fix = "pass --layout bshd"
     return spec_of(*files, causal=True), np.swapaxes(out, 1, 2), fix
 
 

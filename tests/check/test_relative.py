@@ -64,11 +64,14 @@ def test_an_export_no_worse_than_the_plain_computation_passes() -> None:
     assert judged(export, ref, plain, factor=1000.0).status == "pass"
 
 
-def test_an_element_three_times_the_plain_error_fails_there() -> None:
+def test_an_element_three_times_the_slices_largest_plain_error_fails_there() -> None:
+    """Each element is allowed twice the plain computation's largest error in its
+    (batch, head) slice: one element three times it fails, and is named."""
     _, ref, plain = noisy_case()
     export = ref + 0.5 * (plain - ref)
     at = (0, 2, 10, 3)
-    export[at] = ref[at] + 3.0 * (plain[at] - ref[at])
+    largest = float(np.max(np.abs(plain[0, 2] - ref[0, 2])))
+    export[at] = ref[at] + 3.0 * largest
     c = judged(export, ref, plain, floor_ulps=0.0)
     assert c.status == "fail"
     assert c.mismatch is not None
@@ -76,20 +79,22 @@ def test_an_element_three_times_the_plain_error_fails_there() -> None:
     assert c.mismatch.worst_at == at
     assert c.details["factor_needed"] == pytest.approx(3.0)
     assert "would pass at 3×" in c.summary
+    export[at] = ref[at] + 1.9 * largest  # within twice the slice's largest
+    assert judged(export, ref, plain, floor_ulps=0.0).status == "pass"
 
 
 def test_the_floor_admits_an_element_the_plain_computation_got_exactly() -> None:
     """Where the plain computation lands on the reference, an element may still be a
-    floor (1 float16 ulp at the row's scale, 2**-10 at 1.0) times the factor off."""
+    floor (2 float16 ulp at the row's scale, 2**-10 each at 1.0) times the factor off."""
     ref = np.full((1, 1, 2, 4), 1.0)
     plain = ref.copy()  # exact by chance
     one_off = ref.copy()
-    one_off[0, 0, 1, 2] += 2 * 2.0**-10
+    one_off[0, 0, 1, 2] += 4 * 2.0**-10
     assert judged(one_off, ref, plain).status == "pass"
     one_off[0, 0, 1, 2] += 2.0**-10
     assert judged(one_off, ref, plain).status == "fail"
-    # every element one ulp off the same way is a shift, not rounding
-    c = judged(ref + 2.0**-10, ref, plain)
+    # every element two ulp off the same way is a shift, not rounding
+    c = judged(ref + 2 * 2.0**-10, ref, plain)
     assert c.status == "fail"
     assert c.mismatch is not None
     assert c.mismatch.mismatched == 0
@@ -103,8 +108,7 @@ def test_a_head_shifted_by_twice_its_rounding_error_is_named() -> None:
     export[0, 1] += 2 * rms
     c = judged(export, ref, plain)
     assert c.mismatch is not None
-    assert c.mismatch.worst_at is not None
-    assert c.mismatch.worst_at[:2] == (0, 1)  # the elements beyond are that head's
+    assert c.mismatch.mismatched == 0  # every element within twice the largest plain error
     assert c.status == "fail"
     assert [s["index"] for s in c.details["shifted_slices"]] == [[0, 1]]
     assert c.details["shifted_slices"][0]["mean_error"] == pytest.approx(2 * rms, rel=0.05)
