@@ -275,8 +275,8 @@ def _import_torch() -> Any:
 
 def _remove_capture(folder: Path) -> None:
     """An earlier capture's files, and nothing else: ``manifest.yaml``, ``calls.yaml``
-    and the ``.safetensors`` files of ``tensors/`` (the folder itself when it is then
-    empty). Anything else there stops the replacement, untouched.
+    and the ``.safetensors`` and ``.yaml`` files of ``tensors/`` (the folder itself when
+    it is then empty). Anything else there stops the replacement, untouched.
 
     Raises:
         InputError: something else is in ``tensors/``, or a file cannot be removed.
@@ -287,7 +287,7 @@ def _remove_capture(folder: Path) -> None:
     others = [
         p
         for p in (tensors.iterdir() if tensors.exists() else ())
-        if p.suffix != ".safetensors" or not p.is_file() or p.is_symlink()
+        if p.suffix not in (".safetensors", ".yaml") or not p.is_file() or p.is_symlink()
     ]
     if others:
         raise InputError(

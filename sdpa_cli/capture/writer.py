@@ -162,6 +162,24 @@ def manifest_case(
     return entry
 
 
+def case_file(entry: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A manifest entry as a case file beside its tensors (``tensors/NAME.yaml``), which
+    ``sdpa compute``, ``explain`` and ``grad`` take alone: its path relative to the
+    capture's folder, and its contents (the tensors relative to it, the options, the
+    description; no expectations)."""
+    tensor_file, _, _ = str(entry["q"]).rpartition(":")
+    folder, _, file_name = tensor_file.rpartition("/")
+    data: dict[str, Any] = {"description": f"{entry['name']}: {entry['description']}"}
+    for key, value in entry.items():
+        if key in ("name", "description") or key.startswith("expect-"):
+            continue
+        if key in TENSOR_KEYS.values():
+            data[key] = str(value).removeprefix(f"{folder}/")
+        else:
+            data[key] = value
+    return f"{folder}/{file_name.removesuffix('.safetensors')}.yaml", data
+
+
 MANIFEST_HEADER = """\
 # Written by sdpa capture: every attention call recorded, one case each.
 # Check them all:  sdpa check --manifest {manifest}
@@ -171,11 +189,18 @@ MANIFEST_HEADER = """\
 """
 
 
+CASE_HEADER = """\
+# Written by sdpa capture: one attention call, as a case file that sdpa compute,
+# explain and grad take alone (sdpa compute THIS.yaml).
+"""
+
+
 def write_documents(
     folder: Path, cases: list[dict[str, Any]], calls: list[dict[str, Any]], counts: str
 ) -> Path | None:
-    """``manifest.yaml`` (when a case was recorded) and ``calls.yaml``, atomically, all
-    or none; the manifest's path, or None when none was written."""
+    """``manifest.yaml`` and a case file per case (when a case was recorded) and
+    ``calls.yaml``, atomically, all or none; the manifest's path, or None when none
+    was written."""
     import yaml  # imported here: only a capture's end needs it
 
     def dump(data: Any) -> bytes:
@@ -192,6 +217,9 @@ def write_documents(
     if cases:
         header = MANIFEST_HEADER.format(manifest=manifest, counts=counts)
         files.insert(0, (manifest, header.encode() + dump({"cases": cases})))
+        for entry in cases:
+            path, data = case_file(entry)
+            files.append((folder / path, CASE_HEADER.encode() + dump(data)))
     write_all_atomic([(path, _writes(data)) for path, data in files])
     return manifest if cases else None
 

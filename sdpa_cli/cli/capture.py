@@ -66,9 +66,10 @@ def capture(
     The program runs in this process, as python would run it (sys.argv, __main__).
     Every call of torch.nn.functional.scaled_dot_product_attention and of Hugging
     Face transformers' eager attention becomes DIR/tensors/NNNNN-NAME.safetensors
-    (q, k, v, mask, output, weights) and a case of DIR/manifest.yaml, named by the
-    module it came from (model.layers.3.self_attn). Then check them all with sdpa
-    check --manifest DIR/manifest.yaml. The program's outputs are unchanged, and its
+    (q, k, v, mask, output, weights), a case of DIR/manifest.yaml named by the
+    module it came from (model.layers.3.self_attn), and a case file beside its
+    tensors (DIR/tensors/NNNNN-NAME.yaml) that sdpa compute, explain and grad take
+    alone. Then check them all with sdpa check --manifest DIR/manifest.yaml. The program's outputs are unchanged, and its
     exit code is sdpa's. Needs PyTorch: pip install 'sdpa-cli[torch]'.
 
     \b

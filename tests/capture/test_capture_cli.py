@@ -53,6 +53,28 @@ def test_a_script_runs_under_the_capture_and_its_calls_pass_check(script: Path) 
     assert checked.exit_code == 0, checked.output
 
 
+def test_each_call_is_also_a_case_file_compute_takes_alone(script: Path) -> None:
+    """tensors/NNNNN-NAME.yaml beside each call's tensors: sdpa compute reads it alone
+    and gives the output the bfloat16 kernel gave (to bfloat16 rounding)."""
+    import json
+
+    import numpy as np
+
+    from sdpa_cli.files.loaders import load_array
+
+    assert invoke("capture", "--out", "run", "attend.py", "2", "0").exit_code == 0
+    case = Path("run/tensors/00001-call-1.yaml")
+    assert case.exists()
+    data = yaml.safe_load(case.read_text())
+    assert data["q"] == "00001-call-1.safetensors:q"
+    assert not any(key.startswith("expect") for key in data)
+    result = invoke("compute", str(case), "--stages", "output", "--format", "json")
+    assert result.exit_code == 0, result.output
+    got = np.array(json.loads(result.stdout)["output"])
+    kernel = load_array("run/tensors/00001-call-1.safetensors:output")
+    np.testing.assert_allclose(got, kernel, rtol=2**-7, atol=2**-9)
+
+
 def test_the_script_s_exit_code_passes_through_with_the_bounds(script: Path) -> None:
     result = invoke(
         "capture", "--out", "run", "--every", "2", "--max-calls", "2", "--", "attend.py", "7", "3"
@@ -171,7 +193,7 @@ def test_replace_swaps_an_earlier_capture_for_the_new_one(script: Path) -> None:
     assert result.exit_code == 0, result.output
     cases = yaml.safe_load(Path("run/manifest.yaml").read_text())["cases"]
     assert [c["name"] for c in cases] == ["call-1"]
-    assert len(list(Path("run/tensors").iterdir())) == 1
+    assert len(list(Path("run/tensors").glob("*.safetensors"))) == 1
     assert Path("run/notes.txt").read_text() == "mine"  # not the capture's: kept
 
 
