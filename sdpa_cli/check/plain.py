@@ -48,11 +48,16 @@ def needed_rows(
 
 def plain_values(
     naive: AttentionSpec, fitted: Mapping[str, Fitted], need: NDArray[np.bool_]
-) -> dict[str, F64]:
+) -> dict[str, F64 | None]:
     """The plain computation's value of each export, in the export's layout: the output
     and the LSE for the row blocks holding a needed row (NaN elsewhere), the weights
-    whole (a weights export holds as many numbers itself)."""
-    out: dict[str, F64] = {}
+    whole (a weights export holds as many numbers itself); None for the output and the
+    LSE when no row needs it."""
+    out: dict[str, F64 | None] = {}
+    if not need.any():  # nothing needed: no array of NaN the size of the output
+        for name in fitted:
+            out[name] = None if name != "weights" else _weights(naive)
+        return out
     output = np.full(naive.output_shape, np.nan)
     lse = np.full((*naive.lead, naive.L), np.nan)
     step = block_rows(naive)
@@ -73,5 +78,10 @@ def plain_values(
         elif name == "lse":
             out[name] = lse
         else:
-            out[name] = tensor_values(trace(naive, RUN_STAGES, gather_stats=False), name)
+            out[name] = _weights(naive)
     return out
+
+
+def _weights(naive: AttentionSpec) -> F64:
+    """The plain computation's weights, whole."""
+    return tensor_values(trace(naive, RUN_STAGES, gather_stats=False), "weights")

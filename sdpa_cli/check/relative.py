@@ -34,9 +34,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import Tolerance, compare
+from sdpa_cli.check.error_stats import ErrorFigures, by_slice, slice_blocks
 from sdpa_cli.check.records import Check
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.types import F64
 from sdpa_cli.text import ceil_sig, format_index, percent, plural, sig
 
@@ -64,18 +64,6 @@ the row's scale."""
 MEAN_SHARE = 0.1
 """A slice's mean signed error may reach this share of the plain computation's RMS
 error (plus six standard errors of the mean) before the slice is called shifted."""
-
-STATS_QUANTILES = {"median": 0.5, "p90": 0.9, "p99": 0.99}
-
-ERROR_STATS = (
-    *(
-        f"{kind}_{stat}"
-        for kind in ("abs", "rel")
-        for stat in ("mean", "median", "p90", "p99", "max")
-    ),
-    "cosine_min",
-)
-"""What ``--max-error`` may limit: each at most its value, ``cosine_min`` at least."""
 
 
 @dataclass(frozen=True)
@@ -121,40 +109,6 @@ def _floor(reference: F64, rows: bool, judgement: Judgement) -> F64:
     if not rows:  # an LSE is m + log Σ: its rounding is at the scale of its terms, ≥ 1
         mags = np.maximum(mags, 1.0)
     return judgement.floor_ulps * ulp(mags, judgement.export)
-
-
-def error_stats(actual: F64, reference: F64, slices: int) -> dict[str, Any]:
-    """Polygraphy's error statistics over the finite pairs: mean, median, p90, p99
-    and max of the absolute and the relative error, and per (batch, head) slice
-    (the leading axes but the last ``slices``) the cosine similarity."""
-    a = np.asarray(actual, dtype=np.float64)
-    r = np.asarray(reference, dtype=np.float64)
-    finite = np.isfinite(a) & np.isfinite(r)
-    every = bool(finite.all())
-    diff = np.abs(a - r).ravel() if every else np.abs(a - r)[finite]
-    mag = np.abs(r).ravel() if every else np.abs(r)[finite]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.divide(diff, mag, out=np.zeros_like(diff), where=mag > 0)
-        rel[(mag == 0) & (diff > 0)] = np.inf  # a zero reference missed by anything
-    out: dict[str, Any] = {}
-    for kind, values in (("abs", diff), ("rel", rel)):
-        figures = {"mean": float(np.mean(values)) if values.size else 0.0}
-        qs = np.quantile(values, list(STATS_QUANTILES.values())) if values.size else None
-        for i, label in enumerate(STATS_QUANTILES):
-            figures[label] = float(qs[i]) if qs is not None else 0.0
-        figures["max"] = float(np.max(values, initial=0.0))
-        out[kind] = figures
-    lead = a.shape[: a.ndim - slices] if a.ndim > slices else ()
-    aa = a if every else np.where(finite, a, 0.0)
-    rr = r if every else np.where(finite, r, 0.0)
-    aa, rr = (x.reshape((*lead, -1)) if lead else x.reshape((1, -1)) for x in (aa, rr))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dot = np.einsum("...i,...i->...", aa, rr)
-        norms = np.linalg.norm(aa, axis=-1) * np.linalg.norm(rr, axis=-1)
-        cos = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), 1.0)
-    worst = argmax_index(-cos) if cos.size else ()
-    out["cosine"] = {"min": float(np.min(cos, initial=1.0)), "min_at": list(worst)}
-    return out
 
 
 def _by_slice(
@@ -219,20 +173,26 @@ def needs_plain(
     allowance is at least ``factor`` × the floor for each element, and six standard
     errors for a slice's mean: a row whose every element, and whose slice, passes that
     passes the rule whatever the plain computation's error, so a faithful kernel's
-    export rarely needs the plain computation at all."""
-    a = np.asarray(actual, dtype=np.float64)
-    r = np.asarray(reference, dtype=np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        finite = np.isfinite(a) & np.isfinite(r)
-        err = np.where(finite, a - r, 0.0)
-        floor = _floor(r, rows, judgement)
-        beyond = finite & (np.abs(err) > judgement.factor * floor)
-    need: NDArray[np.bool_] = np.array(beyond.any(axis=-1) if rows else beyond)
-    zero = np.zeros_like(err)
-    shifted, _ = _shifted_slices(err, zero, floor, finite, slices, judgement.factor)
-    for idx, _, _ in shifted:
-        need[idx] = True  # a slice's shift is judged against its whole plain computation
-    return need
+    export rarely needs the plain computation at all. Read a block of slices at a time."""
+    a_view, r_view = by_slice(actual, slices), by_slice(reference, slices)
+    shape = np.shape(actual)[:-1] if rows else np.shape(actual)
+    need = np.zeros((len(a_view), *a_view.shape[1:][: -1 if rows else None]), dtype=np.bool_)
+    for at in slice_blocks(len(a_view), math.prod(a_view.shape[1:])):
+        a = np.asarray(a_view[at], dtype=np.float64)
+        r = np.asarray(r_view[at], dtype=np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            finite = np.isfinite(a) & np.isfinite(r)
+            err = np.where(finite, a - r, 0.0)
+            floor = _floor(r, rows, judgement)
+            beyond = np.abs(err) > judgement.factor * floor
+        block: NDArray[np.bool_] = np.array(beyond.any(axis=-1) if rows else beyond)
+        shifted, _ = _shifted_slices(
+            err, np.zeros_like(err), floor, finite, slices, judgement.factor
+        )
+        for (k, *_rest), _, _ in shifted:
+            block[k] = True  # a slice's shift is judged against its whole plain computation
+        need[at] = block
+    return need.reshape(shape)
 
 
 OUTLIER_RATIO = 8.0
@@ -240,16 +200,10 @@ OUTLIER_RATIO = 8.0
 (slice's), and more than the factor times its own plain computation's."""
 
 
-def outliers(
-    err: F64, plain_err: F64, finite: NDArray[np.bool_], axes: int, factor: float
-) -> tuple[list[dict[str, Any]], int]:
-    """The rows (``axes`` = 1) or (batch, head) slices (``axes`` = 2) whose error is far
-    above the others' (:data:`OUTLIER_RATIO`), worst first, at most five, and how many
-    there are: real bugs live in one head or one row."""
-    if err.ndim <= axes:
-        return [], 0
-    n, (e, p) = _by_slice(finite, axes, err, plain_err)
-    rms, plain_rms = _rms(e, n), _rms(p, n)
+def outliers(rms: F64, plain_rms: F64, factor: float) -> tuple[list[dict[str, Any]], int]:
+    """The rows or (batch, head) slices (``rms``, their RMS errors, any shape) whose
+    error is far above the others' (:data:`OUTLIER_RATIO`), worst first, at most five,
+    and how many there are: real bugs live in one head or one row."""
     median = float(np.median(rms)) if rms.size else 0.0
     far = (rms > OUTLIER_RATIO * median) & (rms > factor * plain_rms)
     order = sorted(zip(*np.nonzero(far), strict=True), key=lambda at: -float(rms[at]))
@@ -264,11 +218,25 @@ def outliers(
     return named, len(order)
 
 
+@dataclass
+class _Tally:
+    """What the blocks of one export add up to under the rule."""
+
+    beyond: int = 0
+    ratio: float = 0.0
+    worst: tuple[int, ...] | None = None
+    shift_ratio: float = 0.0
+    squares: float = 0.0
+    plain_squares: float = 0.0
+    finite: int = 0
+    known: int = 0
+
+
 def relative_check(
     name: str,
     actual: F64,
     reference: F64,
-    plain: F64,
+    plain: F64 | None,
     judgement: Judgement,
     label: str,
     equal_nan: bool,
@@ -276,56 +244,103 @@ def relative_check(
     rows: bool,
     slices: int,
 ) -> Check:
-    """``name.close`` under the kernel-relative rule (the module's docstring).
+    """``name.close`` under the kernel-relative rule (the module's docstring), read a
+    block of slices at a time (``plain`` None: not needed anywhere).
 
     ``rows``: judge each element at its row's scale (last axis); ``slices``: the
-    trailing axes of one (batch, head) slice (2 for the output, 1 for the LSE)."""
+    trailing axes of one (batch, head) slice (2 for the output, 1 for the LSE);
+    ``plain`` is NaN where the plain computation was not needed (:func:`needs_plain`)."""
     m = compare(actual, reference, 0.0, math.inf, equal_nan=equal_nan)  # non-finite only
-    a = np.asarray(actual, dtype=np.float64)
-    r = np.asarray(reference, dtype=np.float64)
-    p = np.asarray(plain, dtype=np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        finite = np.isfinite(a) & np.isfinite(r)
-        err = np.where(finite, a - r, 0.0)
-        # NaN: the plain computation was not needed there (needs_plain)
-        known = finite & np.isfinite(p)
-        plain_err = np.where(known, p - r, 0.0)
-        floor = _floor(r, rows, judgement)
-        # ratio = |err| / (factor · max(the slice's largest |plain err|, floor)); err
-        # is 0 where a side is not finite, so the ratio is 0 there
-        axes = tuple(range(-min(slices, plain_err.ndim), 0)) if plain_err.ndim else None
-        row_plain = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
-        ratio = np.abs(err)
-        ratio /= judgement.factor * np.maximum(row_plain, floor)
-    count = int(np.count_nonzero(ratio > 1.0))
-    need = float(np.max(ratio, initial=0.0)) * judgement.factor
-    shifted, shift_ratio = _shifted_slices(err, plain_err, floor, finite, slices, judgement.factor)
+    a_view, r_view = by_slice(actual, slices), by_slice(reference, slices)
+    p_view = None if plain is None else by_slice(plain, slices)
+    lead = tuple(np.shape(actual)[: max(np.ndim(actual) - slices, 0)])
+    tail = a_view.shape[1:]
+    n = len(a_view)
+    figures = ErrorFigures(a_view.size, n)
+    tally = _Tally()
+    shifted: list[tuple[tuple[int, ...], float, float]] = []
+    slice_rms, slice_plain = np.zeros(n), np.zeros(n)
+    row_rms = np.zeros((n, *tail[:-1])) if slices > 1 else np.zeros(0)
+    row_plain = np.zeros_like(row_rms)
+
+    def index(k: int, within: tuple[int, ...] = ()) -> tuple[int, ...]:
+        head = tuple(int(i) for i in np.unravel_index(k, lead)) if lead else ()
+        return (*head, *within)
+
+    for at in slice_blocks(n, math.prod(tail)):
+        a = np.asarray(a_view[at], dtype=np.float64)
+        r = np.asarray(r_view[at], dtype=np.float64)
+        p = np.full(a.shape, np.nan) if p_view is None else np.asarray(p_view[at], np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            finite = np.isfinite(a) & np.isfinite(r)
+            err = np.where(finite, a - r, 0.0)
+            known = finite & np.isfinite(p)  # NaN: the plain computation was not needed
+            plain_err = np.where(known, p - r, 0.0)
+            floor = _floor(r, rows, judgement)
+            # |err| / (factor · max(the slice's largest |plain err|, floor)); err is 0
+            # where a side is not finite, so the ratio is 0 there
+            axes = tuple(range(1, err.ndim))
+            largest = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
+            ratio = np.abs(err)
+            ratio /= judgement.factor * np.maximum(largest, floor)
+        tally.beyond += int(np.count_nonzero(ratio > 1.0))
+        top = float(np.max(ratio, initial=0.0))
+        if top > tally.ratio:
+            local = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+            tally.ratio, tally.worst = (
+                top,
+                index(at.start + int(local[0]), tuple(int(i) for i in local[1:])),
+            )
+        found, most = _shifted_slices(err, plain_err, floor, finite, slices, judgement.factor)
+        shifted += [(index(at.start + k[0]), mean, allowed) for k, mean, allowed in found]
+        tally.shift_ratio = max(tally.shift_ratio, most)
+        counts = np.maximum(finite.reshape(len(a), -1).sum(axis=1), 1)
+        slice_rms[at] = _rms(err.reshape(len(a), -1), counts)
+        slice_plain[at] = _rms(plain_err.reshape(len(a), -1), counts)
+        if slices > 1:
+            per_row = np.maximum(finite.sum(axis=-1), 1)
+            row_rms[at] = _rms(err, per_row)
+            row_plain[at] = _rms(plain_err, per_row)
+        flat_err, flat_plain = err.ravel(), plain_err.ravel()
+        tally.squares += float(flat_err @ flat_err)
+        tally.plain_squares += float(flat_plain @ flat_plain)
+        tally.finite += int(finite.sum())
+        tally.known += int(known.sum())
+        figures.add(at, a, r, finite)
+
+    need = tally.ratio * judgement.factor
     worst_at = m.worst_at
-    if worst_at is None and count:
-        worst_at = argmax_index(ratio)
+    if worst_at is None and tally.beyond:
+        worst_at = tally.worst
+    a_full, r_full = np.asarray(actual), np.asarray(reference)
     mismatch = replace(
         m,
-        mismatched=m.mismatched + count,
+        mismatched=m.mismatched + tally.beyond,
         worst_at=worst_at,
-        worst_actual=None if worst_at is None else float(a[worst_at]),
-        worst_reference=None if worst_at is None else float(r[worst_at]),
+        worst_actual=None if worst_at is None else float(a_full[worst_at]),
+        worst_reference=None if worst_at is None else float(r_full[worst_at]),
         passing_atol=None,
         passing_rtol=None,
         passing_factor=need,
     )
-    bad_slices, _ = outliers(err, plain_err, finite, slices, judgement.factor)
-    bad_rows, n_rows = (
-        outliers(err, plain_err, finite, slices - 1, judgement.factor) if slices > 1 else ([], 0)
+    bad_slices, _ = outliers(
+        slice_rms.reshape(lead or (1,)), slice_plain.reshape(lead or (1,)), judgement.factor
     )
-    stats = error_stats(a, r, slices)
-    plain_rms = float(np.sqrt(np.mean(plain_err[known] ** 2))) if known.any() else None
-    rms = float(np.sqrt(np.mean(err[finite] ** 2))) if finite.any() else 0.0
+    bad_rows: list[dict[str, Any]] = []
+    n_rows = 0
+    if slices > 1:
+        shape = (*lead, *tail[:-1]) if lead else (1, *tail[:-1])
+        bad_rows, n_rows = outliers(
+            row_rms.reshape(shape), row_plain.reshape(shape), judgement.factor
+        )
+    plain_rms = math.sqrt(tally.plain_squares / tally.known) if tally.known else None
+    rms = math.sqrt(tally.squares / tally.finite) if tally.finite else 0.0
     details: dict[str, Any] = {
-        "error_stats": stats,
+        "error_stats": figures.figures(lead),
         "plain_rms_error": plain_rms,
         "rms_error": rms,
         "factor_needed": need,
-        "shift_ratio": shift_ratio,
+        "shift_ratio": tally.shift_ratio,
         "outlier_slices": bad_slices,
         "outlier_rows": bad_rows,
         "shifted_slices": [
@@ -333,7 +348,7 @@ def relative_check(
         ],
     }
     failed = bool(mismatch.mismatched or shifted)
-    summary = _summary(mismatch, count, need, rms, plain_rms, shifted, judgement)
+    summary = _summary(mismatch, tally.beyond, need, rms, plain_rms, shifted, judgement)
     if failed:
         # A few rows name the bug better than their slice; many rows, the slice.
         by_row = bool(bad_rows) and (n_rows <= len(bad_rows) or not bad_slices)
@@ -400,35 +415,3 @@ def _summary(
             f"largest error; {errors}"
         )
     return "; ".join(parts) + f"; {errors}"
-
-
-def stat_value(stats: dict[str, Any], name: str) -> float:
-    """One of :data:`ERROR_STATS` read from :func:`error_stats`' figures."""
-    kind, stat = name.split("_", 1)
-    return float(stats[kind][stat])
-
-
-def error_limit_check(
-    name: str, stats: dict[str, Any], limits: tuple[tuple[str, float], ...], label: str
-) -> Check:
-    """``name.error``: the error statistics against ``--max-error``'s limits (each at
-    most its value; ``cosine_min`` at least)."""
-    parts, broken = [], []
-    for stat, limit in limits:
-        value = stat_value(stats, stat)
-        ok = value >= limit if stat == "cosine_min" else value <= limit
-        sign = ("≥" if ok else "<") if stat == "cosine_min" else ("≤" if ok else ">")
-        shown = sig(value, 3)
-        if stat == "cosine_min" and 0.99 < value < 1:  # near 1, what matters is 1 − it
-            shown = f"1 − {sig(1 - value, 3)}"
-        text = f"{stat} {shown} {sign} {sig(limit, 6)}"
-        parts.append(text)
-        if not ok:
-            broken.append(text)
-    return Check(
-        f"{name}.error",
-        "fail" if broken else "pass",
-        "; ".join(broken or parts),
-        file=label,
-        details={"error_stats": stats, "limits": dict(limits)},
-    )

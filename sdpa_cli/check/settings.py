@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sdpa_cli.check.relative import ERROR_STATS
+from sdpa_cli.check.error_stats import ERROR_STATS
 from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES, Thresholds
 from sdpa_cli.engine.options import parse_bool, parse_number
 from sdpa_cli.errors import InputError, SpecError

@@ -6,13 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdpa_cli.check.relative import (
-    Judgement,
-    error_limit_check,
-    error_stats,
-    relative_check,
-    ulp,
-)
+from sdpa_cli.check.error_stats import error_limit_check, error_stats
+from sdpa_cli.check.relative import Judgement, relative_check, ulp
 
 
 @pytest.mark.parametrize(
