@@ -126,4 +126,28 @@ CASES: dict[str, dict[str, Any]] = {
     "float16-flushes": {"spread": 12.0, "causal": True, "window": (20, 0)},
     "float32-float16-flushes": {"spread": 12.0, "float32": True, "key_lengths": (30, 17)},
     "nothing-flushes": {"spread": 0.1, "mask": "bool"},
+    # KV-cache steps (--query-offset): each item's queries at its own cache position
+    "kv-cache-causal-padding": {
+        "L": 5,
+        "S": 30,
+        "causal": True,
+        "query_offset": (25, 7),
+        "key_lengths": (30, 12),
+    },
+    "kv-cache-window-query-lengths": {
+        "L": 13,
+        "S": 30,
+        "causal": True,
+        "window": (6, 0),
+        "query_offset": (17, 3),
+        "key_lengths": (30, 16),
+        "query_lengths": (13, 5),
+    },
+    "kv-cache-past-the-keys-one-query-length": {
+        "L": 13,
+        "S": 30,
+        "causal": True,
+        "query_offset": (22,),
+        "query_lengths": (9,),
+    },
 }

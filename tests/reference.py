@@ -108,6 +108,8 @@ def attention(
     key_lengths: tuple[int, ...] | None = None,
     window: tuple[int, int] | None = None,
     mask_value: float = -math.inf,
+    query_offset: tuple[int, ...] | None = None,
+    query_lengths: tuple[int, ...] | None = None,
 ) -> Stages:
     """Every stage of attention by loops; keyword names follow ``sdpa_cli.engine.spec.Options``."""
     q, k, v = (a.reshape(1, -1) if a.ndim == 1 else a for a in (q, k, v))
@@ -134,6 +136,12 @@ def attention(
         ms = None if mask is None else _slice(mask, lead, index)
         h = index[-1] if lead else 0
         b = index[-2] if len(lead) >= 2 else 0
+        # A KV-cache step: query i of item b sits at position query_offset[b] + i.
+        off = offset if query_offset is None else query_offset[b if len(query_offset) > 1 else 0]
+        alibi_off = S - L if query_offset is None else off
+        n_queries = (
+            L if query_lengths is None else query_lengths[b if len(query_lengths) > 1 else 0]
+        )
         for i in range(L):
             row: list[float] = []
             for j in range(S):
@@ -144,13 +152,13 @@ def attention(
                 if bs is not None:
                     biased += bs[i if len(bs) > 1 else 0][j if len(bs[0]) > 1 else 0]
                 if alibi:
-                    biased += -slopes[h] * abs(i + S - L - j)
+                    biased += -slopes[h] * abs(i + alibi_off - j)
 
                 visible = True
                 if causal:
-                    visible &= j <= i + offset
+                    visible &= j <= i + off
                 if window is not None:
-                    visible &= -window[0] <= j - i - offset <= window[1]
+                    visible &= -window[0] <= j - i - off <= window[1]
                 if key_lengths is not None:
                     visible &= j < key_lengths[b if len(key_lengths) > 1 else 0]
                 logit = biased
@@ -162,6 +170,8 @@ def attention(
                         logit += m
                 if not visible:
                     logit = mask_value
+                if i >= n_queries:  # an absent query row: no key, zeros whatever the mask value
+                    visible, logit = False, -math.inf
                 if ms is not None and not mask_is_bool and m <= -1e4:
                     visible = False  # a sentinel: hidden for the findings, added as given
 

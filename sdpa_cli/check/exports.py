@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.check.records import Expected
-from sdpa_cli.engine import precision
+from sdpa_cli.engine import positions, precision
 from sdpa_cli.engine.block import softmax_lse
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import input_dtypes
@@ -168,3 +168,19 @@ def tensor_values(run: Trace, name: str, merged: bool = False) -> F64:
     values = run.stage(name)
     assert values is not None
     return merge_heads(run.spec, values) if name == "output" and merged else values
+
+
+def absent_from_reference(spec: AttentionSpec, fitted: Fitted, reference: F64) -> Fitted:
+    """The export with the rows past ``--query-lengths`` taken from the reference: those
+    rows are absent, so whatever a kernel leaves there (zeros, padding, NaN) is not
+    compared."""
+    if spec.options.query_lengths is None:
+        return fitted
+    absent = positions.absent_rows(spec)  # (*lead, L)
+    if fitted.exp.name == "output" and fitted.merged:
+        # merged heads (..., L, heads·Ev) or bshd (..., L, H, Ev): one row for every head
+        absent = absent[..., 0, :] if spec.options.heads is not None else absent.swapaxes(-1, -2)
+    if fitted.exp.name != "lse":
+        absent = absent[..., None]
+    values = np.where(absent, np.asarray(reference), np.asarray(fitted.values))
+    return dataclasses.replace(fitted, values=values)

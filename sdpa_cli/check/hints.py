@@ -34,7 +34,7 @@ from sdpa_cli.check.exports import (
 )
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
-from sdpa_cli.engine import masks, precision
+from sdpa_cli.engine import masks, positions, precision
 from sdpa_cli.engine.block import dropout_keep, softmax, softmax_lse, visibility
 from sdpa_cli.engine.spec import AttentionSpec, build_spec, scale_factor
 from sdpa_cli.engine.trace import Trace, merge_heads, trace
@@ -150,9 +150,10 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
         if o.scale != rule and not math.isclose(spec.scale, scale_factor(rule, spec.E)):
             yield f"--scale {rule} (scale {what}{slips.get(rule, '')})", spec.with_scale(rule)
     yield ("--no-causal" if o.causal else "--causal"), alt(causal=not o.causal)
-    if (o.causal or o.window is not None) and spec.L != spec.S:
+    if (o.causal or o.window is not None) and spec.L != spec.S and o.query_offset is None:
         other = "lower-right" if o.causal_align == "upper-left" else "upper-left"
         yield f"--causal-align {other}", alt(causal_align=other)
+    yield from _offset_alternatives(spec, alt)
     if spec.mask_is_bool:
         other = "masked" if o.mask_true_means == "attend" else "attend"
         yield f"--mask-true-means {other}", alt(mask_true_means=other)
@@ -163,6 +164,30 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
     if o.window is not None:
         for window, why in _windows(*o.window):
             yield f"--window {window[0]},{window[1]} ({why})", alt(window=window)
+
+
+def _offset_alternatives(
+    spec: AttentionSpec, alt: Callable[..., AttentionSpec]
+) -> Iterator[tuple[str, AttentionSpec]]:
+    """A KV-cache step placed by the global alignment instead of each item's cache
+    length, or the other way: with padded keys, each item's new queries most often
+    end at its key length (offset = key length − L)."""
+    o = spec.options
+    if not (o.causal or o.window is not None or o.alibi):
+        return
+    if o.query_offset is not None:
+        yield (
+            "no --query-offset (--causal-align lower-right: offset S − L for every item)",
+            alt(query_offset=None, causal_align="lower-right"),
+        )
+    elif o.key_lengths is not None and all(n >= spec.L for n in o.key_lengths):
+        offsets = tuple(n - spec.L for n in o.key_lengths)
+        if offsets != (spec.S - spec.L,) * len(offsets):
+            shown_offsets = ",".join(str(n) for n in offsets)
+            yield (
+                f"--query-offset {shown_offsets} (each item's queries end at its key length)",
+                alt(query_offset=offsets, causal_align="upper-left"),
+            )
 
 
 def _windows(left: int, right: int) -> Iterator[tuple[tuple[int, int], str]]:
@@ -300,7 +325,8 @@ def _capped_bias_run(spec: AttentionSpec) -> dict[str, F64]:
             logits = o.softcap * np.tanh(logits / o.softcap)
             if o.alibi:
                 slope = float(spec.alibi_slopes[at[-1] if at else 0])
-                logits = logits + masks.alibi(0, L, L, S, slope)
+                offset = positions.alibi_offset(spec, at)
+                logits = logits + masks.alibi(0, L, L, S, slope, offset=offset)
             if spec.mask is not None and not spec.mask_is_bool:
                 logits = logits + part("mask", at)
             logits = np.broadcast_to(logits, (L, S))

@@ -31,9 +31,11 @@ from sdpa_cli.check.elements import (
     weights_range,
     weights_rows,
 )
+from sdpa_cli.check.error_stats import error_limit_check, error_stats
 from sdpa_cli.check.exports import (
     RUN_STAGES,
     Fitted,
+    absent_from_reference,
     as_naive,
     as_reference,
     as_seen_by_kernel,
@@ -45,13 +47,7 @@ from sdpa_cli.check.gate import finding_checks, gated_kinds
 from sdpa_cli.check.hints import with_hints
 from sdpa_cli.check.plain import needed_rows, plain_values
 from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
-from sdpa_cli.check.relative import (
-    Judgement,
-    error_limit_check,
-    error_stats,
-    factor_for,
-    relative_check,
-)
+from sdpa_cli.check.relative import Judgement, factor_for, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
@@ -227,6 +223,7 @@ def run_checks(
     checks: list[Check] = []
     if expected:
         against = _compared_with(spec, settings, fitted, export, ref_spec, naive_spec, found)
+        fitted = {n: absent_from_reference(spec, f, against.values[n]) for n, f in fitted.items()}
         checks = _export_checks(spec, fitted, against, found, settings.equal_nan)
         checks = with_hints(checks, spec, settings, fitted, against.values, export, ref_format)
         checks += _error_checks(checks, fitted, against, settings.max_error)
@@ -269,7 +266,7 @@ class _Against:
     tolerances: dict[str, Tolerance]
     trace: Trace | None = None
     support: NDArray[np.bool_] | None = None
-    plain: dict[str, F64] | None = None
+    plain: dict[str, F64 | None] | None = None
     """The plain computation's values, with the kernel-relative judgement."""
     judgement: Judgement | None = None
 

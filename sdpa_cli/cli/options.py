@@ -66,6 +66,16 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Valid keys per batch item (the rest is padding); one number for all.",
     ),
     click.option(
+        "--query-offset",
+        metavar="N[,N...]",
+        help="KV-cache step: position of query 0 per batch item (the cache length before the new tokens); causal, window and ALiBi see query i at N + i. One number for all.",
+    ),
+    click.option(
+        "--query-lengths",
+        metavar="N[,N...]",
+        help="Valid queries per batch item; later rows are absent: zero output, not judged, not compared. One number for all.",
+    ),
+    click.option(
         "--window",
         metavar="W|LEFT,RIGHT",
         help="Sliding window: key j visible to query i when −LEFT ≤ j − i − offset ≤ RIGHT.",

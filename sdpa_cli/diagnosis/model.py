@@ -147,7 +147,7 @@ def head_metrics(
         "max_weight": mean(stats.max_weight),
         "saturated": mean(classes.saturated),
         "near_uniform": mean(classes.uniform),
-        "fully_masked": (_by_head(spec, stats.n_visible) == 0).sum(axis=1) / max(n_rows, 1),
+        "fully_masked": _by_head(spec, stats.empty_rows).sum(axis=1) / max(n_rows, 1),
         "sink_mass": mean(first),
     }
     if expected is not None:

@@ -230,7 +230,13 @@ def _mask_rules(spec: AttentionSpec, lead: Index) -> list[str]:
     o = spec.options
     rules = []
     if o.causal:
-        rules.append(f"causal ({o.causal_align})")
+        rules.append(f"causal ({o.causal_align if o.query_offset is None else 'query offset'})")
+    if o.query_offset is not None:
+        b = lead[-2] if len(o.query_offset) > 1 else 0
+        rules.append(f"query 0 at position {o.query_offset[b]}")
+    if o.query_lengths is not None:
+        b = lead[-2] if len(o.query_lengths) > 1 else 0
+        rules.append(f"query length {o.query_lengths[b]}")
     if o.window is not None:
         rules.append(f"a window of {o.window[0]} left, {o.window[1]} right")
     if o.key_lengths is not None:

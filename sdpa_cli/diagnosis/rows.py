@@ -135,7 +135,7 @@ def _fully_masked(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
         if spec.sentinels and spec.sentinels.finite
         else returns
     )
-    for idx in _rows(stats.n_visible == 0):
+    for idx in _rows(stats.empty_rows):
         yield Finding(
             "fully_masked",
             "warning",
@@ -282,8 +282,11 @@ def row_flags(
     mw = stats.max_weight[lead]
     classes = classify_rows(stats, th, lead)
     flags: dict[int, tuple[str, str]] = {}
+    empty = stats.empty_rows[lead]
     for i in range(n.shape[0]):
-        if stats.spec.S and n[i] == 0:
+        if n[i] == 0 and not empty[i]:  # past --query-lengths: absent, not masked
+            flags[i] = ("absent", "info")
+        elif stats.spec.S and n[i] == 0:
             flags[i] = ("no keys", "warning")
         elif not math.isfinite(float(mw[i])):
             flags[i] = ("NaN", "error")

@@ -273,7 +273,7 @@ def _bool_mask(spec: AttentionSpec) -> Iterator[Finding]:
 def _finite_mask_value(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     """Fully masked rows under a finite mask value: uniform weights, not zeros."""
     o = spec.options
-    empty = int((stats.n_visible == 0).sum()) if spec.S else 0
+    empty = int(stats.empty_rows.sum()) if spec.S else 0
     if empty and math.isfinite(o.effective_mask_value):
         yield Finding(
             "mask_suspect",

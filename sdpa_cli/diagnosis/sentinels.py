@@ -89,7 +89,7 @@ def sentinel_overflow(
     sentinels = spec.sentinels
     if not sentinels or not sentinels.finite:
         return
-    empty = bool((stats.n_visible == 0).any())
+    empty = bool(stats.empty_rows.any())
     severity = "warning" if empty else "info"
     hint = (
         "−inf hides a key as well as the sentinel does; only a row with no visible key "

@@ -27,7 +27,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import masks, precision
+from sdpa_cli.engine import masks, positions, precision
+from sdpa_cli.engine.positions import common_keys as common_keys
+from sdpa_cli.engine.positions import full_keys as full_keys
+from sdpa_cli.engine.positions import key_range as key_range
 from sdpa_cli.engine.softmax import DENORMAL_FLOOR as DENORMAL_FLOOR
 from sdpa_cli.engine.softmax import softmax as softmax
 from sdpa_cli.engine.softmax import softmax_lse as softmax_lse
@@ -109,49 +112,6 @@ def _part(a: NDArray[Any], rows: slice, keys: slice) -> NDArray[Any]:
     return a if a.shape[1] == 1 else a[:, keys]
 
 
-def full_keys(spec: AttentionSpec) -> slice:
-    return slice(0, spec.S)
-
-
-def key_range(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> slice:
-    """The keys a block must compute: all of them, less those a causal mask, a window
-    or key padding hides from every row of the block, when hidden keys weigh nothing
-    (the mask value is −inf; a finite one still spreads a fully masked row over them)."""
-    if not math.isinf(spec.options.effective_mask_value):
-        return full_keys(spec)
-    return _seen_by_any(spec, lead_index, rows.start, rows.stop)
-
-
-def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> slice:
-    """The keys every row of the block sees: no mask hides them from any row (empty
-    under a boolean mask, which may hide any key). A row's keys under a causal mask, a
-    window and padding are a range whose ends never go back as the row goes down, so
-    the keys of all rows are those the last row starts at and the first row ends at."""
-    if spec.mask_is_bool or rows.stop <= rows.start:
-        return slice(0, 0)
-    first = _seen_by_any(spec, lead_index, rows.start, rows.start + 1)
-    last = _seen_by_any(spec, lead_index, rows.stop - 1, rows.stop)
-    return slice(last.start, max(last.start, first.stop))
-
-
-def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: int) -> slice:
-    """The keys a causal mask, a window and padding leave to any of rows i0..i1."""
-    o = spec.options
-    n_valid = None
-    if o.key_lengths is not None:
-        n_valid = o.key_lengths[lead_index[-2] if len(o.key_lengths) > 1 else 0]
-    return masks.key_range(
-        i0,
-        i1,
-        spec.L,
-        spec.S,
-        causal=o.causal,
-        window=o.window,
-        align=o.causal_align,
-        n_valid=n_valid,
-    )
-
-
 def visibility(
     spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice | None = None
 ) -> NDArray[np.bool_] | None:
@@ -168,13 +128,17 @@ def visibility(
     def both(m: NDArray[np.bool_]) -> NDArray[np.bool_]:
         return m if visible is None else visible & m
 
+    offset = positions.diagonal_offset(spec, lead_index)
     if o.causal:
-        visible = both(masks.causal(i0, i1, L, S, o.causal_align, keys))
+        visible = both(masks.causal(i0, i1, L, S, keys=keys, offset=offset))
     if o.window is not None:
-        visible = both(masks.window(i0, i1, L, S, *o.window, o.causal_align, keys))
-    if o.key_lengths is not None:
-        b = lead_index[-2] if len(o.key_lengths) > 1 else 0
-        visible = both(masks.key_padding(o.key_lengths[b], n_rows, S, keys))
+        visible = both(masks.window(i0, i1, L, S, *o.window, keys=keys, offset=offset))
+    n_valid = positions.valid_keys(spec, lead_index)
+    if n_valid is not None:
+        visible = both(masks.key_padding(n_valid, n_rows, S, keys))
+    if o.query_lengths is not None:  # absent rows see no key
+        present = np.arange(i0, i1) < positions.valid_queries(spec, lead_index)
+        visible = both(np.broadcast_to(present[:, None], (n_rows, keys.stop - keys.start)))
     if spec.mask_is_bool:
         assert spec.mask is not None
         allowed = _part(spec.mask[spec.operand_index("mask", lead_index)], rows, keys)
@@ -442,7 +406,9 @@ def _biased(
     if spec.options.alibi:
         h = lead_index[-1] if lead_index else 0
         slope = float(spec.alibi_slopes[h])
-        biased += masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope, keys).astype(ar.dtype)
+        offset = positions.alibi_offset(spec, lead_index)
+        bias_a = masks.alibi(rows.start, rows.stop, spec.L, spec.S, slope, keys, offset=offset)
+        biased += bias_a.astype(ar.dtype)
     return ar.rl(biased)
 
 
@@ -466,6 +432,10 @@ def _masked(
         hidden_value = float(ar.rl(np.asarray(spec.options.effective_mask_value)))
         masked = masked.copy() if masked is logits else masked
         masked[~visible] = -math.inf if math.isnan(hidden_value) else hidden_value
+    absent = rows.stop - positions.valid_queries(spec, lead_index)
+    if absent > 0:  # rows past --query-lengths: −inf whatever the mask value (zeros)
+        masked = masked.copy() if masked is logits else masked
+        masked[max(0, rows.stop - rows.start - absent) :] = -math.inf
     return masked
 
 

@@ -9,6 +9,9 @@ keys for ``lower-right``) is an offset added to the query index::
 
     upper-left  (PyTorch ``is_causal``):            offset = 0
     lower-right (FlashAttention, ``causal_lower_right``): offset = S − L
+    --query-offset N (a KV-cache step, per batch item):  offset = N
+
+Each builder takes the offset itself (``offset``) in place of an alignment's name.
 
 A float mask hides keys with a sentinel, added to the logits: −inf, or a large
 negative number as models build their masks (Hugging Face's ``finfo(dtype).min``,
@@ -120,11 +123,19 @@ def _rel(i0: int, i1: int, S: int, offset: int, keys: slice | None = None) -> ND
 
 
 def causal(
-    i0: int, i1: int, L: int, S: int, align: str = "upper-left", keys: slice | None = None
+    i0: int,
+    i1: int,
+    L: int,
+    S: int,
+    align: str = "upper-left",
+    keys: slice | None = None,
+    *,
+    offset: int | None = None,
 ) -> NDArray[np.bool_]:
-    """Key j is visible to query i when j ≤ i + offset."""
+    """Key j is visible to query i when j ≤ i + offset (the alignment's, or ``offset``)."""
     j0, j1 = (0, S) if keys is None else (keys.start, keys.stop)
-    last = np.arange(i0, i1, dtype=np.int64) + align_offset(align, L, S)
+    offset = align_offset(align, L, S) if offset is None else offset
+    last = np.arange(i0, i1, dtype=np.int64) + offset
     return np.arange(j0, j1, dtype=np.int64)[None, :] <= last[:, None]
 
 
@@ -137,9 +148,12 @@ def window(
     right: int,
     align: str = "upper-left",
     keys: slice | None = None,
+    *,
+    offset: int | None = None,
 ) -> NDArray[np.bool_]:
     """Key j is visible to query i when −left ≤ j − i − offset ≤ right."""
-    d = _rel(i0, i1, S, align_offset(align, L, S), keys)
+    offset = align_offset(align, L, S) if offset is None else offset
+    d = _rel(i0, i1, S, offset, keys)
     return (d >= -left) & (d <= right)
 
 
@@ -159,10 +173,11 @@ def key_range(
     window: tuple[int, int] | None = None,
     align: str = "upper-left",
     n_valid: int | None = None,
+    offset: int | None = None,
 ) -> slice:
     """The keys that any of the query rows i0..i1 may see under a causal mask, a
     window and key padding: every key outside it is hidden from every one of them."""
-    offset = align_offset(align, L, S)
+    offset = align_offset(align, L, S) if offset is None else offset
     j0, j1 = 0, S
     if causal:
         j1 = min(j1, i1 - 1 + offset + 1)
@@ -196,11 +211,20 @@ def alibi_slopes(H: int) -> NDArray[np.float64]:
 
 
 def alibi(
-    i0: int, i1: int, L: int, S: int, slope: float, keys: slice | None = None
+    i0: int,
+    i1: int,
+    L: int,
+    S: int,
+    slope: float,
+    keys: slice | None = None,
+    *,
+    offset: int | None = None,
 ) -> NDArray[np.float64]:
-    """FlashAttention's ALiBi bias: −slope · |i + S − L − j|, shape (rows, keys).
+    """FlashAttention's ALiBi bias: −slope · |i + offset − j|, shape (rows, keys).
 
-    The distance is measured from the bottom-right-aligned diagonal, so the most
-    recent key of every query has bias 0 whatever L and S are.
+    The distance is measured from the bottom-right-aligned diagonal (offset S − L),
+    so the most recent key of every query has bias 0 whatever L and S are; under
+    ``--query-offset`` from query i's own position, N + i.
     """
-    return -slope * np.abs(_rel(i0, i1, S, S - L, keys)).astype(np.float64)
+    offset = S - L if offset is None else offset
+    return -slope * np.abs(_rel(i0, i1, S, offset, keys)).astype(np.float64)

@@ -42,6 +42,11 @@ class Options:
     causal_align: str = "upper-left"
     mask_true_means: str = "attend"
     key_lengths: tuple[int, ...] | None = None
+    query_offset: tuple[int, ...] | None = None
+    """KV-cache steps: the absolute position of query 0 in each batch item (the cache
+    length before the new tokens); replaces ``causal_align`` for causal, window, ALiBi."""
+    query_lengths: tuple[int, ...] | None = None
+    """Valid queries per batch item: later rows are absent (zero output, not judged)."""
     window: tuple[int, int] | None = None
     mask_value: float = -math.inf
     dropout: float = 0.0
@@ -215,6 +220,8 @@ _PARSERS: dict[str, Any] = {
     "causal_align": lambda v, w: _choice(v, w, ALIGNMENTS),
     "mask_true_means": lambda v, w: _choice(v, w, MASK_TRUE_MEANS),
     "key_lengths": _int_list,
+    "query_offset": _int_list,
+    "query_lengths": _int_list,
     "window": parse_window,
     "mask_value": parse_mask_value,
     "dropout": _dropout,

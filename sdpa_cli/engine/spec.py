@@ -280,8 +280,14 @@ def build_spec(
         raise SpecError(
             "--mask-true-means", "applies to boolean masks only; this mask holds numbers"
         )
-    if opts.key_lengths is not None:
-        _check_key_lengths(opts.key_lengths, lead, scores_shape, S)
+    for flag, values, most in (
+        ("--key-lengths", opts.key_lengths, ("keys", S)),
+        ("--query-lengths", opts.query_lengths, ("queries", L)),
+        ("--query-offset", opts.query_offset, None),
+    ):
+        if values is not None:
+            _check_per_item(flag, values, lead, scores_shape, most)
+    _check_query_offset(opts)
 
     return AttentionSpec(
         q=_pad(q, len(lead)),
@@ -444,26 +450,42 @@ def _broadcast_extra(
     return _pad(a2, n_lead)
 
 
-def _check_key_lengths(
-    key_lengths: tuple[int, ...], lead: tuple[int, ...], scores_shape: tuple[int, ...], S: int
+def _check_per_item(
+    flag: str,
+    values: tuple[int, ...],
+    lead: tuple[int, ...],
+    scores_shape: tuple[int, ...],
+    most: tuple[str, int] | None,
 ) -> None:
-    """One length, or one per batch item; none longer than the keys."""
+    """One value, or one per batch item; none above ``most`` (what, how many)."""
     B = lead[-2] if len(lead) >= 2 else None
-    n_given = len(key_lengths)
+    n_given = len(values)
     if n_given != 1 and n_given != B:
         axis = (
             f"the batch axis has {B} items"
             if B is not None
             else (f"the inputs have no batch axis (scores {scores_shape} read as (H, L, S))")
         )
+        what = "offset" if flag == "--query-offset" else "length"
         raise SpecError(
-            "--key-lengths",
-            f"{n_given} lengths given but {axis}; give one length or one per item",
+            flag, f"{n_given} {what}s given but {axis}; give one {what} or one per item"
         )
-    too_long = [n for n in key_lengths if n > S]
-    if too_long:
+    too_long = [n for n in values if most is not None and n > most[1]]
+    if most is not None and too_long:
+        name = f"{most[0]}, {'S' if most[0] == 'keys' else 'L'} = {most[1]}"
+        raise SpecError(flag, f"{shown(too_long[0])} exceeds the number of {name}")
+
+
+def _check_query_offset(opts: Options) -> None:
+    """An offset places queries for causal, window, ALiBi: alone or with lower-right, a slip."""
+    if opts.query_offset is not None and not (opts.causal or opts.window or opts.alibi):
         raise SpecError(
-            "--key-lengths", f"{shown(too_long[0])} exceeds the number of keys, S = {S}"
+            "--query-offset", "places the queries for --causal, --window or --alibi; none given"
+        )
+    if opts.query_offset is not None and opts.causal_align != "upper-left":
+        raise SpecError(
+            "--query-offset",
+            "replaces --causal-align lower-right (the offset S − L for every item); give one",
         )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import precision
+from sdpa_cli.engine import positions, precision
 from sdpa_cli.engine.block import Block, native_dtype
 from sdpa_cli.engine.records import (
     OVERFLOW_STAGES,
@@ -93,6 +93,13 @@ class Stats:
     """The per-stage records of every block so far, merged in block order."""
     moments: Moments
     _bad_keys: dict[tuple[str, Index], NDArray[np.bool_]] = field(default_factory=dict)
+
+    @property
+    def empty_rows(self) -> NDArray[np.bool_]:
+        """Rows with no visible key the findings judge: not those past
+        ``--query-lengths``, which are absent, not masked (:mod:`positions`)."""
+        empty: NDArray[np.bool_] = (self.n_visible == 0) & ~positions.absent_rows(self.spec)
+        return empty
 
     @classmethod
     def empty(cls, spec: AttentionSpec) -> Stats:

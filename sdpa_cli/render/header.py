@@ -85,13 +85,24 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
     aligned = o.causal or o.window is not None
     if o.causal:
         rule = "j ≤ i" if o.causal_align == "upper-left" else "j ≤ i + S − L"
-        lines.append(("causal", f"{o.causal_align} ({rule})"))
+        if o.query_offset is not None:
+            lines.append(("causal", "j ≤ i + N (N: the query offset)"))
+        else:
+            lines.append(("causal", f"{o.causal_align} ({rule})"))
     if o.window is not None:
         left, right = o.window
         lines.append(("window", f"{left} left, {right} right (−{left} ≤ j − i − offset ≤ {right})"))
-    if aligned and spec.L != spec.S:
+    if o.query_offset is not None and (aligned or o.alibi):
+        per = "per batch item" if len(o.query_offset) > 1 else "every item"
+        offsets = ", ".join(str(n) for n in o.query_offset)
+        lines.append(("query offset", f"query 0 at position {offsets} ({per}; query i at N + i)"))
+    elif aligned and spec.L != spec.S:
         off = spec.S - spec.L if o.causal_align == "lower-right" else 0
         lines.append(("alignment", f"L ≠ S: {o.causal_align}, diagonal offset {off}"))
+    if o.query_lengths is not None:
+        per = "per batch item" if len(o.query_lengths) > 1 else "every item"
+        lengths = ", ".join(str(n) for n in o.query_lengths)
+        lines.append(("query lengths", f"first {lengths} queries valid ({per}; later rows zero)"))
     if o.key_lengths is not None:
         per = "per batch item" if len(o.key_lengths) > 1 else "every item"
         lengths = ", ".join(str(n) for n in o.key_lengths)

@@ -1,0 +1,113 @@
+"""Where each batch item's queries and keys sit: the diagonal offset of a causal mask
+and window, ALiBi's, the valid queries and keys, and the keys a block may skip.
+
+Query i of batch item b sits at position offset_b + i, and key j at position j:
+
+    no --query-offset:  offset_b = 0 (upper-left) or S − L (lower-right), every item
+    --query-offset N_b: offset_b = N_b, the cache length before the new tokens
+
+ALiBi measures from the bottom-right diagonal (S − L) unless ``--query-offset`` says
+where the queries are. ``--key-lengths`` leaves item b its first keys;
+``--query-lengths`` its first queries: the rows after them are *absent* (hidden from
+every key, zero weights and output, whatever the mask value; not judged).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.engine import masks
+from sdpa_cli.engine.spec import AttentionSpec
+
+
+def _item(values: tuple[int, ...], lead_index: tuple[int, ...]) -> int:
+    """The value of this slice's batch item (one value: every item's)."""
+    return values[lead_index[-2] if len(values) > 1 else 0]
+
+
+def diagonal_offset(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
+    """The causal mask's and the window's offset for this slice: j ≤ i + offset."""
+    o = spec.options
+    if o.query_offset is not None:
+        return _item(o.query_offset, lead_index)
+    return masks.align_offset(o.causal_align, spec.L, spec.S)
+
+
+def alibi_offset(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
+    """ALiBi's distance |i + offset − j|: S − L, or the item's ``--query-offset``."""
+    o = spec.options
+    return spec.S - spec.L if o.query_offset is None else _item(o.query_offset, lead_index)
+
+
+def valid_queries(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
+    """How many of this slice's query rows are present (``--query-lengths``; all: L)."""
+    o = spec.options
+    return spec.L if o.query_lengths is None else _item(o.query_lengths, lead_index)
+
+
+def valid_keys(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int | None:
+    """How many of this slice's keys are valid (``--key-lengths``; None: all)."""
+    o = spec.options
+    return None if o.key_lengths is None else _item(o.key_lengths, lead_index)
+
+
+def absent_rows(spec: AttentionSpec) -> NDArray[np.bool_]:
+    """Rows past ``--query-lengths``, shape (..., L) as the per-row statistics."""
+    shape = (*spec.lead, spec.L)
+    o = spec.options
+    if o.query_lengths is None:
+        return np.zeros(shape, dtype=np.bool_)
+    n = np.asarray(o.query_lengths, dtype=np.int64)
+    # One per batch item: along the batch axis, (B, H, L)'s first; one: every item.
+    n = n.reshape(-1, 1, 1) if len(o.query_lengths) > 1 else n.reshape(())
+    return np.broadcast_to(np.arange(spec.L) >= n, shape)
+
+
+def full_keys(spec: AttentionSpec) -> slice:
+    return slice(0, spec.S)
+
+
+def key_range(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> slice:
+    """The keys a block must compute: all of them, less those a causal mask, a window
+    or key padding hides from every row of the block, when hidden keys weigh nothing
+    (the mask value is −inf; a finite one still spreads a fully masked row over them).
+    A block whose rows are all absent (``--query-lengths``) computes no key."""
+    if not math.isinf(spec.options.effective_mask_value):
+        return full_keys(spec)
+    present = min(rows.stop, valid_queries(spec, lead_index))
+    if present <= rows.start:
+        return slice(0, 0)
+    return _seen_by_any(spec, lead_index, rows.start, present)
+
+
+def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> slice:
+    """The keys every row of the block sees: no mask hides them from any row (empty
+    under a boolean mask, which may hide any key, and for a block with an absent row).
+    A row's keys under a causal mask, a window and padding are a range whose ends
+    never go back as the row goes down, so the keys of all rows are those the last
+    row starts at and the first row ends at."""
+    if spec.mask_is_bool or rows.stop <= rows.start:
+        return slice(0, 0)
+    if rows.stop > valid_queries(spec, lead_index):
+        return slice(0, 0)
+    first = _seen_by_any(spec, lead_index, rows.start, rows.start + 1)
+    last = _seen_by_any(spec, lead_index, rows.stop - 1, rows.stop)
+    return slice(last.start, max(last.start, first.stop))
+
+
+def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: int) -> slice:
+    """The keys a causal mask, a window and padding leave to any of rows i0..i1."""
+    o = spec.options
+    return masks.key_range(
+        i0,
+        i1,
+        spec.L,
+        spec.S,
+        causal=o.causal,
+        window=o.window,
+        n_valid=valid_keys(spec, lead_index),
+        offset=diagonal_offset(spec, lead_index),
+    )
