@@ -15,7 +15,7 @@ A manifest is a YAML or JSON mapping::
         scale: 0.125     # any option of compute, any setting of check
 
 Paths are relative to the manifest; a URL (``s3://...``, ``file://...``, anything
-fsspec knows) is read as it is, with fsspec (q, k, v, bias, mask and the exports; a
+fsspec knows) is read as it is, with fsspec (q, k, v, bias, mask, sinks and the exports; a
 case file is read from the local file system). Cases run in parallel processes, or on
 a Dask cluster (:mod:`~sdpa_cli.check.cluster`); a case that fails, or cannot be read,
 does not stop the others.
@@ -51,7 +51,7 @@ from sdpa_cli.files.remote import is_url
 from sdpa_cli.files.structured import TEXT_SUFFIXES, parse_text
 from sdpa_cli.text import as_typed, printable, shown
 
-INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask")
+INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask", "sinks")
 EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
 TEXT_KEYS = ("name", "description")
 
@@ -64,6 +64,7 @@ class ManifestCase:
     inputs: tuple[str, ...]
     bias: str | None = None
     mask: str | None = None
+    sinks: str | None = None
     expect: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     where: Mapping[str, str] = field(default_factory=dict)
@@ -85,7 +86,7 @@ def _entries(
         if key not in known:
             raise InputError(
                 f"{where}: {printable(str(raw_key))}",
-                "unknown key; expected name, case or q/k/v, bias, mask, expect-output, "
+                "unknown key; expected name, case or q/k/v, bias, mask, sinks, expect-output, "
                 "expect-weights, expect-lse, an option of compute or a setting of check",
             )
         if key in INPUT_KEYS or key in EXPECT_KEYS:
@@ -159,6 +160,7 @@ def load_manifest(path: str) -> list[ManifestCase]:
                 inputs=inputs,
                 bias=paths.get("bias"),
                 mask=paths.get("mask"),
+                sinks=paths.get("sinks"),
                 expect={EXPECT_KEYS[k]: p for k, p in paths.items() if k in EXPECT_KEYS},
                 options={**d_options, **options},
                 where={**d_where, **option_where},
@@ -173,7 +175,7 @@ def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
     try:
         flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}
         where = {k: w for k, w in case.where.items() if over.option_flags.get(k) is None}
-        spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where)
+        spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where, case.sinks)
         settings = over.settings(case.check)
         expected = load_expected(case.expect)
         return CaseResult(case.name, run_checks(spec, expected, settings, over.thresholds))

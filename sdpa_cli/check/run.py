@@ -118,14 +118,17 @@ def _judge_pass(
         at: tuple[int | slice, ...] = (*place.lead, rows)
         if support is None and (keys.start, keys.stop) == (0, spec.S):
             found.lo[at], found.hi[at] = inputs.v_extremes  # the slice's, computed once
-            return
-        running = None
-        if keys.start == 0:
-            low, high = inputs.v_running
-            running = (low[: keys.stop], high[: keys.stop])
-        found.lo[at], found.hi[at] = v_range(
-            inputs.v[keys], support, rows.stop - rows.start, running
-        )
+        else:
+            running = None
+            if keys.start == 0:
+                low, high = inputs.v_running
+                running = (low[: keys.stop], high[: keys.stop])
+            found.lo[at], found.hi[at] = v_range(
+                inputs.v[keys], support, rows.stop - rows.start, running
+            )
+        if ref_spec.sinks is not None:  # the sink's share of a row reads no V: 0 is in range
+            np.minimum(found.lo[at], 0.0, out=found.lo[at])
+            np.maximum(found.hi[at], 0.0, out=found.hi[at])
 
     def visit_lean(place: Place) -> tuple[Records | None, Moments | None]:
         fw = forward(place, ref_spec, stats, lse="lse" in found.reference)

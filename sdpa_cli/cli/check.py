@@ -186,10 +186,10 @@ def check(
     title = None
     sharding: dict[str, Any] | None = None
     if manifest is not None:
-        if inputs or bias_path or mask_path or any(expect.values()):
+        if inputs or bias_path or mask_path or flags.get("sinks_path") or any(expect.values()):
             raise SpecError(
                 "--manifest",
-                "the manifest lists inputs and expectations; give no Q K V, --bias, --mask "
+                "the manifest lists inputs and expectations; give no Q K V, --bias, --mask, --sinks "
                 "or --expect-* beside it",
             )
         if cluster is not None and jobs is not None:

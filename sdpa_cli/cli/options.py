@@ -42,6 +42,12 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--bias", "bias_path", metavar="FILE", help="Additive bias, broadcastable to (..., L, S)."
     ),
+    click.option(
+        "--sinks",
+        "sinks_path",
+        metavar="FILE",
+        help="Attention sinks (gpt-oss): one logit per query head, (H,) or (1,), joining every row's softmax as an extra column that V does not read.",
+    ),
     click.option("--alibi/--no-alibi", default=None, help="Add ALiBi: −slope_h·|i + S − L − j|."),
     click.option("--causal/--no-causal", default=None, help="Hide future keys."),
     click.option(

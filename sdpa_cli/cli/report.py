@@ -220,7 +220,7 @@ def _grid_row(case: ManifestCase, layer: int | None, th: Thresholds, threads: in
     from sdpa_cli.engine.inputs import load_spec
 
     try:
-        spec, _ = load_spec(case.inputs, case.bias, case.mask, case.options, case.where)
+        spec, _ = load_spec(case.inputs, case.bias, case.mask, case.options, case.where, case.sinks)
         expected = _expected_output(spec, case)
         with progress_bar(spec, case.name) as progress:
             heads = head_metrics(spec, th, expected, jobs=threads, progress=progress)

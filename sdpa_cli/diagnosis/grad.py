@@ -40,7 +40,7 @@ WEAK_HEAD = 1e-3
 FLUSH_WARNING = 1e-3
 """Fraction of a gradient's nonzero values flushing to zero above which it warns."""
 
-LABEL = {"dq": "dQ", "dk": "dK", "dv": "dV", "dbias": "d(bias)"}
+LABEL = {"dq": "dQ", "dk": "dK", "dv": "dV", "dbias": "d(bias)", "dsinks": "d(sinks)"}
 
 
 @dataclass(frozen=True)

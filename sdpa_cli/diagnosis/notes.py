@@ -17,7 +17,7 @@ import numpy as np
 from sdpa_cli.diagnosis.explained import Variance
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rows import RowClasses
-from sdpa_cli.engine.block import softmax
+from sdpa_cli.engine.block import sink_logit, softmax
 from sdpa_cli.engine.driver import slice_blocks
 from sdpa_cli.engine.records import Moments, finite_std
 from sdpa_cli.engine.spec import AttentionSpec
@@ -45,6 +45,7 @@ class SlicePass:
     dropped_kept: int = 0
     dropped_sums: Moments = field(default_factory=Moments)
     row_sum_error: float = 0.0
+    sink_mass: list[float] = field(default_factory=list)  # p_sink per row (--sinks)
 
 
 def gather_slice(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> SlicePass:
@@ -76,6 +77,9 @@ def gather_slice(spec: AttentionSpec, lead: Index, stages: Sequence[str]) -> Sli
                     )
                 )
             sums = block.weights.sum(axis=1)
+            if block.sink is not None:  # a row's weights sum to 1 − p_sink
+                gathered.sink_mass += block.sink.tolist()
+                sums = sums + block.sink
             has_keys = visible.any(axis=1) & np.isfinite(sums)
             if has_keys.any():
                 err = float(np.abs(sums[has_keys] - 1.0).max())
@@ -334,6 +338,11 @@ def _weights_note(
             f"{int(classes.saturated.sum())} one-hot (max ≥ {th.saturation:g}), "
             f"{int(classes.uniform.sum())} near uniform (entropy ≥ {th.uniform:g})."
         )
+    if gathered.sink_mass:
+        weights = weights.replace(
+            "e^(x − row max) / Σ e^(x − row max)", "e^(x − m) / (Σ e^(x − m) + e^(sink − m))"
+        ).replace("sums to 1", "sums to 1 with the sink's column (1 − p_sink without it)")
+        weights += _sink_note(spec, gathered.sink_mass, lead)
     empty = int((n_vis == 0).sum()) if spec.S else spec.L
     if empty and math.isfinite(o.effective_mask_value) and spec.S:
         weights += (
@@ -343,6 +352,18 @@ def _weights_note(
     elif empty:
         weights += f" {plural(empty, 'row')} with no visible key get zero weights."
     return weights
+
+
+def _sink_note(spec: AttentionSpec, mass: list[float], lead: Index) -> str:
+    """How much of each row the head's sink takes (gpt-oss attention sinks)."""
+    p = np.asarray(mass)
+    mostly = int(np.count_nonzero(p > 0.5))
+    return (
+        f" The sink (logit {prose(sink_logit(spec, lead) or 0.0)}) takes p_sink "
+        f"{prose(float(p.min()))} … {prose(float(p.max()))} (mean {prose(float(p.mean()))}) "
+        f"of each row; {plural(mostly, 'row')} mostly on the sink (p_sink > 0.5). The max "
+        "weight and entropy above read the weights as they are, the sink's share left out."
+    )
 
 
 def _dropped_note(spec: AttentionSpec, gathered: SlicePass) -> str:

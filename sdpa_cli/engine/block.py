@@ -8,6 +8,8 @@ For one position of the leading axes (a (batch, head) slice) and query rows i0..
     biased  = capped + bias + ALiBi                  only with a bias or ALiBi
     masked  = biased + float mask, hidden keys set to the mask value
     weights = softmax over keys, max-subtracted; zero for a row with no visible key
+              (with --sinks: over the keys and the head's sink logit, the sink's
+              column then dropped, so a row sums to 1 − p_sink, as gpt-oss)
     dropped = weights · keep / (1 − p)               only with dropout
     output  = weights (or dropped) · V               (rows, Ev)
 
@@ -66,6 +68,10 @@ class Block:
     sentinel: NDArray[np.bool_] | None = None
     """The keys only a float mask's sentinel hides (≤ −1e4, :data:`masks.HIDES`): not
     ``visible``, yet their logits are the mask added, not the mask value (None: none)."""
+    sink: F64 | None = None
+    """With ``--sinks``: each row's weight on the sink column, p_sink ``(rows,)``."""
+    sink_logit: float | None = None
+    """With ``--sinks``: the slice's head's sink logit, as the softmax read it."""
 
     @property
     def unreplaced(self) -> NDArray[np.bool_]:
@@ -344,7 +350,7 @@ def attend_block(
         # The findings read a float mask's sentinel as hiding; the logits keep it added.
         sentinel = sentinel_keys(spec, lead_index, rows, keys, visible)
         visible = _seen(visible, sentinel)
-        weights = ar.r(softmax(masked, ar.softmax, native=ar.native))
+        weights, sink, sink_logit = _weights(spec, ar, masked, lead_index)
         dropped = None
         if o.dropout > 0:
             keep = dropout_keep(spec, lead_index, rows, keys)
@@ -370,7 +376,32 @@ def attend_block(
         keys,
         all_visible,
         sentinel,
+        sink,
+        sink_logit,
     )
+
+
+def sink_logit(spec: AttentionSpec, lead_index: tuple[int, ...]) -> float | None:
+    """The sink logit of the slice's query head (None without ``--sinks``)."""
+    if spec.sinks is None:
+        return None
+    h = lead_index[-1] if lead_index and spec.sinks.shape[0] > 1 else 0
+    return float(spec.sinks[h])
+
+
+def _weights(
+    spec: AttentionSpec, ar: Arithmetic, masked: F64, lead_index: tuple[int, ...]
+) -> tuple[F64, F64 | None, float | None]:
+    """The softmax of the masked logits; with sinks, over the logits and the head's
+    sink as one more column (the row max taken over both, as gpt-oss's eager
+    attention), that column split off: the weights, p_sink per row, the sink logit."""
+    logit = sink_logit(spec, lead_index)
+    if logit is None:
+        return ar.r(softmax(masked, ar.softmax, native=ar.native)), None, None
+    sink = ar.rl(np.asarray(logit, dtype=ar.dtype))
+    column = np.broadcast_to(sink, (masked.shape[0], 1))
+    both = ar.r(softmax(np.concatenate([masked, column], axis=-1), ar.softmax, native=ar.native))
+    return np.ascontiguousarray(both[:, :-1]), both[:, -1].copy(), float(sink)
 
 
 def _scores(spec: AttentionSpec, ar: Arithmetic, q: F64, k: F64) -> tuple[F64, F64]:
@@ -453,5 +484,10 @@ def _poisoned_outside(
 
 
 def block_lse(block: Block) -> F64:
-    """Each row's logsumexp of a block's masked logits (:func:`softmax_lse`)."""
-    return softmax_lse(block.masked, block.weights)
+    """Each row's logsumexp of a block's masked logits (:func:`softmax_lse`), the
+    sink's logit included with ``--sinks`` (the normaliser of the weights)."""
+    if block.sink is None or block.sink_logit is None:
+        return softmax_lse(block.masked, block.weights)
+    column = np.full((block.masked.shape[0], 1), block.sink_logit)
+    logits = np.concatenate([block.masked.astype(np.float64), column], axis=-1)
+    return softmax_lse(logits, np.concatenate([block.weights, block.sink[:, None]], axis=-1))

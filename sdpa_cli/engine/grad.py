@@ -53,10 +53,10 @@ if TYPE_CHECKING:
 DOUT_SOURCES = ("ones", "random")
 """``--dout`` values that are not files."""
 
-GRADIENTS = ("dq", "dk", "dv", "dbias")
-"""The gradient tensors, named as in ``--save``: of Q, K, V and the bias."""
+GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
+"""The gradient tensors, named as in ``--save``: of Q, K, V, the bias and the sinks."""
 
-OPERAND = {"dq": "q", "dk": "k", "dv": "v", "dbias": "bias"}
+OPERAND = {"dq": "q", "dk": "k", "dv": "v", "dbias": "bias", "dsinks": "sinks"}
 
 
 def random_stream(seed: int, purpose: int) -> np.random.Generator:
@@ -126,6 +126,9 @@ class Gradients:
     n_visible: NDArray[np.int64]
     key_weight: F64
     key_seen: NDArray[np.bool_]
+    dsinks: F64 | None = None
+    """With ``--sinks``: d(sink logit) per head, shaped like ``spec.sinks``:
+    Σ over the head's rows of p_sink · (0 − Σ_j A_j dA_j)."""
 
     def vanishing(self, threshold: float) -> NDArray[np.bool_]:
         """``(*lead, L)``: the rows whose softmax passes back less than ``threshold`` of
@@ -172,6 +175,7 @@ def backward(
     dk = np.zeros(spec.k.shape)
     dv = np.zeros(spec.v.shape)
     dbias = np.zeros(spec.bias.shape) if spec.bias is not None else None
+    dsinks: F64 | None = np.zeros(spec.sinks.shape) if spec.sinks is not None else None
     per_row = {n: np.zeros((*spec.lead, spec.L), dt) for n, dt in ROW_RECORDS.items()}
     key_weight = np.zeros((*spec.lead, spec.S))
     key_seen = np.zeros((*spec.lead, spec.S), np.bool_)
@@ -201,6 +205,10 @@ def backward(
             at_rows = r if target.shape[0] > 1 else slice(0, 1)
             at_keys = ks if target.shape[1] > 1 else slice(0, 1)
             target[at_rows, at_keys] += g.dbias
+        if dsinks is not None and g.dsinks is not None:
+            heads = list(li)  # the query head is the last leading axis
+            head = heads[-1] if heads and dsinks.shape[0] > 1 else 0
+            dsinks[head] += g.dsinks.sum()
         at: tuple[int | slice, ...] = (*li, r)
         for name, values in per_row.items():
             values[at] = getattr(g, name)
@@ -215,6 +223,7 @@ def backward(
         dk=dk,
         dv=dv,
         dbias=dbias,
+        dsinks=dsinks,
         key_weight=key_weight,
         key_seen=key_seen,
         **per_row,

@@ -77,6 +77,8 @@ class BlockGrad:
     """Whether any row of the block may attend to each key of ``keys``."""
     records: Records | None = None
     """The forward pass's statistics of the block, when asked for."""
+    dsinks: F64 | None = None
+    """With ``--sinks``: each row's d(sink logit), p_sink · (0 − Σ_j A_j dA_j) ``(rows,)``."""
     steps: Mapping[str, F64] | None = None
     """With ``keep_steps``: ``scaled`` (the forward logits), ``d_weights`` (dA),
     ``d_scores`` (dS) and ``d_scaled`` (dS through the softcap), each ``(rows, keys)``."""
@@ -123,7 +125,17 @@ def backward_block(
         else:
             dv = a.T @ dout
             da = dout @ v.T
-        ds, top = softmax_backward(a, da)
+        dsinks = None
+        if block.sink is None:
+            ds, top = softmax_backward(a, da)
+        else:
+            # The sink is one more column of the softmax, which V does not read (dA = 0).
+            ext, _ = softmax_backward(
+                np.concatenate([a, block.sink[:, None]], axis=1),
+                np.concatenate([da, np.zeros((da.shape[0], 1))], axis=1),
+            )
+            ds, dsinks = ext[:, :-1], ext[:, -1]
+            top = a.argmax(axis=1) if a.shape[1] else np.zeros(a.shape[0], np.intp)
         # The mask value replaced hidden logits (no gradient); a float mask is added.
         dlogits = ds if block.all_visible else np.where(block.unreplaced, ds, 0.0)
         dscaled = dlogits
@@ -146,6 +158,7 @@ def backward_block(
         dbias=dbias,
         **health,
         records=records,
+        dsinks=dsinks,
         steps={"scaled": block.scaled, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
         if keep_steps
         else None,

@@ -25,12 +25,15 @@ def load_spec(
     mask_path: str | None,
     flags: Mapping[str, Any],
     flag_where: Mapping[str, str] | None = None,
+    sinks_path: str | None = None,
 ) -> tuple[AttentionSpec, str | None]:
     """Files and flags → a validated spec (and the case file's description, if any).
 
     One input is a case file; three are Q, K and V. Flags override the case file.
     ``flag_where`` names where a flag's value came from (a manifest entry) for
     messages; by default a flag is named by its spelling, ``--causal-align``.
+    ``--sinks`` comes as ``sinks_path`` or as the flag ``sinks_path`` (over a case
+    file's ``sinks``).
     """
     tensors: dict[str, Any] = {}
     names: dict[str, str] = {}
@@ -64,8 +67,12 @@ def load_spec(
         if extra is not None:
             tensors[key] = load_array(extra, name=key)
             names[key] = printable(extra)
+    sinks_path = flags.get("sinks_path") or sinks_path
+    if sinks_path is not None:
+        tensors["sinks"] = load_array(sinks_path, name="sinks")
+        names["sinks"] = "--sinks"
     for name, value in flags.items():
-        if value is not None:
+        if value is not None and name != "sinks_path":
             raw[name] = value
             where.pop(name, None)  # a flag is named by its spelling, --causal-align
             if flag_where and name in flag_where:
@@ -79,6 +86,7 @@ def load_spec(
         mask=tensors.get("mask"),
         options=options,
         names=names,
+        sinks=tensors.get("sinks"),
     )
     return spec, description
 

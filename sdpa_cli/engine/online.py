@@ -59,14 +59,15 @@ stays flat: the matmuls keep their shape as S grows)."""
 
 def applies(spec: AttentionSpec) -> bool:
     """Whether the lean pass computes this spec: native arithmetic, no stage between
-    the scaled scores and the mask (softcap, bias, ALiBi, a float mask), no dropout,
-    hidden keys at −inf, and a finite non-zero scale."""
+    the scaled scores and the mask (softcap, bias, ALiBi, a float mask), no sinks, no
+    dropout, hidden keys at −inf, and a finite non-zero scale."""
     o = spec.options
     factor = spec.factor
     return (
         native_dtype(spec) is not None
         and o.softcap is None
         and spec.bias is None
+        and spec.sinks is None
         and not o.alibi
         and (spec.mask is None or spec.mask_is_bool)
         and o.dropout == 0

@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
 from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.spec_checks import check_per_item, check_query_offset, check_sinks
 from sdpa_cli.errors import SpecError
 from sdpa_cli.text import shown
 
@@ -49,6 +50,8 @@ class AttentionSpec:
         group: query heads per key/value head (1 without grouped-query attention).
         names: tensor name → the file (or case-file entry) it came from, for messages.
         shapes: tensor name → the shape as loaded.
+        sinks: a learned logit per query head that joins every row's softmax as an
+            extra column (dropped before the product with V), or None.
     """
 
     q: NDArray[Any]
@@ -66,6 +69,8 @@ class AttentionSpec:
     group: int
     names: Mapping[str, str] = field(default_factory=dict)
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    sinks: NDArray[Any] | None = None
+    """gpt-oss attention sinks: one logit per query head, ``(H,)`` or ``(1,)``."""
 
     @property
     def mask_is_bool(self) -> bool:
@@ -239,6 +244,7 @@ def build_spec(
     mask: NDArray[Any] | None = None,
     options: Options | None = None,
     names: Mapping[str, str] | None = None,
+    sinks: NDArray[Any] | None = None,
 ) -> AttentionSpec:
     """Check shapes and options once and return the frozen spec.
 
@@ -248,7 +254,8 @@ def build_spec(
         mask: boolean (True = may attend, unless ``mask_true_means='masked'``) or
             numeric (added to the logits), broadcastable to ``(..., L, S)``.
         options: the computation options.
-        names: tensor name (``q``, ``k``, ``v``, ``bias``, ``mask``) → source, for messages.
+        names: tensor name (``q``, ``k``, ``v``, ``bias``, ``mask``, ``sinks``) → source.
+        sinks: one logit per query head, ``(H,)`` or ``(1,)`` (gpt-oss).
 
     Raises:
         SpecError: naming the tensor or option, with what was expected and what came.
@@ -256,9 +263,9 @@ def build_spec(
     opts = options or Options()
     labels = {
         n: (names or {}).get(n, n.upper() if n in "qkv" else f"--{n}")
-        for n in ("q", "k", "v", "bias", "mask")
+        for n in ("q", "k", "v", "bias", "mask", "sinks")
     }
-    tensors = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask}
+    tensors = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask, "sinks": sinks}
     shapes = {n: tuple(a.shape) for n, a in tensors.items() if a is not None}
     for n, a in tensors.items():
         if a is not None:
@@ -286,8 +293,10 @@ def build_spec(
         ("--query-offset", opts.query_offset, None),
     ):
         if values is not None:
-            _check_per_item(flag, values, lead, scores_shape, most)
-    _check_query_offset(opts)
+            check_per_item(flag, values, lead, scores_shape, most)
+    check_query_offset(opts)
+    if sinks is not None:
+        check_sinks(sinks, lead[-1] if lead else 1, labels["sinks"])
 
     return AttentionSpec(
         q=_pad(q, len(lead)),
@@ -305,6 +314,7 @@ def build_spec(
         group=group,
         names={n: labels[n] for n in labels},
         shapes=shapes,
+        sinks=sinks,
     )
 
 
@@ -448,45 +458,6 @@ def _broadcast_extra(
             f"{scores_shape} (..., L, S)",
         )
     return _pad(a2, n_lead)
-
-
-def _check_per_item(
-    flag: str,
-    values: tuple[int, ...],
-    lead: tuple[int, ...],
-    scores_shape: tuple[int, ...],
-    most: tuple[str, int] | None,
-) -> None:
-    """One value, or one per batch item; none above ``most`` (what, how many)."""
-    B = lead[-2] if len(lead) >= 2 else None
-    n_given = len(values)
-    if n_given != 1 and n_given != B:
-        axis = (
-            f"the batch axis has {B} items"
-            if B is not None
-            else (f"the inputs have no batch axis (scores {scores_shape} read as (H, L, S))")
-        )
-        what = "offset" if flag == "--query-offset" else "length"
-        raise SpecError(
-            flag, f"{n_given} {what}s given but {axis}; give one {what} or one per item"
-        )
-    too_long = [n for n in values if most is not None and n > most[1]]
-    if most is not None and too_long:
-        name = f"{most[0]}, {'S' if most[0] == 'keys' else 'L'} = {most[1]}"
-        raise SpecError(flag, f"{shown(too_long[0])} exceeds the number of {name}")
-
-
-def _check_query_offset(opts: Options) -> None:
-    """An offset places queries for causal, window, ALiBi: alone or with lower-right, a slip."""
-    if opts.query_offset is not None and not (opts.causal or opts.window or opts.alibi):
-        raise SpecError(
-            "--query-offset", "places the queries for --causal, --window or --alibi; none given"
-        )
-    if opts.query_offset is not None and opts.causal_align != "upper-left":
-        raise SpecError(
-            "--query-offset",
-            "replaces --causal-align lower-right (the offset S − L for every item); give one",
-        )
 
 
 def scale_factor(rule: str | float, E: int) -> float:

@@ -230,7 +230,13 @@ class Stats:
                 hidden_weight = np.where(block.visible, 0.0, w).sum(axis=1)
             w = np.where(block.visible, w, 0.0)
             total = w.sum(axis=1, keepdims=True)
-            w = w / np.where(total > 0, total, 1.0)
+            keep = 1.0 if block.sink is None else 1.0 - block.sink[:, None]
+            w = w / np.where(total > 0, total, 1.0) * keep
+            exact = False
+        if block.sink is not None:
+            # With sinks a row's weights sum to 1 − p_sink: the classifiers read them as
+            # they are (a row mostly on the sink is neither saturated nor uniform), and
+            # the entropy is summed directly (the LSE shortcut assumes a sum of 1).
             exact = False
         top = np.argmax(w, axis=1)
         w_top = w[np.arange(n), top]

@@ -112,6 +112,10 @@ def render_grad(
             at = spec.operand_index(name[1], lead)
             parts.append(matrix_table(values[at], keys, range(cols), "k", prefix, view))
             parts.append(Text(""))
+        if grads.dsinks is not None:
+            sums = "p_sink · (0 − Σ_j A_j dA_j), summed over every row of the head"
+            parts.append(Text(f"{LABEL['dsinks']} = {sums}: {grads.dsinks.tolist()}"))
+            parts.append(Text(""))
         if grads.dbias is not None:
             at = spec.operand_index("bias", lead)
             d = grads.dbias[at]

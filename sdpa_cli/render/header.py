@@ -54,6 +54,11 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
         grid.add_row("softcap", Text(f"{sig(o.softcap, 6)} · tanh(scaled / {sig(o.softcap, 6)})"))
     if spec.bias is not None:
         grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {shape(spec.shapes['bias'])}"))
+    if spec.sinks is not None:
+        logits = ", ".join(sig(float(x)) for x in spec.sinks[:8]) + (
+            ", …" if spec.sinks.size > 8 else ""
+        )
+        grid.add_row("sinks", Text(f"one softmax column per head (gpt-oss), logits {logits}"))
     if o.alibi:
         shown = spec.alibi_slopes[:8]
         slopes = ", ".join(sig(s) for s in shown) + (", …" if spec.H > 8 else "")
