@@ -69,6 +69,8 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
             "key_lengths": list(o.key_lengths) if o.key_lengths else None,
             "query_offset": list(o.query_offset) if o.query_offset else None,
             "query_lengths": list(o.query_lengths) if o.query_lengths else None,
+            "cu_seqlens": list(o.cu_seqlens) if o.cu_seqlens else None,
+            "cu_seqlens_k": list(o.cu_seqlens_k) if o.cu_seqlens_k else None,
             "sinks": None if spec.sinks is None else [float(x) for x in spec.sinks],
             "mask_true_means": o.mask_true_means,
             "mask_value": json_number(o.mask_value) if for_json else o.mask_value,

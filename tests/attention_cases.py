@@ -143,6 +143,24 @@ CASES: dict[str, dict[str, Any]] = {
         "key_lengths": (30, 16),
         "query_lengths": (13, 5),
     },
+    # packed documents (--cu-seqlens): block-diagonal, causal within each document
+    "cu-seqlens-causal": {
+        "B": 1,
+        "L": 29,
+        "S": 29,
+        "causal": True,
+        "cu_seqlens": (0, 5, 13, 16, 27, 29),
+    },
+    "cu-seqlens-k-window": {
+        "B": 1,
+        "L": 13,
+        "S": 30,
+        "causal": True,
+        "causal_align": "lower-right",
+        "window": (4, 0),
+        "cu_seqlens": (0, 5, 5, 13),
+        "cu_seqlens_k": (0, 9, 12, 30),
+    },
     "kv-cache-past-the-keys-one-query-length": {
         "L": 13,
         "S": 30,

@@ -15,6 +15,7 @@ from sdpa_cli.check.compare import Tolerance, compare, mismatch_summary
 from sdpa_cli.check.exports import merged_index
 from sdpa_cli.check.records import Check
 from sdpa_cli.engine.block import Block
+from sdpa_cli.engine.masks import document_of
 from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
@@ -71,13 +72,21 @@ def weights_range(w: F64, tol: Tolerance, label: str) -> Check:
     )
 
 
-def weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str) -> Check:
+def weights_rows(
+    w: F64,
+    support: NDArray[np.bool_],
+    tol: Tolerance,
+    label: str,
+    documents: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+) -> Check:
     """Rows sum to 1 over the keys they may attend to, the others get nothing; a row
     with nothing to attend to sums to 0.
 
     ``support`` is where the computation can put weight: the visible keys, and the
     hidden ones a finite mask value still weighs (a row with no visible key is
-    spread over every key under -1e9).
+    spread over every key under -1e9). With packed ``documents`` (cumulative lengths
+    along L and S), weight on another document's key is named as leakage between
+    the two documents.
     """
     any_support = np.asarray(support.any(axis=-1))
     with np.errstate(invalid="ignore"):
@@ -100,6 +109,23 @@ def weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str)
                 f"{empty:,} with no key to attend to sum to 0"
             )
         return Check("weights.rows", "pass", summary, file=label)
+    crossing = None if documents is None else _crossing(w, support, tol, documents)
+    if crossing is not None:
+        at, weight, dq, dk = crossing
+        summary = f"weight {sig(weight, 3)} crosses from document {dq} into document {dk} at {format_index(at)}"
+        return Check(
+            "weights.rows",
+            "fail",
+            f"{n:,} of {n_rows:,} rows off: {summary}",
+            index=at,
+            file=label,
+            details={
+                "rows_off": n,
+                "bad_sums": int(bad_sum.sum()),
+                "leaking_rows": int(bad_leak.sum()),
+                "documents": [dq, dk],
+            },
+        )
     row = argmax_index(bad)
     if bad_sum[row]:
         what = f"sums to {sig(sums[row], 6)}, not {sig(target[row], 6)}"
@@ -117,6 +143,28 @@ def weights_rows(w: F64, support: NDArray[np.bool_], tol: Tolerance, label: str)
             "leaking_rows": int(bad_leak.sum()),
         },
     )
+
+
+def _crossing(
+    w: F64,
+    support: NDArray[np.bool_],
+    tol: Tolerance,
+    documents: tuple[tuple[int, ...], tuple[int, ...]],
+) -> tuple[Index, float, int, int] | None:
+    """The first row's largest weight on another document's key, above ``tol.atol``:
+    its element index, the weight, the query's document and the key's (None: none)."""
+    L, S = w.shape[-2:]
+    dq = document_of(documents[0], np.arange(L, dtype=np.int64))
+    dk = document_of(documents[1], np.arange(S, dtype=np.int64))
+    across = (dq[:, None] != dk[None, :]) & ~support
+    with np.errstate(invalid="ignore"):
+        leaked = np.where(across, np.abs(w), 0.0)
+        rows = leaked.max(axis=-1, initial=0.0) > tol.atol
+    if not rows.any():
+        return None
+    row = argmax_index(rows)
+    j = int(np.argmax(leaked[row]))
+    return (*row, j), float(w[(*row, j)]), int(dq[row[-1]]), int(dk[j])
 
 
 def v_range(

@@ -54,6 +54,7 @@ from sdpa_cli.diagnosis.rules import diagnose
 from sdpa_cli.engine.block import block_lse, native_dtype, visibility
 from sdpa_cli.engine.driver import Place, Progress, sweep
 from sdpa_cli.engine.forward import first_moments, forward, query_block
+from sdpa_cli.engine.positions import documents
 from sdpa_cli.engine.records import Moments, Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
@@ -291,7 +292,7 @@ def _export_checks(
     if "weights" in fitted:
         assert against.support is not None
         checks += _weights_checks(
-            fitted["weights"], ref["weights"], tols["weights"], against.support, nan
+            spec, fitted["weights"], ref["weights"], tols["weights"], against.support, nan
         )
         _judged(checks, "weights", fitted, against, nan)
     if "lse" in fitted:
@@ -424,15 +425,20 @@ def _output_checks(
 
 
 def _weights_checks(
-    f: Fitted, ref: F64, tol: Tolerance, support: NDArray[np.bool_], equal_nan: bool
+    spec: AttentionSpec,
+    f: Fitted,
+    ref: F64,
+    tol: Tolerance,
+    support: NDArray[np.bool_],
+    equal_nan: bool,
 ) -> list[Check]:
-    """The exported weights: finite, in [0, 1], rows summing to 1 over ``support``,
-    close to the reference."""
+    """The exported weights: finite, in [0, 1], rows summing to 1 over ``support``
+    (weight across packed documents named), close to the reference."""
     label = f.exp.label
     return [
         finite_check("weights", f.values, label),
         weights_range(f.values, tol, label),
-        weights_rows(f.values, support, tol, label),
+        weights_rows(f.values, support, tol, label, documents(spec)),
         close_check("weights", f.values, ref, tol, label, equal_nan),
     ]
 

@@ -82,6 +82,16 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Valid queries per batch item; later rows are absent: zero output, not judged, not compared. One number for all.",
     ),
     click.option(
+        "--cu-seqlens",
+        metavar="0,N1,...,L",
+        help="Packed documents (FlashAttention's varlen): cumulative lengths along L; a query sees only its document's keys. Batch of 1.",
+    ),
+    click.option(
+        "--cu-seqlens-k",
+        metavar="0,N1,...,S",
+        help="The documents' cumulative lengths along S (default: --cu-seqlens).",
+    ),
+    click.option(
         "--window",
         metavar="W|LEFT,RIGHT",
         help="Sliding window: key j visible to query i when −LEFT ≤ j − i − offset ≤ RIGHT.",

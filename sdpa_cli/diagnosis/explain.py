@@ -41,7 +41,7 @@ def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
     """The engine's stages that apply, without ``masked`` when nothing masks."""
     o = spec.options
     masks = o.causal or o.window is not None or o.key_lengths is not None
-    masks = masks or o.query_lengths is not None
+    masks = masks or o.query_lengths is not None or o.cu_seqlens is not None
     masks = masks or spec.mask is not None
     return tuple(s for s in applicable_stages(spec) if s != "masked" or masks)
 

@@ -241,6 +241,8 @@ def _mask_rules(spec: AttentionSpec, lead: Index) -> list[str]:
     if o.query_lengths is not None:
         b = lead[-2] if len(o.query_lengths) > 1 else 0
         rules.append(f"query length {o.query_lengths[b]}")
+    if o.cu_seqlens is not None:
+        rules.append(f"{len(o.cu_seqlens) - 1} packed documents")
     if o.window is not None:
         rules.append(f"a window of {o.window[0]} left, {o.window[1]} right")
     if o.key_lengths is not None:
@@ -286,6 +288,7 @@ def _mask_note(spec: AttentionSpec, gathered: SlicePass, lead: Index) -> str:
         o = spec.options
         sentinel = f"the float mask's sentinel {sentinels.label()} added to their logits"
         replaced = o.causal or o.window is not None or o.key_lengths is not None
+        replaced = replaced or o.cu_seqlens is not None
         fate = f"set to {o.mask_value_label} or {sentinel}" if replaced else sentinel
     note = (
         f"{_first_upper(' + '.join(rules)) or 'The mask'} hid {gathered.hidden:,} of "

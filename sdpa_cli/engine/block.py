@@ -135,9 +135,14 @@ def visibility(
         return m if visible is None else visible & m
 
     offset = positions.diagonal_offset(spec, lead_index)
-    if o.causal:
+    docs = positions.documents(spec)
+    if docs is not None:  # the causal mask and window within each document
+        visible = masks.packed(
+            i0, i1, keys, *docs, causal=o.causal, window=o.window, align=o.causal_align
+        )
+    elif o.causal:
         visible = both(masks.causal(i0, i1, L, S, keys=keys, offset=offset))
-    if o.window is not None:
+    if docs is None and o.window is not None:
         visible = both(masks.window(i0, i1, L, S, *o.window, keys=keys, offset=offset))
     n_valid = positions.valid_keys(spec, lead_index)
     if n_valid is not None:

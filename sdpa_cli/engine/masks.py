@@ -191,6 +191,73 @@ def key_range(
     return slice(j0, max(j0, min(j1, S)))
 
 
+def document_of(cu: tuple[int, ...], at: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The document each position of ``at`` sits in, under cumulative lengths ``cu``
+    (an empty document holds no position)."""
+    found = np.searchsorted(np.asarray(cu, dtype=np.int64), at, side="right") - 1
+    return found.astype(np.int64)
+
+
+def packed(
+    i0: int,
+    i1: int,
+    keys: slice,
+    cu_q: tuple[int, ...],
+    cu_k: tuple[int, ...],
+    *,
+    causal: bool = False,
+    window: tuple[int, int] | None = None,
+    align: str = "upper-left",
+) -> NDArray[np.bool_]:
+    """Packed documents (FlashAttention's varlen): query i of document d sees key j
+    only when j is in document d too, and a causal mask or window applies within the
+    document, query i at local position i − cu_q[d] + offset_d and key j at
+    j − cu_k[d], offset_d the alignment's for the document's own lengths (lower-right:
+    S_d − L_d, FlashAttention's). Shape (rows, keys)."""
+    i = np.arange(i0, i1, dtype=np.int64)
+    j = np.arange(keys.start, keys.stop, dtype=np.int64)
+    cq, ck = np.asarray(cu_q, dtype=np.int64), np.asarray(cu_k, dtype=np.int64)
+    dq, dk = document_of(cu_q, i), document_of(cu_k, j)
+    visible = dq[:, None] == dk[None, :]
+    if causal or window is not None:
+        L_d, S_d = cq[dq + 1] - cq[dq], ck[dq + 1] - ck[dq]
+        offset = S_d - L_d if align == "lower-right" else np.zeros_like(L_d)
+        d = (j[None, :] - ck[dq][:, None]) - (i - cq[dq] + offset)[:, None]
+        if causal:
+            visible &= d <= 0
+        if window is not None:
+            visible &= (d >= -window[0]) & (d <= window[1])
+    return np.asarray(visible, dtype=np.bool_)
+
+
+def packed_key_range(
+    i0: int,
+    i1: int,
+    cu_q: tuple[int, ...],
+    cu_k: tuple[int, ...],
+    *,
+    causal: bool = False,
+    window: tuple[int, int] | None = None,
+    align: str = "upper-left",
+) -> slice:
+    """The keys any of the query rows i0..i1 may see among packed documents: the span
+    of each of their documents' keys that a causal mask and window leave (the keys of
+    other documents between them stay inside, hidden by :func:`packed`)."""
+    if i1 <= i0:
+        return slice(0, 0)
+    ends = document_of(cu_q, np.array([i0, i1 - 1], dtype=np.int64))
+    lo, hi = cu_k[-1], 0
+    for d in range(int(ends[0]), int(ends[1]) + 1):
+        r0, r1 = max(i0, cu_q[d]), min(i1, cu_q[d + 1])
+        L_d, S_d = cu_q[d + 1] - cu_q[d], cu_k[d + 1] - cu_k[d]
+        local = key_range(
+            r0 - cu_q[d], r1 - cu_q[d], L_d, S_d, causal=causal, window=window, align=align
+        )
+        if r1 > r0 and local.stop > local.start:
+            lo, hi = min(lo, cu_k[d] + local.start), max(hi, cu_k[d] + local.stop)
+    return slice(lo, hi) if hi > lo else slice(0, 0)
+
+
 def alibi_slopes(H: int) -> NDArray[np.float64]:
     """ALiBi head slopes, as in the paper (Press et al., 2022) and its reference code.
 

@@ -47,6 +47,11 @@ class Options:
     length before the new tokens); replaces ``causal_align`` for causal, window, ALiBi."""
     query_lengths: tuple[int, ...] | None = None
     """Valid queries per batch item: later rows are absent (zero output, not judged)."""
+    cu_seqlens: tuple[int, ...] | None = None
+    """Packed documents (FlashAttention's varlen): cumulative lengths along L; document
+    d holds queries cu[d] .. cu[d+1] and sees only its own keys."""
+    cu_seqlens_k: tuple[int, ...] | None = None
+    """The documents' cumulative lengths along S (default: ``cu_seqlens``)."""
     window: tuple[int, int] | None = None
     mask_value: float = -math.inf
     dropout: float = 0.0
@@ -222,6 +227,8 @@ _PARSERS: dict[str, Any] = {
     "key_lengths": _int_list,
     "query_offset": _int_list,
     "query_lengths": _int_list,
+    "cu_seqlens": _int_list,
+    "cu_seqlens_k": _int_list,
     "window": parse_window,
     "mask_value": parse_mask_value,
     "dropout": _dropout,

@@ -10,6 +10,8 @@ ALiBi measures from the bottom-right diagonal (S − L) unless ``--query-offset`
 where the queries are. ``--key-lengths`` leaves item b its first keys;
 ``--query-lengths`` its first queries: the rows after them are *absent* (hidden from
 every key, zero weights and output, whatever the mask value; not judged).
+``--cu-seqlens`` packs documents along L (and S): a query sees its own document's
+keys only, the causal mask and window placed within the document.
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ def valid_keys(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int | None:
     return None if o.key_lengths is None else _item(o.key_lengths, lead_index)
 
 
+def documents(spec: AttentionSpec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Packed documents' cumulative lengths along L and S (``--cu-seqlens``,
+    ``--cu-seqlens-k``, the keys' the queries' by default), or None."""
+    o = spec.options
+    if o.cu_seqlens is None:
+        return None
+    return o.cu_seqlens, o.cu_seqlens if o.cu_seqlens_k is None else o.cu_seqlens_k
+
+
 def absent_rows(spec: AttentionSpec) -> NDArray[np.bool_]:
     """Rows past ``--query-lengths``, shape (..., L) as the per-row statistics."""
     shape = (*spec.lead, spec.L)
@@ -93,14 +104,25 @@ def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -
         return slice(0, 0)
     if rows.stop > valid_queries(spec, lead_index):
         return slice(0, 0)
+    docs = documents(spec)
+    if docs is not None:  # rows of two documents share no key
+        ends = masks.document_of(docs[0], np.array([rows.start, rows.stop - 1]))
+        if ends[0] != ends[1]:
+            return slice(0, 0)
     first = _seen_by_any(spec, lead_index, rows.start, rows.start + 1)
     last = _seen_by_any(spec, lead_index, rows.stop - 1, rows.stop)
     return slice(last.start, max(last.start, first.stop))
 
 
 def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: int) -> slice:
-    """The keys a causal mask, a window and padding leave to any of rows i0..i1."""
+    """The keys a causal mask, a window, padding and packed documents leave to any of
+    rows i0..i1."""
     o = spec.options
+    docs = documents(spec)
+    if docs is not None:
+        return masks.packed_key_range(
+            i0, i1, *docs, causal=o.causal, window=o.window, align=o.causal_align
+        )
     return masks.key_range(
         i0,
         i1,

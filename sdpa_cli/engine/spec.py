@@ -30,7 +30,12 @@ from numpy.typing import NDArray
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
 from sdpa_cli.engine.options import Options
-from sdpa_cli.engine.spec_checks import check_per_item, check_query_offset, check_sinks
+from sdpa_cli.engine.spec_checks import (
+    check_documents,
+    check_per_item,
+    check_query_offset,
+    check_sinks,
+)
 from sdpa_cli.errors import SpecError
 from sdpa_cli.text import shown
 
@@ -295,6 +300,7 @@ def build_spec(
         if values is not None:
             check_per_item(flag, values, lead, scores_shape, most)
     check_query_offset(opts)
+    check_documents(opts, tuple(lead), int(L), int(S))
     if sinks is not None:
         check_sinks(sinks, lead[-1] if lead else 1, labels["sinks"])
 

@@ -3,6 +3,8 @@ makes once the leading axes are known: per-item lists, the query offset, the sin
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any
 
 from numpy.typing import NDArray
@@ -55,3 +57,57 @@ def check_sinks(sinks: NDArray[Any], H: int, label: str) -> None:
     """gpt-oss sinks: one logit per query head, ``(H,)``, or one for all, ``(1,)``."""
     if sinks.ndim != 1 or sinks.shape[0] not in (1, H):
         raise SpecError(label, f"shape {tuple(sinks.shape)}, expected (H,) = ({H},) or (1,)")
+
+
+def check_documents(opts: Options, lead: tuple[int, ...], L: int, S: int) -> None:
+    """Packed documents (``--cu-seqlens``, ``--cu-seqlens-k``): one sequence of packed
+    tokens (no batch, or a batch of 1), the last value L (S), as many documents along
+    both axes, and no per-item option beside them."""
+    cu_q, cu_k = opts.cu_seqlens, opts.cu_seqlens_k
+    if cu_q is None:
+        if cu_k is not None:
+            raise SpecError("--cu-seqlens-k", "needs --cu-seqlens (the queries' documents)")
+        return
+    for flag, cu in (("--cu-seqlens", cu_q), ("--cu-seqlens-k", cu_k)):
+        if cu is not None:
+            _check_cumulative(flag, cu)
+    if math.prod(lead[:-1]) > 1:
+        raise SpecError(
+            "--cu-seqlens",
+            f"packs documents along one sequence, but the leading axes are {lead} (..., B, H); "
+            "give a batch of 1",
+        )
+    if cu_q[-1] != L:
+        raise SpecError("--cu-seqlens", f"ends at {cu_q[-1]}, but the queries number L = {L}")
+    if cu_k is None and L != S:
+        raise SpecError(
+            "--cu-seqlens",
+            f"serves the keys too without --cu-seqlens-k, but L = {L} and S = {S} differ",
+        )
+    if cu_k is not None and cu_k[-1] != S:
+        raise SpecError("--cu-seqlens-k", f"ends at {cu_k[-1]}, but the keys number S = {S}")
+    if cu_k is not None and len(cu_k) != len(cu_q):
+        raise SpecError(
+            "--cu-seqlens-k",
+            f"{len(cu_k) - 1} documents, but --cu-seqlens has {len(cu_q) - 1}",
+        )
+    for flag, value in (
+        ("--key-lengths", opts.key_lengths),
+        ("--query-lengths", opts.query_lengths),
+        ("--query-offset", opts.query_offset),
+    ):
+        if value is not None:
+            raise SpecError(flag, "is per batch item; packed documents (--cu-seqlens) have none")
+    if opts.alibi and cu_k is not None and cu_k != cu_q:
+        raise SpecError("--alibi", "with --cu-seqlens-k other than --cu-seqlens is not supported")
+
+
+def _check_cumulative(flag: str, cu: tuple[int, ...]) -> None:
+    """Cumulative lengths: from 0, never decreasing (an empty document is allowed)."""
+    if cu[0] != 0:
+        raise SpecError(flag, f"must start at 0, got {shown(cu[0])}")
+    if len(cu) < 2:
+        raise SpecError(flag, "expected at least two values, 0 and the total length")
+    for a, b in itertools.pairwise(cu):
+        if b < a:
+            raise SpecError(flag, f"must not decrease, got {shown(b)} after {shown(a)}")

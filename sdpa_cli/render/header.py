@@ -92,6 +92,8 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         rule = "j ≤ i" if o.causal_align == "upper-left" else "j ≤ i + S − L"
         if o.query_offset is not None:
             lines.append(("causal", "j ≤ i + N (N: the query offset)"))
+        elif o.cu_seqlens is not None:
+            lines.append(("causal", f"{o.causal_align}, within each document"))
         else:
             lines.append(("causal", f"{o.causal_align} ({rule})"))
     if o.window is not None:
@@ -101,9 +103,15 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         per = "per batch item" if len(o.query_offset) > 1 else "every item"
         offsets = ", ".join(str(n) for n in o.query_offset)
         lines.append(("query offset", f"query 0 at position {offsets} ({per}; query i at N + i)"))
-    elif aligned and spec.L != spec.S:
+    elif aligned and spec.L != spec.S and o.cu_seqlens is None:
         off = spec.S - spec.L if o.causal_align == "lower-right" else 0
         lines.append(("alignment", f"L ≠ S: {o.causal_align}, diagonal offset {off}"))
+    if o.cu_seqlens is not None:
+        cu = ",".join(str(n) for n in o.cu_seqlens)
+        docs = f"{len(o.cu_seqlens) - 1} packed, cu_seqlens {cu}"
+        if o.cu_seqlens_k is not None:
+            docs += f", keys {','.join(str(n) for n in o.cu_seqlens_k)}"
+        lines.append(("documents", docs + " (a query sees its own document's keys)"))
     if o.query_lengths is not None:
         per = "per batch item" if len(o.query_lengths) > 1 else "every item"
         lengths = ", ".join(str(n) for n in o.query_lengths)
