@@ -66,6 +66,8 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
             "causal": o.causal,
             "causal_align": o.causal_align,
             "window": list(o.window) if o.window else None,
+            "mask_mod": o.mask_mod,
+            "score_mod": o.score_mod,
             "key_lengths": list(o.key_lengths) if o.key_lengths else None,
             "query_offset": list(o.query_offset) if o.query_offset else None,
             "query_lengths": list(o.query_lengths) if o.query_lengths else None,

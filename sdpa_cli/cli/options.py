@@ -97,6 +97,16 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Sliding window: key j visible to query i when −LEFT ≤ j − i − offset ≤ RIGHT.",
     ),
     click.option(
+        "--mask-mod",
+        metavar="EXPR",
+        help='FlexAttention\'s mask_mod: an expression over b, h, q_idx, kv_idx; where it is false the key is hidden, e.g. "q_idx >= kv_idx and q_idx - kv_idx < 256".',
+    ),
+    click.option(
+        "--score-mod",
+        metavar="EXPR",
+        help='FlexAttention\'s score_mod: an expression over score (the scaled score), b, h, q_idx, kv_idx giving the logit before the mask, e.g. "score + 0.1 * (kv_idx - q_idx)". Numbers, + - * / // % **, comparisons, and/or/not, where, abs, tanh, exp, log, sqrt, minimum, maximum.',
+    ),
+    click.option(
         "--mask-value",
         metavar="-inf|finfo-min|X",
         help="Value of hidden logits (default -inf; e.g. -1e9 as many kernels use).",

@@ -42,7 +42,7 @@ def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
     o = spec.options
     masks = o.causal or o.window is not None or o.key_lengths is not None
     masks = masks or o.query_lengths is not None or o.cu_seqlens is not None
-    masks = masks or spec.mask is not None
+    masks = masks or spec.mask is not None or o.mask_mod is not None
     return tuple(s for s in applicable_stages(spec) if s != "masked" or masks)
 
 

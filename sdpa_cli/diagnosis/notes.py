@@ -213,6 +213,11 @@ def _capped_note(spec: AttentionSpec, gathered: SlicePass) -> str:
 
 def _biased_note(spec: AttentionSpec, gathered: SlicePass, lead: Index) -> str:
     m = gathered.moments
+    if spec.options.score_mod is not None:
+        return (
+            f"Through --score-mod {spec.options.score_mod}: {_change(m['scaled'], m['biased'])}; "
+            f"the top key changed in {gathered.top_moved:,} of {spec.L:,} rows."
+        )
     what = []
     if spec.bias is not None:
         what.append(f"the bias {spec.names.get('bias', 'bias')}")
@@ -251,6 +256,8 @@ def _mask_rules(spec: AttentionSpec, lead: Index) -> list[str]:
             rules.append(f"key length {o.key_lengths[b]} (batch item {b})")
         else:
             rules.append(f"key length {o.key_lengths[0]}")
+    if o.mask_mod is not None:
+        rules.append(f"--mask-mod {o.mask_mod}")
     if spec.mask is not None:
         rules.append(
             f"the {'boolean' if spec.mask_is_bool else 'float'} mask "

@@ -6,6 +6,7 @@ For one position of the leading axes (a (batch, head) slice) and query rows i0..
     scaled  = raw · scale / temperature
     capped  = C · tanh(scaled / C)                   only with a softcap C
     biased  = capped + bias + ALiBi                  only with a bias or ALiBi
+              (or score_mod(scaled, b, h, i, j)      with --score-mod, in their stead)
     masked  = biased + float mask, hidden keys set to the mask value
     weights = softmax over keys, max-subtracted; zero for a row with no visible key
               (with --sinks: over the keys and the head's sink logit, the sink's
@@ -29,8 +30,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import masks, positions, precision
+from sdpa_cli.engine import expressions, masks, positions, precision
 from sdpa_cli.engine.positions import common_keys as common_keys
+from sdpa_cli.engine.positions import dropout_keep as dropout_keep
 from sdpa_cli.engine.positions import full_keys as full_keys
 from sdpa_cli.engine.positions import key_range as key_range
 from sdpa_cli.engine.softmax import DENORMAL_FLOOR as DENORMAL_FLOOR
@@ -105,7 +107,7 @@ def applicable_stages(spec: AttentionSpec) -> tuple[str, ...]:
     skip = set()
     if o.softcap is None:
         skip.add("capped")
-    if spec.bias is None and not o.alibi:
+    if spec.bias is None and not o.alibi and o.score_mod is None:
         skip.add("biased")
     if o.dropout == 0:
         skip.add("dropped")
@@ -154,6 +156,8 @@ def visibility(
         assert spec.mask is not None
         allowed = _part(spec.mask[spec.operand_index("mask", lead_index)], rows, keys)
         visible = both(~allowed if o.mask_true_means == "masked" else allowed)
+    if o.mask_mod is not None:
+        visible = both(expressions.mask_mod(o.mask_mod, lead_index, rows, keys))
     if visible is not None:
         visible = np.broadcast_to(visible, (n_rows, keys.stop - keys.start))
     return visible
@@ -195,25 +199,6 @@ def _seen(
     if sentinel is None:
         return visible
     return ~sentinel if visible is None else visible & ~sentinel
-
-
-def dropout_keep(
-    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice
-) -> NDArray[np.bool_]:
-    """The dropout keep-mask of a block, drawn by element position.
-
-    Philox is counter-based: the counter of row r of slice n starts at
-    (n·L + r) · ⌈S/4⌉, so a row's draws do not depend on how rows are blocked.
-    """
-    o = spec.options
-    words = -(-spec.S // 4)  # Philox4x64 gives 4 words per counter step
-    flat = int(np.ravel_multi_index(lead_index, spec.lead)) if spec.lead else 0
-    first_row = flat * spec.L + rows.start
-    gen = np.random.Philox(key=o.seed, counter=first_row * words)
-    n_rows = rows.stop - rows.start
-    draws = gen.random_raw(n_rows * words * 4).reshape(n_rows, words * 4)[:, keys]
-    uniform = (draws >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53-bit uniform in [0, 1)
-    return uniform >= o.dropout  # type: ignore[no-any-return]
 
 
 def native_dtype(spec: AttentionSpec, emulate: bool = True) -> np.dtype[Any] | None:
@@ -430,7 +415,10 @@ def _biased(
     rows: slice,
     keys: slice,
 ) -> F64 | None:
-    """The logits plus the bias and ALiBi, or None when there is neither."""
+    """The logits plus the bias and ALiBi (or through --score-mod), or None."""
+    if spec.options.score_mod is not None:
+        mod = expressions.score_mod(spec.options.score_mod, logits, lead_index, rows, keys)
+        return ar.rl(mod.astype(ar.dtype))
     if spec.bias is None and not spec.options.alibi:
         return None
     biased = logits.copy()

@@ -171,6 +171,8 @@ def backward(
         stats: gathers the forward pass's statistics (``Stats.empty(spec)``), so that
             one pass gives the forward findings too; ``spec`` must then be float64.
     """
+    if spec.options.score_mod is not None:  # its derivative would need autodiff
+        raise SpecError("--score-mod", "has no backward pass here; use it with compute")
     dq = np.zeros(spec.q.shape)
     dk = np.zeros(spec.k.shape)
     dv = np.zeros(spec.v.shape)

@@ -59,7 +59,7 @@ stays flat: the matmuls keep their shape as S grows)."""
 
 def applies(spec: AttentionSpec) -> bool:
     """Whether the lean pass computes this spec: native arithmetic, no stage between
-    the scaled scores and the mask (softcap, bias, ALiBi, a float mask), no sinks, no
+    the scaled scores and the mask (softcap, bias, ALiBi, score-mod, a float mask), no sinks, no
     dropout, hidden keys at −inf, and a finite non-zero scale."""
     o = spec.options
     factor = spec.factor
@@ -69,6 +69,7 @@ def applies(spec: AttentionSpec) -> bool:
         and spec.bias is None
         and spec.sinks is None
         and not o.alibi
+        and o.score_mod is None
         and (spec.mask is None or spec.mask_is_bool)
         and o.dropout == 0
         and not o.prescale

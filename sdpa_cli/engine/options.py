@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.expressions import parse_mask_mod, parse_score_mod
 from sdpa_cli.engine.masks import ALIGNMENTS
 from sdpa_cli.engine.precision import FORMATS
 from sdpa_cli.errors import SpecError
@@ -53,6 +54,11 @@ class Options:
     cu_seqlens_k: tuple[int, ...] | None = None
     """The documents' cumulative lengths along S (default: ``cu_seqlens``)."""
     window: tuple[int, int] | None = None
+    mask_mod: str | None = None
+    """FlexAttention's mask_mod over b, h, q_idx, kv_idx: False hides the key."""
+    score_mod: str | None = None
+    """FlexAttention's score_mod over score, b, h, q_idx, kv_idx: replaces the scaled
+    scores (before the mask; instead of --softcap, --bias and --alibi)."""
     mask_value: float = -math.inf
     dropout: float = 0.0
     seed: int = 0
@@ -230,6 +236,8 @@ _PARSERS: dict[str, Any] = {
     "cu_seqlens": _int_list,
     "cu_seqlens_k": _int_list,
     "window": parse_window,
+    "mask_mod": parse_mask_mod,
+    "score_mod": parse_score_mod,
     "mask_value": parse_mask_value,
     "dropout": _dropout,
     "seed": lambda v, w: _int(v, w, maximum=MAX_SEED),

@@ -1,5 +1,6 @@
 """Where each batch item's queries and keys sit: the diagonal offset of a causal mask
-and window, ALiBi's, the valid queries and keys, and the keys a block may skip.
+and window, ALiBi's, the valid queries and keys, the keys a block may skip, and
+dropout's keep-mask, drawn by element position.
 
 Query i of batch item b sits at position offset_b + i, and key j at position j:
 
@@ -96,11 +97,12 @@ def key_range(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> 
 
 def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> slice:
     """The keys every row of the block sees: no mask hides them from any row (empty
-    under a boolean mask, which may hide any key, and for a block with an absent row).
+    under a boolean mask or --mask-mod, which may hide any key, and for a block with an
+    absent row).
     A row's keys under a causal mask, a window and padding are a range whose ends
     never go back as the row goes down, so the keys of all rows are those the last
     row starts at and the first row ends at."""
-    if spec.mask_is_bool or rows.stop <= rows.start:
+    if spec.mask_is_bool or spec.options.mask_mod is not None or rows.stop <= rows.start:
         return slice(0, 0)
     if rows.stop > valid_queries(spec, lead_index):
         return slice(0, 0)
@@ -133,3 +135,22 @@ def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: 
         n_valid=valid_keys(spec, lead_index),
         offset=diagonal_offset(spec, lead_index),
     )
+
+
+def dropout_keep(
+    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice
+) -> NDArray[np.bool_]:
+    """The dropout keep-mask of a block, drawn by element position.
+
+    Philox is counter-based: the counter of row r of slice n starts at
+    (n·L + r) · ⌈S/4⌉, so a row's draws do not depend on how rows are blocked.
+    """
+    o = spec.options
+    words = -(-spec.S // 4)  # Philox4x64 gives 4 words per counter step
+    flat = int(np.ravel_multi_index(lead_index, spec.lead)) if spec.lead else 0
+    first_row = flat * spec.L + rows.start
+    gen = np.random.Philox(key=o.seed, counter=first_row * words)
+    n_rows = rows.stop - rows.start
+    draws = gen.random_raw(n_rows * words * 4).reshape(n_rows, words * 4)[:, keys]
+    uniform = (draws >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53-bit uniform in [0, 1)
+    return uniform >= o.dropout  # type: ignore[no-any-return]

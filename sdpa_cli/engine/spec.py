@@ -34,6 +34,7 @@ from sdpa_cli.engine.spec_checks import (
     check_documents,
     check_per_item,
     check_query_offset,
+    check_score_mod,
     check_sinks,
 )
 from sdpa_cli.errors import SpecError
@@ -301,6 +302,7 @@ def build_spec(
             check_per_item(flag, values, lead, scores_shape, most)
     check_query_offset(opts)
     check_documents(opts, tuple(lead), int(L), int(S))
+    check_score_mod(opts, bias is not None)
     if sinks is not None:
         check_sinks(sinks, lead[-1] if lead else 1, labels["sinks"])
 

@@ -111,3 +111,15 @@ def _check_cumulative(flag: str, cu: tuple[int, ...]) -> None:
     for a, b in itertools.pairwise(cu):
         if b < a:
             raise SpecError(flag, f"must not decrease, got {shown(b)} after {shown(a)}")
+
+
+def check_score_mod(opts: Options, has_bias: bool) -> None:
+    """``--score-mod`` replaces every modification of the scaled scores, as
+    flex_attention's score_mod does: a softcap, a bias or ALiBi go into the expression."""
+    if opts.score_mod is None:
+        return
+    for flag, given in (("--softcap", opts.softcap is not None), ("--alibi", opts.alibi)):
+        if given:
+            raise SpecError(flag, "with --score-mod: write it into the expression instead")
+    if has_bias:
+        raise SpecError("--bias", "with --score-mod: write it into the expression instead")

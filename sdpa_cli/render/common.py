@@ -187,8 +187,10 @@ def titled(title: str, formula: str) -> Text:
     return Text.assemble((title, THEME["title"]), "  ", (formula, THEME["muted"]))
 
 
-def stage_title(stage: str) -> Text:
-    """A stage's name and formula."""
+def stage_title(stage: str, score_mod: str | None = None) -> Text:
+    """A stage's name and formula (``--score-mod`` fills the biased stage)."""
+    if stage == "biased" and score_mod is not None:
+        return titled("biased", "score_mod(scaled), --score-mod")
     return titled(*STAGE_TITLES[stage])
 
 

@@ -52,6 +52,8 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     grid.add_row("scale", Text(scale))
     if o.softcap is not None:
         grid.add_row("softcap", Text(f"{sig(o.softcap, 6)} · tanh(scaled / {sig(o.softcap, 6)})"))
+    if o.score_mod is not None:
+        grid.add_row("score-mod", Text(f"{o.score_mod} (score: the scaled score)"))
     if spec.bias is not None:
         grid.add_row("bias", Text(f"{names.get('bias', 'bias')} {shape(spec.shapes['bias'])}"))
     if spec.sinks is not None:
@@ -99,6 +101,8 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
     if o.window is not None:
         left, right = o.window
         lines.append(("window", f"{left} left, {right} right (−{left} ≤ j − i − offset ≤ {right})"))
+    if o.mask_mod is not None:
+        lines.append(("mask-mod", f"{o.mask_mod} (False hides the key)"))
     if o.query_offset is not None and (aligned or o.alibi):
         per = "per batch item" if len(o.query_offset) > 1 else "every item"
         offsets = ", ".join(str(n) for n in o.query_offset)
