@@ -186,11 +186,18 @@ def check(
     title = None
     sharding: dict[str, Any] | None = None
     if manifest is not None:
-        if inputs or bias_path or mask_path or flags.get("sinks_path") or any(expect.values()):
+        tensor_flags = (
+            "sinks_path",
+            "segment_ids_path",
+            "segment_ids_kv_path",
+            "dropout_mask_path",
+        )
+        given = any(flags.get(n) for n in tensor_flags)
+        if inputs or bias_path or mask_path or given or any(expect.values()):
             raise SpecError(
                 "--manifest",
-                "the manifest lists inputs and expectations; give no Q K V, --bias, --mask, --sinks "
-                "or --expect-* beside it",
+                "the manifest lists inputs and expectations; give no Q K V, --bias, --mask, --sinks, "
+                "--segment-ids, --dropout-mask or --expect-* beside it",
             )
         if cluster is not None and jobs is not None:
             raise SpecError(

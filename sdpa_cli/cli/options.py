@@ -48,6 +48,18 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         metavar="FILE",
         help="Attention sinks (gpt-oss): one logit per query head, (H,) or (1,), joining every row's softmax as an extra column that V does not read.",
     ),
+    click.option(
+        "--segment-ids",
+        "segment_ids_path",
+        metavar="FILE",
+        help="Segment (document) ids, integers (L,) or (B, L), as JAX's: a query sees only keys of its own id; they serve the keys too unless --segment-ids-kv.",
+    ),
+    click.option(
+        "--segment-ids-kv",
+        "segment_ids_kv_path",
+        metavar="FILE",
+        help="The keys' segment ids, (S,) or (B, S) (default: --segment-ids).",
+    ),
     click.option("--alibi/--no-alibi", default=None, help="Add ALiBi: −slope_h·|i + S − L − j|."),
     click.option("--causal/--no-causal", default=None, help="Hide future keys."),
     click.option(
@@ -115,6 +127,12 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         "--dropout", metavar="P", help="Inverted dropout on the weights with probability P."
     ),
     click.option("--seed", metavar="N", help="Seed of the dropout mask (default 0)."),
+    click.option(
+        "--dropout-mask",
+        "dropout_mask_path",
+        metavar="FILE",
+        help="Dropout's keep mask (bool or 0/1, broadcastable to (..., L, S)) replayed in place of the drawn one; needs --dropout.",
+    ),
     click.option(
         "--heads",
         metavar="N",

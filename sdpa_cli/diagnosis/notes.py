@@ -379,8 +379,9 @@ def _sink_note(spec: AttentionSpec, mass: list[float], lead: Index) -> str:
 def _dropped_note(spec: AttentionSpec, gathered: SlicePass) -> str:
     o = spec.options
     kept = gathered.dropped_kept + gathered.dropped_zeroed
+    source = "keep mask --dropout-mask" if spec.dropout_mask is not None else f"seed {o.seed}"
     return (
-        f"Dropout p = {o.dropout:g} (seed {o.seed}): zeroed "
+        f"Dropout p = {o.dropout:g} ({source}): zeroed "
         f"{gathered.dropped_zeroed:,} of {kept:,} nonzero weights "
         f"({share(gathered.dropped_zeroed, kept)}); the kept ones × 1/(1 − p) = "
         f"{sig(1 / (1 - o.dropout))}, so row sums now run {_span(gathered.dropped_sums)} "

@@ -158,6 +158,8 @@ def visibility(
         visible = both(~allowed if o.mask_true_means == "masked" else allowed)
     if o.mask_mod is not None:
         visible = both(expressions.mask_mod(o.mask_mod, lead_index, rows, keys))
+    if (same := positions.same_segment(spec, lead_index, rows, keys)) is not None:
+        visible = both(same)
     if visible is not None:
         visible = np.broadcast_to(visible, (n_rows, keys.stop - keys.start))
     return visible

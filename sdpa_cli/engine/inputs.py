@@ -18,6 +18,9 @@ from sdpa_cli.files.cases import is_case_file, load_case
 from sdpa_cli.files.loaders import Source, load_array
 from sdpa_cli.text import printable
 
+TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
+"""Tensors given by a flag ``--NAME FILE`` (the keyword ``NAME_path``), over a case file's."""
+
 
 def load_spec(
     inputs: tuple[str, ...],
@@ -33,7 +36,9 @@ def load_spec(
     ``flag_where`` names where a flag's value came from (a manifest entry) for
     messages; by default a flag is named by its spelling, ``--causal-align``.
     ``--sinks`` comes as ``sinks_path`` or as the flag ``sinks_path`` (over a case
-    file's ``sinks``).
+    file's ``sinks``); ``--segment-ids`` and ``--segment-ids-kv`` as the flags
+    ``segment_ids_path`` and ``segment_ids_kv_path``; ``--dropout-mask`` as
+    ``dropout_mask_path``.
     """
     tensors: dict[str, Any] = {}
     names: dict[str, str] = {}
@@ -67,12 +72,14 @@ def load_spec(
         if extra is not None:
             tensors[key] = load_array(extra, name=key)
             names[key] = printable(extra)
-    sinks_path = flags.get("sinks_path") or sinks_path
-    if sinks_path is not None:
-        tensors["sinks"] = load_array(sinks_path, name="sinks")
-        names["sinks"] = "--sinks"
+    paths: dict[str, str | None] = {f"{n}_path": flags.get(f"{n}_path") for n in TENSOR_FLAGS}
+    paths["sinks_path"] = paths["sinks_path"] or sinks_path
+    for n in TENSOR_FLAGS:
+        if (given := paths[f"{n}_path"]) is not None:
+            tensors[n] = load_array(given, name=n)
+            names[n] = f"--{n.replace('_', '-')}"
     for name, value in flags.items():
-        if value is not None and name != "sinks_path":
+        if value is not None and name not in paths:
             raw[name] = value
             where.pop(name, None)  # a flag is named by its spelling, --causal-align
             if flag_where and name in flag_where:
@@ -87,6 +94,9 @@ def load_spec(
         options=options,
         names=names,
         sinks=tensors.get("sinks"),
+        segment_ids=tensors.get("segment_ids"),
+        segment_ids_kv=tensors.get("segment_ids_kv"),
+        dropout_mask=tensors.get("dropout_mask"),
     )
     return spec, description
 

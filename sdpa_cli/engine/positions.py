@@ -12,7 +12,8 @@ where the queries are. ``--key-lengths`` leaves item b its first keys;
 ``--query-lengths`` its first queries: the rows after them are *absent* (hidden from
 every key, zero weights and output, whatever the mask value; not judged).
 ``--cu-seqlens`` packs documents along L (and S): a query sees its own document's
-keys only, the causal mask and window placed within the document.
+keys only, the causal mask and window placed within the document. ``--segment-ids``
+(JAX's segment ids) lets a query see only the keys of its own id, beside every other mask.
 """
 
 from __future__ import annotations
@@ -66,6 +67,19 @@ def documents(spec: AttentionSpec) -> tuple[tuple[int, ...], tuple[int, ...]] | 
     return o.cu_seqlens, o.cu_seqlens if o.cu_seqlens_k is None else o.cu_seqlens_k
 
 
+def same_segment(
+    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice
+) -> NDArray[np.bool_] | None:
+    """The keys of each row's own segment (``--segment-ids``), ``(rows, keys)``, or
+    None without segment ids: ``q_ids[i] == kv_ids[j]`` as JAX's segment mask."""
+    if spec.segment_ids is None:
+        return None
+    ids_q, ids_kv = spec.segment_ids
+    b = lead_index[-2] if ids_q.shape[0] > 1 else 0
+    same: NDArray[np.bool_] = ids_q[b, rows][:, None] == ids_kv[b, keys][None, :]
+    return same
+
+
 def absent_rows(spec: AttentionSpec) -> NDArray[np.bool_]:
     """Rows past ``--query-lengths``, shape (..., L) as the per-row statistics."""
     shape = (*spec.lead, spec.L)
@@ -97,12 +111,14 @@ def key_range(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> 
 
 def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -> slice:
     """The keys every row of the block sees: no mask hides them from any row (empty
-    under a boolean mask or --mask-mod, which may hide any key, and for a block with an
-    absent row).
+    under a boolean mask, --mask-mod or --segment-ids, which may hide any key, and for
+    a block with an absent row).
     A row's keys under a causal mask, a window and padding are a range whose ends
     never go back as the row goes down, so the keys of all rows are those the last
     row starts at and the first row ends at."""
     if spec.mask_is_bool or spec.options.mask_mod is not None or rows.stop <= rows.start:
+        return slice(0, 0)
+    if spec.segment_ids is not None:  # segment ids may hide any key, as a boolean mask
         return slice(0, 0)
     if rows.stop > valid_queries(spec, lead_index):
         return slice(0, 0)
@@ -140,12 +156,18 @@ def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: 
 def dropout_keep(
     spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice
 ) -> NDArray[np.bool_]:
-    """The dropout keep-mask of a block, drawn by element position.
+    """The dropout keep-mask of a block, drawn by element position, or the block of
+    ``--dropout-mask`` when one is given.
 
     Philox is counter-based: the counter of row r of slice n starts at
     (n·L + r) · ⌈S/4⌉, so a row's draws do not depend on how rows are blocked.
     """
     o = spec.options
+    if spec.dropout_mask is not None:  # replayed from a file (--dropout-mask)
+        part = spec.dropout_mask[spec.operand_index("dropout_mask", lead_index)]
+        part = part if part.shape[0] == 1 else part[rows]
+        part = part if part.shape[1] == 1 else part[:, keys]
+        return np.broadcast_to(part, (rows.stop - rows.start, keys.stop - keys.start))
     words = -(-spec.S // 4)  # Philox4x64 gives 4 words per counter step
     flat = int(np.ravel_multi_index(lead_index, spec.lead)) if spec.lead else 0
     first_row = flat * spec.L + rows.start

@@ -32,9 +32,11 @@ from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
 from sdpa_cli.engine.options import Options
 from sdpa_cli.engine.spec_checks import (
     check_documents,
+    check_dropout_mask,
     check_per_item,
     check_query_offset,
     check_score_mod,
+    check_segment_ids,
     check_sinks,
 )
 from sdpa_cli.errors import SpecError
@@ -77,6 +79,11 @@ class AttentionSpec:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     sinks: NDArray[Any] | None = None
     """gpt-oss attention sinks: one logit per query head, ``(H,)`` or ``(1,)``."""
+    segment_ids: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
+    """Segment ids of the queries ``(1 or B, L)`` and keys ``(1 or B, S)``: a query sees
+    only keys of its own segment (JAX's ``q_segment_ids``, ``kv_segment_ids``)."""
+    dropout_mask: NDArray[np.bool_] | None = None
+    """``--dropout-mask``: the keep mask replayed in place of the drawn one, (..., L, S)."""
 
     @property
     def mask_is_bool(self) -> bool:
@@ -251,6 +258,9 @@ def build_spec(
     options: Options | None = None,
     names: Mapping[str, str] | None = None,
     sinks: NDArray[Any] | None = None,
+    segment_ids: NDArray[Any] | None = None,
+    segment_ids_kv: NDArray[Any] | None = None,
+    dropout_mask: NDArray[Any] | None = None,
 ) -> AttentionSpec:
     """Check shapes and options once and return the frozen spec.
 
@@ -262,6 +272,9 @@ def build_spec(
         options: the computation options.
         names: tensor name (``q``, ``k``, ``v``, ``bias``, ``mask``, ``sinks``) → source.
         sinks: one logit per query head, ``(H,)`` or ``(1,)`` (gpt-oss).
+        segment_ids, segment_ids_kv: integer ids per query ``(L,)``/``(B, L)`` and per
+            key ``(S,)``/``(B, S)``; the queries' serve the keys by default.
+        dropout_mask: a keep mask (bool or 0/1) broadcastable to ``(..., L, S)``.
 
     Raises:
         SpecError: naming the tensor or option, with what was expected and what came.
@@ -305,6 +318,10 @@ def build_spec(
     check_score_mod(opts, bias is not None)
     if sinks is not None:
         check_sinks(sinks, lead[-1] if lead else 1, labels["sinks"])
+    label = (names or {}).get("dropout_mask", "--dropout-mask")
+    if (keep := check_dropout_mask(dropout_mask, opts, label)) is not None:
+        keep = _broadcast_extra("keep mask", keep, scores_shape, len(lead), label)
+    segments = check_segment_ids(segment_ids, segment_ids_kv, tuple(lead), L, S, names or {})
 
     return AttentionSpec(
         q=_pad(q, len(lead)),
@@ -323,6 +340,8 @@ def build_spec(
         names={n: labels[n] for n in labels},
         shapes=shapes,
         sinks=sinks,
+        segment_ids=segments,
+        dropout_mask=keep,
     )
 
 

@@ -1,12 +1,15 @@
 """Checks of the options and extra tensors that :func:`~sdpa_cli.engine.spec.build_spec`
-makes once the leading axes are known: per-item lists, the query offset, the sinks."""
+makes once the leading axes are known: per-item lists, the query offset, the sinks,
+the segment ids, the dropout keep mask."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine.options import Options
@@ -123,3 +126,55 @@ def check_score_mod(opts: Options, has_bias: bool) -> None:
             raise SpecError(flag, "with --score-mod: write it into the expression instead")
     if has_bias:
         raise SpecError("--bias", "with --score-mod: write it into the expression instead")
+
+
+def check_segment_ids(
+    ids_q: NDArray[Any] | None,
+    ids_kv: NDArray[Any] | None,
+    lead: tuple[int, ...],
+    L: int,
+    S: int,
+    names: Mapping[str, str],
+) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+    """Segment (document) ids, as JAX's and the TPU kernels take them: one integer per
+    query ``(L,)`` or ``(B, L)`` and per key ``(S,)`` or ``(B, S)`` (the queries' ids
+    serve the keys when L = S). Returned as ``(1 or B, L)`` and ``(1 or B, S)``."""
+    labels = [names.get(n, f"--{n.replace('_', '-')}") for n in ("segment_ids", "segment_ids_kv")]
+    if ids_q is None:
+        if ids_kv is not None:
+            raise SpecError(labels[1], "needs --segment-ids (the queries' segments)")
+        return None
+    B = lead[-2] if len(lead) >= 2 else None
+    out: list[NDArray[np.int64]] = []
+    for label, ids, n, axis in (
+        (labels[0], ids_q, L, "L"),
+        (labels[1], ids_q if ids_kv is None else ids_kv, S, "S"),
+    ):
+        if ids.dtype.kind not in "iu":
+            raise SpecError(label, f"holds {ids.dtype} values; segment ids are integers")
+        want = f"({axis},) = ({n},)" + (f" or (B, {axis}) = ({B}, {n})" if B else "")
+        if ids.ndim not in (1, 2) or ids.shape[-1] != n or (ids.ndim == 2 and ids.shape[0] != B):
+            if ids_kv is None and L != S:
+                raise SpecError(
+                    label, f"serves the keys too without --segment-ids-kv, but L = {L}, S = {S}"
+                )
+            raise SpecError(label, f"shape {tuple(ids.shape)}, expected {want}")
+        out.append(np.asarray(ids, dtype=np.int64).reshape(-1, n))
+    return out[0], out[1]
+
+
+def check_dropout_mask(
+    keep: NDArray[Any] | None, opts: Options, label: str
+) -> NDArray[np.bool_] | None:
+    """A replayed dropout keep mask (``--dropout-mask``): only beside ``--dropout``,
+    booleans or 0/1 (True, 1: kept). Returned boolean."""
+    if keep is None:
+        return None
+    if opts.dropout == 0:
+        raise SpecError(label, "replays dropout's keep mask; give --dropout P beside it")
+    if keep.dtype == np.bool_:
+        return keep
+    if keep.dtype.kind not in "iuf" or not np.isin(keep, (0, 1)).all():
+        raise SpecError(label, "holds values other than 0 and 1; a keep mask is boolean or 0/1")
+    kept: NDArray[np.bool_] = keep != 0
+    return kept

@@ -1,5 +1,5 @@
 """Case files: one YAML or JSON mapping holding ``q``, ``k``, ``v`` (inline nested lists
-or paths relative to the case file), optional ``bias``, ``mask`` and ``sinks``, options and a
+or paths relative to the case file), optional ``bias``, ``mask``, ``sinks`` and ``segment_ids`` (``_kv``), options and a
 description."""
 
 from __future__ import annotations
@@ -14,7 +14,17 @@ from sdpa_cli.errors import InputError
 from sdpa_cli.files.loaders import Source, load_array, sniff
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
 
-TENSOR_KEYS = ("q", "k", "v", "bias", "mask", "sinks")
+TENSOR_KEYS = (
+    "q",
+    "k",
+    "v",
+    "bias",
+    "mask",
+    "sinks",
+    "segment_ids",
+    "segment_ids_kv",
+    "dropout_mask",
+)
 TEXT_KEYS = ("description",)
 
 

@@ -70,7 +70,15 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     if o.dropout:
         grid.add_row(
             "dropout",
-            Text(f"p = {sig(o.dropout, 6)}, seed {o.seed}: kept weights ÷ {sig(1 - o.dropout, 6)}"),
+            Text(
+                f"p = {sig(o.dropout, 6)}, "
+                + (
+                    "keep mask --dropout-mask"
+                    if spec.dropout_mask is not None
+                    else f"seed {o.seed}"
+                )
+                + f": kept weights ÷ {sig(1 - o.dropout, 6)}"
+            ),
         )
     if o.emulated:
         stored = (
@@ -116,6 +124,10 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         if o.cu_seqlens_k is not None:
             docs += f", keys {','.join(str(n) for n in o.cu_seqlens_k)}"
         lines.append(("documents", docs + " (a query sees its own document's keys)"))
+    if spec.segment_ids is not None:
+        ids = sorted({int(n) for part in spec.segment_ids for n in part.ravel()})
+        shown_ids = ", ".join(str(n) for n in ids[:8]) + (", …" if len(ids) > 8 else "")
+        lines.append(("segments", f"ids {shown_ids} (a query sees its own segment's keys)"))
     if o.query_lengths is not None:
         per = "per batch item" if len(o.query_lengths) > 1 else "every item"
         lengths = ", ".join(str(n) for n in o.query_lengths)

@@ -853,13 +853,13 @@ USAGE: list[tuple[str, list[str], str]] = [
         "manifest-with-qkv",
         [*QKV, "--manifest", "m.yaml"],
         "--manifest: the manifest lists inputs and expectations; give no Q K V, --bias, "
-        "--mask, --sinks or --expect-* beside it",
+        "--mask, --sinks, --segment-ids, --dropout-mask or --expect-* beside it",
     ),
     (
         "manifest-with-expect",
         ["--manifest", "m.yaml", "--expect-output", "output.npy"],
         "--manifest: the manifest lists inputs and expectations; give no Q K V, --bias, "
-        "--mask, --sinks or --expect-* beside it",
+        "--mask, --sinks, --segment-ids, --dropout-mask or --expect-* beside it",
     ),
     ("missing-file", ["nope.npy", "k.npy", "v.npy"], "nope.npy: no such file"),
     ("no-inputs", [], "give Q K V (or one case file), or --manifest FILE"),
