@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -42,6 +43,12 @@ CHECK_EXIT_CODES_HELP = (
     "--expect-lse",
     metavar="FILE",
     help="The exported logsumexp per row, (..., L), as FlashAttention returns it.",
+)
+@click.option(
+    "--expect-partials",
+    metavar="FILE",
+    help="Split-KV partials: a YAML/JSON list of {keys: START:STOP, output: FILE, lse: FILE}; "
+    "each checked over its keys, their merge against the whole attention.",
 )
 @click.option("--rtol", metavar="X", help="Fixed relative tolerance (with --atol).")
 @click.option("--atol", metavar="X", help="Fixed absolute tolerance (with --rtol).")
@@ -122,6 +129,7 @@ def check(
     expect_output: str | None,
     expect_weights: str | None,
     expect_lse: str | None,
+    expect_partials: str | None,
     rtol: str | None,
     atol: str | None,
     reference: str | None,
@@ -158,6 +166,7 @@ def check(
     Examples:
       sdpa check q.npy k.npy v.npy --causal --expect-output out.npy
       sdpa check q.npy k.npy v.npy --expect-weights w.npy --rtol 1e-4 --atol 1e-5
+      sdpa check q.npy k.npy v.npy --expect-partials partials.yaml
       sdpa check q.npy k.npy v.npy --fail-on overflow,nonfinite --format json
       sdpa check --manifest checks.yaml --junit report.xml
       sdpa check --manifest checks.yaml --cluster tcp://10.0.0.5:8786 --report r.json
@@ -193,7 +202,7 @@ def check(
             "dropout_mask_path",
         )
         given = any(flags.get(n) for n in tensor_flags)
-        if inputs or bias_path or mask_path or given or any(expect.values()):
+        if inputs or bias_path or mask_path or given or any(expect.values()) or expect_partials:
             raise SpecError(
                 "--manifest",
                 "the manifest lists inputs and expectations; give no Q K V, --bias, --mask, --sinks, "
@@ -212,7 +221,9 @@ def check(
         for name, value in (("--cluster", cluster), ("--shard", shard)):
             if value is not None:
                 raise SpecError(name, "runs the cases of a manifest; give --manifest FILE")
-        title, results = _run_case(inputs, bias_path, mask_path, expect, over, threads)
+        title, results = _run_case(
+            inputs, bias_path, mask_path, expect, over, threads, expect_partials
+        )
     json_text = _write_reports(results, manifest, junit, report, sharding)
     show_results(results, manifest, title, fmt, json_text, color)
     return int(check_exit_code(results))
@@ -285,9 +296,11 @@ def _run_case(
     expect: Mapping[str, str | None],
     over: Overrides,
     threads: int,
+    partials_path: str | None = None,
 ) -> tuple[str, list[CaseResult]]:
     """The one case given on the command line, and its title (the case file's
-    description, or the inputs)."""
+    description, or the inputs); with ``partials_path``, the partials' checks after
+    the exports'."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.check.exports import load_expected
     from sdpa_cli.check.records import CaseResult
@@ -300,10 +313,19 @@ def _run_case(
     spec, description = load_spec(inputs, bias_path, mask_path, over.option_flags)
     expected = load_expected(expect)
     title = (description or "").strip() or " ".join(inputs)
+    partial_checks: list[Any] = []
+    if partials_path is not None:
+        # imported here: keeps sdpa --help fast
+        from sdpa_cli.check.partials import load_partials
+        from sdpa_cli.check.partials import partial_checks as judge_partials
+
+        partial_checks = judge_partials(spec, load_partials(partials_path), settings)
     with progress_bar(spec, "checking") as progress:
         report = run_checks(
             spec, expected, settings, over.thresholds, jobs=threads, progress=progress
         )
+    if partial_checks:
+        report = dataclasses.replace(report, checks=(*partial_checks, *report.checks))
     return title, [CaseResult(title, report)]
 
 
