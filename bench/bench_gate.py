@@ -381,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = matcher(args.only)
     found = versions()
     print(
-        f"sdpa verdict benchmark (issue 17): {platform.platform()}, {os.cpu_count()} CPUs, "
+        f"sdpa verdict benchmark: {platform.platform()}, {os.cpu_count()} CPUs, "
         f"python {platform.python_version()}"
     )
     print(", ".join(f"{m} {v or 'not importable'}" for m, v in found.items()))
