@@ -116,7 +116,8 @@ def default_rss_cap_mib() -> float:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench.py", description="Benchmark sdpa against its speed and memory targets, beside PyTorch."
+        prog="bench.py",
+        description="Benchmark sdpa against its speed and memory targets, beside PyTorch.",
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small shapes: a smoke run")
