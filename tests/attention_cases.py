@@ -169,3 +169,15 @@ CASES: dict[str, dict[str, Any]] = {
         "query_lengths": (9,),
     },
 }
+
+
+def random_qkv(
+    seed: int, B: int, H: int, L: int, S: int, E: int, Ev: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """Standard normal Q (B, H, L, E), K (B, H, S, E) and V (B, H, S, Ev), seeded."""
+    rng = np.random.default_rng(seed)
+    return (
+        rng.normal(size=(B, H, L, E)),
+        rng.normal(size=(B, H, S, E)),
+        rng.normal(size=(B, H, S, Ev)),
+    )

@@ -109,39 +109,31 @@ def weights_rows(
                 f"{empty:,} with no key to attend to sum to 0"
             )
         return Check("weights.rows", "pass", summary, file=label)
+    details: dict[str, Any] = {
+        "rows_off": n,
+        "bad_sums": int(bad_sum.sum()),
+        "leaking_rows": int(bad_leak.sum()),
+    }
     crossing = None if documents is None else _crossing(w, support, tol, documents)
     if crossing is not None:
-        at, weight, dq, dk = crossing
-        summary = f"weight {sig(weight, 3)} crosses from document {dq} into document {dk} at {format_index(at)}"
-        return Check(
-            "weights.rows",
-            "fail",
-            f"{n:,} of {n_rows:,} rows off: {summary}",
-            index=at,
-            file=label,
-            details={
-                "rows_off": n,
-                "bad_sums": int(bad_sum.sum()),
-                "leaking_rows": int(bad_leak.sum()),
-                "documents": [dq, dk],
-            },
-        )
-    row = argmax_index(bad)
-    if bad_sum[row]:
-        what = f"sums to {sig(sums[row], 6)}, not {sig(target[row], 6)}"
+        row, weight, dq, dk = crossing
+        what = f"weight {sig(weight, 3)} crosses from document {dq} into document {dk} at"
+        summary = f"{what} {format_index(row)}"
+        details["documents"] = [dq, dk]
     else:
-        what = f"puts {sig(leaked[row], 3)} on hidden keys"
+        row = argmax_index(bad)
+        if bad_sum[row]:
+            what = f"sums to {sig(sums[row], 6)}, not {sig(target[row], 6)}"
+        else:
+            what = f"puts {sig(leaked[row], 3)} on hidden keys"
+        summary = f"row {format_index(row)} {what}"
     return Check(
         "weights.rows",
         "fail",
-        f"{n:,} of {n_rows:,} rows off: row {format_index(row)} {what}",
+        f"{n:,} of {n_rows:,} rows off: {summary}",
         index=row,
         file=label,
-        details={
-            "rows_off": n,
-            "bad_sums": int(bad_sum.sum()),
-            "leaking_rows": int(bad_leak.sum()),
-        },
+        details=details,
     )
 
 

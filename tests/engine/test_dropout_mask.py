@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from attention_cases import random_qkv
 from clirunner import assert_one_error_line, invoke
 from numpy.typing import NDArray
 
@@ -28,12 +29,7 @@ TOL = 1e-9
 
 
 def inputs(seed: int = 0) -> tuple[F64, F64, F64]:
-    rng = np.random.default_rng(seed)
-    return (
-        rng.normal(size=(B, H, L, E)),
-        rng.normal(size=(B, H, S, E)),
-        rng.normal(size=(B, H, S, E)),
-    )
+    return random_qkv(seed, B, H, L, S, E, E)
 
 
 def torch_keep(seed: int = 3) -> NDArray[np.bool_]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from attention_cases import random_qkv
 from clirunner import assert_one_error_line, invoke
 from numpy.typing import NDArray
 
@@ -30,12 +31,7 @@ TOL = 1e-9
 
 
 def inputs(seed: int = 0) -> tuple[F64, F64, F64]:
-    rng = np.random.default_rng(seed)
-    return (
-        rng.normal(size=(B, H, L, E)),
-        rng.normal(size=(B, H, S, E)),
-        rng.normal(size=(B, H, S, 3)),
-    )
+    return random_qkv(seed, B, H, L, S, E, 3)
 
 
 def spec_of(**options: Any) -> AttentionSpec:
