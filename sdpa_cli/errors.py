@@ -25,15 +25,30 @@ class ExitCode(enum.IntEnum):
     """Ctrl-C."""
 
 
+MAX_WHERE = 200
+"""A file name longer than this is shortened in the middle in messages."""
+
+
+def shortened(where: str, limit: int = MAX_WHERE) -> str:
+    """``where`` cut in the middle with ``…`` to ``limit`` characters: the start and
+    the end of a path say which file it is; a 6,000-character path would fill a screen."""
+    if len(where) <= limit:
+        return where
+    keep = limit - 1
+    return where[: keep - keep // 2] + "…" + where[len(where) - keep // 2 :]
+
+
 class SdpaError(Exception):
     """Base of every error sdpa raises on purpose.
 
     Args:
-        where: the file (as given) or option (``--window``) at fault; empty if none.
+        where: the file (as given) or option (``--window``) at fault; empty if none;
+            shortened in the middle past :data:`MAX_WHERE` characters.
         problem: what is wrong, in one line, saying what was expected and what came.
     """
 
     def __init__(self, where: str, problem: str) -> None:
+        where = shortened(where)
         super().__init__(f"{where}: {problem}" if where else problem)
         self.where = where
         self.problem = problem

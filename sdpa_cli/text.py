@@ -134,10 +134,18 @@ def shown(value: Any) -> str:
 
 def printable(text: str) -> str:
     """``text`` (a path, a key) as it reads in a one-line message: control characters,
-    a newline in a file name among them, escaped."""
+    a newline in a file name among them, escaped; the bytes of a file name that is not
+    UTF-8 (Python's surrogate escapes, ``\\udcff``) as the shell shows them, ``\\xff``."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    """One unprintable character: a surrogate-escaped byte as ``\\xNN``, else as repr."""
+    if "\udc80" <= c <= "\udcff":
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return repr(c)[1:-1]
 
 
 def as_typed(value: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -113,3 +114,10 @@ def test_values_from_files_stay_one_short_line() -> None:
     assert len(shown([10**5000])) < 60
     assert printable("a\nb") == "a\\nb"
     assert printable("q.npy") == "q.npy"
+
+
+def test_printable_shows_the_bytes_of_a_non_utf8_file_name_as_the_shell_does() -> None:
+    """os.fsdecode(b"q\xff.npy") is "q\udcff.npy": shown as ls -b shows it, not as \udcff."""
+    assert printable(os.fsdecode(b"q\xff\xfe.npy")) == "q\\xff\\xfe.npy"
+    assert printable(os.fsdecode(b"\x80dir/\xe9t\xe9.npy")) == "\\x80dir/\\xe9t\\xe9.npy"
+    assert printable("caf\u00e9.npy") == "caf\u00e9.npy"  # UTF-8 names as they are

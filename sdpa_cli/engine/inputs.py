@@ -16,6 +16,7 @@ from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.cases import is_case_file, load_case
 from sdpa_cli.files.loaders import Source, load_array
+from sdpa_cli.files.opening import is_stdin
 from sdpa_cli.text import printable
 
 TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
@@ -119,7 +120,7 @@ def load_dout(spec: AttentionSpec, dout: str) -> tuple[NDArray[np.float64], str,
         label = f"standard normal, seed {seed}" if dout == "random" else "all ones"
         return values, label, info
     path = Source.parse(dout).path
-    if not path.exists() and not path.suffix:  # a word, not a file name
+    if not is_stdin(dout) and not path.exists() and not path.suffix:  # a word, not a file
         raise SpecError("--dout", f"expected a file, ones or random, got {dout!r}")
     values = make_dout(spec, load_array(dout, name="dout"), seed, dout)
     return values, dout, {"source": "file", "path": dout}

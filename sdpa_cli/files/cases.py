@@ -12,6 +12,8 @@ from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.loaders import Source, load_array, sniff
+from sdpa_cli.files.opening import claim_stdin, is_stdin, is_stream, open_input
+from sdpa_cli.files.samples import expand
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
 
 TENSOR_KEYS = (
@@ -48,8 +50,10 @@ class Case:
 
 
 def is_case_file(text: str) -> bool:
-    """Whether a single positional argument should be read as a case file."""
-    return Path(text).suffix.lower() in TEXT_SUFFIXES
+    """Whether a single positional argument should be read as a case file: a ``.yaml``,
+    ``.yml`` or ``.json`` name, or a stream (``-``, ``<(...)``) whose format is sniffed."""
+    text = expand(text)  # sample:NAME
+    return Path(text).suffix.lower() in TEXT_SUFFIXES or is_stream(text)
 
 
 def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
@@ -58,6 +62,8 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
     Tensor entries are inline nested lists or paths relative to the case file.
     """
     src = Source.parse(path_text)
+    if is_stdin(src.path):
+        claim_stdin("the case file")
     data = _read_mapping(src)
     known = set(TENSOR_KEYS) | set(TEXT_KEYS) | set(option_names)
     tensors: dict[str, NDArray[Any]] = {}
@@ -86,13 +92,14 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
 
 def _read_mapping(src: Source) -> dict[Any, Any]:
     """The mapping a case file holds; anything else is refused, pointing to Q K V files."""
-    fmt = sniff(src.path, src.label)
-    if fmt not in ("json", "yaml"):
-        raise InputError(
-            src.label,
-            "a single input must be a case file (.yaml or .json); give Q K V as three files",
-        )
-    data = parse_text(src.path, fmt, src.label)
+    with open_input(src.path, src.label) as inp:  # opened once: sniffed, then read
+        fmt = sniff(inp, src.label)
+        if fmt not in ("json", "yaml"):
+            raise InputError(
+                src.label,
+                "a single input must be a case file (.yaml or .json); give Q K V as three files",
+            )
+        data = parse_text(inp, fmt, src.label)
     if not isinstance(data, dict):
         raise InputError(
             src.label,

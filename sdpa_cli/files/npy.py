@@ -1,5 +1,6 @@
 """``.npy`` and ``.npz`` files, read with their safety checks: the magic bytes, the
-header (never unpickled), the declared size against the bytes that follow, and for an
+header (never unpickled), the declared size against the bytes that follow (and the
+memory) before the data is read in (never memory-mapped), and for an
 archive member, the size it expands to against the memory available (a zip bomb)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from numpy.typing import NDArray
 from sdpa_cli.errors import InputError
 from sdpa_cli.files import limits
 from sdpa_cli.files.checks import check_dtype, check_shape, pick_member, reading
+from sdpa_cli.files.opening import Input, opened
 from sdpa_cli.text import one_line
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -45,13 +47,15 @@ _ARCHIVE_ERRORS: tuple[type[Exception], ...] = (
 """What reading a damaged, encrypted or exotic archive member raises: not a header's fault."""
 
 
-def _numpy_header(fh: IO[bytes], version: tuple[int, int]) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """The shape and dtype in the header after the magic bytes of ``version``."""
+def _numpy_header(
+    fh: IO[bytes], version: tuple[int, int]
+) -> tuple[tuple[int, ...], np.dtype[Any], bool]:
+    """The shape, dtype and Fortran order in the header after the magic bytes of ``version``."""
     if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
     else:
-        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-    return shape, dtype
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    return shape, dtype, bool(fortran)
 
 
 def _corrupt_header(label: str, exc: Exception) -> InputError:
@@ -62,40 +66,45 @@ def _corrupt_header(label: str, exc: Exception) -> InputError:
     return InputError(label, f"has a corrupt .npy header ({type(exc).__name__}: {problem})")
 
 
-def _read_npy_header(path: Path, label: str) -> tuple[tuple[int, ...], np.dtype[Any], int]:
-    """The shape and dtype a ``.npy`` header declares, and where its data starts."""
+def _read_npy_header(inp: Input) -> tuple[tuple[int, ...], np.dtype[Any], bool, int]:
+    """The shape, dtype and order a ``.npy`` header declares, and where its data starts."""
     try:
-        with path.open("rb") as fh:
+        with reading(inp.label):
+            fh = inp.fh
+            fh.seek(0)
             version = np.lib.format.read_magic(fh)
             if version not in NPY_VERSIONS:
-                raise InputError(label, f"unsupported .npy version {version}")
-            shape, dtype = _numpy_header(fh, version)
-            return shape, dtype, fh.tell()
+                raise InputError(inp.label, f"unsupported .npy version {version}")
+            shape, dtype, fortran = _numpy_header(fh, version)
+            return shape, dtype, fortran, fh.tell()
     except InputError:
         raise
     except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, TokenError...
-        raise _corrupt_header(label, exc) from None
+        raise _corrupt_header(inp.label, exc) from None
 
 
-def load_npy(path: Path, label: str) -> NDArray[Any]:
-    """Read the header, check the declared size against the file, then memory-map."""
-    shape, dtype, offset = _read_npy_header(path, label)
-    check_dtype(dtype, label)
-    check_shape(shape, label)
-    count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
-    needed = count * dtype.itemsize
-    available = path.stat().st_size - offset
-    if needed > available:
-        raise InputError(
-            label,
-            f"is truncated: its header declares {shape} {dtype} ({needed} bytes) but {available} bytes follow",
-        )
-    if count == 0:
-        return np.zeros(shape, dtype=dtype)
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
-    except (ValueError, OSError) as exc:
-        raise InputError(label, f"cannot be read as .npy ({one_line(exc)})") from None
+def load_npy(path: Path | Input, label: str) -> NDArray[Any]:
+    """Read the header, check the declared size against the file's (from ``fstat`` on
+    the opened file) and the memory, then read the data into memory: never
+    memory-mapped, so a file truncated under the run is an error, not a SIGBUS."""
+    with opened(path, label) as inp:
+        shape, dtype, fortran, offset = _read_npy_header(inp)
+        check_dtype(dtype, label)
+        check_shape(shape, label)
+        count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
+        needed = count * dtype.itemsize
+        available = inp.size - offset
+        if needed > available:
+            raise InputError(
+                label,
+                f"is truncated: its header declares {shape} {dtype} ({needed} bytes) but {available} bytes follow",
+            )
+        if count == 0:
+            return np.zeros(shape, dtype=dtype)
+        data = inp.read_exactly(offset, needed).view(dtype)
+    if fortran:
+        return data.reshape(shape[::-1]).transpose()
+    return data.reshape(shape)
 
 
 def _arrays(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
@@ -107,14 +116,14 @@ def _not_an_archive(label: str, exc: zipfile.BadZipFile) -> InputError:
     return InputError(label, f"is not a valid .npz archive ({one_line(exc)})")
 
 
-def npz_members(path: Path, label: str) -> list[str]:
+def npz_members(path: Path | Input, label: str) -> list[str]:
     """The names of an archive's arrays, sorted, as :func:`load_npz` names them.
 
     Raises:
         InputError: a broken archive, or one holding no arrays.
     """
     try:
-        with reading(label), zipfile.ZipFile(path) as zf:
+        with reading(label), opened(path, label) as inp, zipfile.ZipFile(inp.fh) as zf:
             names = sorted(_arrays(zf))
     except zipfile.BadZipFile as exc:
         raise _not_an_archive(label, exc) from None
@@ -123,11 +132,11 @@ def npz_members(path: Path, label: str) -> list[str]:
     return names
 
 
-def load_npz(path: Path, member: str | None, label: str) -> NDArray[Any]:
+def load_npz(path: Path | Input, member: str | None, label: str) -> NDArray[Any]:
     """One member of an archive; ``label`` already ends in ``:member`` when one was given."""
     member_label = label
     try:
-        with zipfile.ZipFile(path) as zf:
+        with opened(path, label) as inp, zipfile.ZipFile(inp.fh) as zf:
             infos = _arrays(zf)
             member, member_label = pick_member(label, sorted(infos), member, "array")
             _check_npz_member(zf, infos[member], member_label)
@@ -159,7 +168,7 @@ def _check_npz_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str) ->
     archive, before a byte of its data is decompressed."""
     with zf.open(info) as fh:
         try:
-            shape, dtype = _numpy_header(fh, np.lib.format.read_magic(fh))
+            shape, dtype, _ = _numpy_header(fh, np.lib.format.read_magic(fh))
         except _ARCHIVE_ERRORS:
             raise
         except Exception as exc:  # ValueError, SyntaxError, TokenError...
@@ -180,7 +189,7 @@ def _check_expansion(
     label: str, shape: tuple[int, ...], dtype: np.dtype[Any], declared: int, stored: int
 ) -> None:
     """Refuse, before allocating, a compressed member that would not fit in memory once
-    read (a zip bomb): unlike ``.npy`` and ``.safetensors``, it cannot be memory-mapped."""
+    read (a zip bomb)."""
     available = limits.available_memory()
     if available is not None and declared > available:
         gib = 2.0**30
@@ -188,5 +197,5 @@ def _check_expansion(
             label,
             f"expands to {declared / gib:.1f} GiB ({shape} {dtype}) from {stored} bytes stored, "
             f"but {available / gib:.1f} GiB of memory is available; save it with np.save "
-            "(memory-mapped) instead",
+            "(uncompressed) instead",
         )

@@ -1,8 +1,7 @@
 """PyTorch files, what ``torch.save`` writes: recognised by their content, read only
 through ``torch.load(weights_only=True)``, never a plain unpickle.
 
-Two formats: a zip archive holding ``<name>/data.pkl`` (torch ≥ 1.6; its tensors are
-memory-mapped, ``mmap=True``), or the legacy pickle stream, which opens with a pickled
+Two formats: a zip archive holding ``<name>/data.pkl`` (torch ≥ 1.6), or the legacy pickle stream, which opens with a pickled
 magic number. A file holds a tensor, or a dict (or list) of them, nested as a
 checkpoint nests them: members are named by their path, ``model.layers.0.q`` (dict
 keys joined by dots, list items by their index), and ``file.pt:name`` picks one, as
@@ -22,7 +21,7 @@ import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import ml_dtypes
 from numpy.typing import NDArray
@@ -30,6 +29,7 @@ from numpy.typing import NDArray
 from sdpa_cli.errors import InputError
 from sdpa_cli.files import limits
 from sdpa_cli.files.checks import check_dtype, check_shape, pick_member, reading
+from sdpa_cli.files.opening import Input, opened
 from sdpa_cli.text import one_line, printable
 
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
@@ -72,30 +72,33 @@ def is_legacy_torch(head: bytes) -> bool:
     return head[at : at + len(LEGACY_MAGIC)] == LEGACY_MAGIC
 
 
-def is_torch_archive(path: Path) -> bool:
+def is_torch_archive(fh: IO[bytes]) -> bool:
     """A zip archive holding ``<name>/data.pkl``, as ``torch.save`` writes it."""
     try:
-        with zipfile.ZipFile(path) as zf:
+        fh.seek(0)
+        with zipfile.ZipFile(fh) as zf:
             names = zf.namelist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         return False
+    finally:
+        fh.seek(0)
     return any(n.endswith("/data.pkl") and n.count("/") == 1 for n in names)
 
 
-def load_torch(path: Path, member: str | None, label: str) -> NDArray[Any]:
-    """One tensor of a PyTorch file as a numpy array (memory-mapped where torch maps
-    it); ``label`` already ends in ``:member`` when one was given.
+def load_torch(path: Path | Input, member: str | None, label: str) -> NDArray[Any]:
+    """One tensor of a PyTorch file as a numpy array, read into memory; ``label``
+    already ends in ``:member`` when one was given.
 
     Raises:
         InputError: naming the file (or member): torch missing, a file weights_only
             refuses, no tensor, a missing member, a tensor numpy cannot hold.
     """
-    tensors = dict(_tensors(_load(path, label), path.stem))
+    tensors = dict(_tensors(_load(path, label), _stem(path, label)))
     name, member_label = pick_member(label, list(tensors), member, "tensor")
     return _to_numpy(tensors[name], member_label)
 
 
-def torch_arrays(path: Path, label: str) -> list[tuple[str, NDArray[Any] | InputError]]:
+def torch_arrays(path: Path | Input, label: str) -> list[tuple[str, NDArray[Any] | InputError]]:
     """Every tensor of a PyTorch file, by name, in the file's order: its array, or
     why it cannot be read (a sparse tensor, complex numbers), so one member does not
     hide the others.
@@ -104,7 +107,7 @@ def torch_arrays(path: Path, label: str) -> list[tuple[str, NDArray[Any] | Input
         InputError: the file as a whole cannot be read, or holds no tensor.
     """
     found: list[tuple[str, NDArray[Any] | InputError]] = []
-    for name, tensor in _tensors(_load(path, label), path.stem):
+    for name, tensor in _tensors(_load(path, label), _stem(path, label)):
         try:
             found.append((name, _to_numpy(tensor, f"{label}:{printable(name)}")))
         except InputError as exc:
@@ -114,53 +117,59 @@ def torch_arrays(path: Path, label: str) -> list[tuple[str, NDArray[Any] | Input
     return found
 
 
-def _load(path: Path, label: str) -> Any:
-    """``torch.load(path, weights_only=True, map_location="cpu")``, memory-mapped for
-    the zip format, after the file's size is checked against the memory available."""
+def _stem(path: Path | Input, label: str) -> str:
+    """What a lone tensor is named after: the file's stem (``q.pt`` → ``q``)."""
+    return Path(label if isinstance(path, Input) else path).stem
+
+
+def _load(path: Path | Input, label: str) -> Any:
+    """``torch.load(file, weights_only=True, map_location="cpu")`` from the opened
+    file (read into memory, never memory-mapped: a file truncated under the run must
+    be an error, not a SIGBUS), after its size is checked against the memory."""
     try:
         # imported here: torch is an optional extra, and slow to import
         import torch
     except ImportError:
         raise InputError(label, INSTALL) from None
-    archive = is_torch_archive(path)
-    _check_size(path, label, archive)
     try:
-        with warnings.catch_warnings():
-            # torch warns of pickle protocols and deprecations on stderr: not ours to print
-            warnings.simplefilter("ignore")
-            return torch.load(path, weights_only=True, map_location="cpu", mmap=archive)
+        with opened(path, label) as inp:
+            _check_size(inp, label, is_torch_archive(inp.fh))
+            with warnings.catch_warnings():
+                # torch warns of pickle protocols and deprecations on stderr: not ours to print
+                warnings.simplefilter("ignore")
+                return torch.load(inp.fh, weights_only=True, map_location="cpu")
+    except InputError:
+        raise
     except pickle.UnpicklingError as exc:
         raise InputError(label, _refused(exc)) from None
     except MemoryError:
-        raise InputError(
-            label, "does not fit in memory; save it with torch.save's zip format (the default)"
-        ) from None
+        raise InputError(label, "does not fit in memory") from None
     except Exception as exc:  # a corrupt archive or stream: RuntimeError, EOFError, ...
         raise InputError(
             label, f"cannot be read by torch.load ({type(exc).__name__}: {_reason(exc)})"
         ) from None
 
 
-def _check_size(path: Path, label: str, archive: bool) -> None:
-    """Refuse what cannot fit in memory before torch allocates it: a legacy stream is
-    read whole; an archive's compressed members (torch writes none) are inflated."""
+def _check_size(inp: Input, label: str, archive: bool) -> None:
+    """Refuse what cannot fit in memory before torch allocates it: the file is read
+    whole, and an archive's compressed members (torch writes none) are inflated."""
     available = limits.available_memory()
     if available is None:
         return
+    need = inp.size
     with reading(label):
         if archive:
-            with zipfile.ZipFile(path) as zf:
-                need = sum(
+            with zipfile.ZipFile(inp.fh) as zf:
+                need += sum(
                     i.file_size for i in zf.infolist() if i.compress_type != zipfile.ZIP_STORED
                 )
-        else:
-            need = path.stat().st_size
+            inp.fh.seek(0)
     if need > available:
         gib = 2.0**30
         raise InputError(
             label,
             f"needs {need / gib:.1f} GiB of memory to be read, but {available / gib:.1f} GiB "
-            "is available; save it with torch.save's zip format (memory-mapped) or numpy.save",
+            "is available",
         )
 
 

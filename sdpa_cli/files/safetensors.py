@@ -1,5 +1,5 @@
 """``.safetensors`` files: the JSON header parsed with its limits, each tensor's entry
-checked against the file, then memory-mapped read-only (BF16, F8_E4M3 and F8_E5M2 as
+checked against the file, then read into memory (BF16, F8_E4M3 and F8_E5M2 as
 ``ml_dtypes`` arrays).
 
 The file is ``N`` (8 bytes, little-endian), ``N`` bytes of JSON, then the data buffer;
@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.checks import check_shape, pick_member, reading
+from sdpa_cli.files.opening import Input, opened
 from sdpa_cli.text import printable
 
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -54,14 +55,15 @@ def looks_like_safetensors(head: bytes, size: int) -> bool:
     return 2 <= n <= min(size - 8, MAX_SAFETENSORS_HEADER) and head[8:9] == b"{"
 
 
-def read_safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
+def read_safetensors_header(path: Path | Input, label: str) -> tuple[dict[str, Any], int]:
     """The JSON header of a safetensors file and where its data buffer starts.
 
     The file is ``N`` (8 bytes, little-endian), ``N`` bytes of JSON, then the data.
     """
-    raw = _header_bytes(path, label)
+    with opened(path, label) as inp:
+        raw = _header_bytes(inp, label)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_names(label))
     except UnicodeDecodeError:
         raise InputError(label, f"{CORRUPT}: it is not UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -75,30 +77,48 @@ def read_safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int
     return header, 8 + len(raw)
 
 
-def _header_bytes(path: Path, label: str) -> bytes:
+def _unique_names(label: str) -> Any:
+    """A JSON object hook refusing a name given twice (json keeps the last)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        data = dict(pairs)
+        if len(data) != len(pairs):
+            names = [k for k, _ in pairs]
+            twice = next(k for k in names if names.count(k) > 1)
+            raise InputError(label, f"{CORRUPT}: it names {printable(twice)!r} twice")
+        return data
+
+    return unique
+
+
+def _header_bytes(inp: Input, label: str) -> bytes:
     """The ``N`` bytes of JSON after the 8-byte length ``N``, once ``N`` is checked
     against the limit and the file's size."""
     with reading(label):
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            prefix = fh.read(8)
-            if len(prefix) < 8:
-                raise InputError(
-                    label,
-                    f"is too short for a .safetensors file ({size} bytes; expected 8 or more)",
-                )
-            n = int.from_bytes(prefix, "little")
-            if n > MAX_SAFETENSORS_HEADER:
-                raise InputError(
-                    label,
-                    f"declares a {n}-byte .safetensors header; the limit is {MAX_SAFETENSORS_HEADER >> 20} MiB",
-                )
-            if n > size - 8:
-                raise InputError(
-                    label,
-                    f"is truncated: its .safetensors header declares {n} bytes but {size - 8} bytes follow",
-                )
-            return fh.read(n)
+        size = inp.size
+        fh = inp.fh
+        fh.seek(0)
+        prefix = fh.read(8)
+        if len(prefix) < 8:
+            raise InputError(
+                label,
+                f"is too short for a .safetensors file ({size} bytes; expected 8 or more)",
+            )
+        n = int.from_bytes(prefix, "little")
+        if n > MAX_SAFETENSORS_HEADER:
+            raise InputError(
+                label,
+                f"declares a {n}-byte .safetensors header; the limit is {MAX_SAFETENSORS_HEADER >> 20} MiB",
+            )
+        if n > size - 8:
+            raise InputError(
+                label,
+                f"is truncated: its .safetensors header declares {n} bytes but {size - 8} bytes follow",
+            )
+        raw = fh.read(n)
+        if len(raw) < n:
+            raise inp.changed(8 + n)
+        return raw
 
 
 def _tensor_names(header: dict[str, Any]) -> list[str]:
@@ -106,7 +126,7 @@ def _tensor_names(header: dict[str, Any]) -> list[str]:
     return sorted(k for k in header if k != "__metadata__")
 
 
-def safetensors_members(path: Path, label: str) -> list[str]:
+def safetensors_members(path: Path | Input, label: str) -> list[str]:
     """The names of a file's tensors, in name order, as :func:`load_safetensors` names
     them, once the header is checked.
 
@@ -158,22 +178,25 @@ def _safetensors_dtype(code: Any, label: str) -> np.dtype[Any]:
     return np.dtype(name)
 
 
-def load_safetensors(path: Path, member: str | None, label: str) -> NDArray[Any]:
-    """One tensor of a safetensors file, memory-mapped read-only, after checking its
-    header entry against the file; ``label`` already ends in ``:member`` when one was given.
-    bfloat16 and float8 tensors come back as ``ml_dtypes`` arrays.
+def load_safetensors(path: Path | Input, member: str | None, label: str) -> NDArray[Any]:
+    """One tensor of a safetensors file, read into memory after checking its header
+    entry against the file's size (from ``fstat`` on the opened file) and the memory;
+    ``label`` already ends in ``:member`` when one was given. bfloat16 and float8
+    tensors come back as ``ml_dtypes`` arrays. Never memory-mapped: a file truncated
+    under the run is an error naming it, not a SIGBUS.
     """
-    header, start = read_safetensors_header(path, label)
-    member, member_label = pick_member(label, _tensor_names(header), member, "tensor")
-    entry = header[member]
-    dtype, shape = _entry_dtype_and_shape(entry, member_label)
-    buffer = path.stat().st_size - start
-    count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
-    begin = _entry_begin(entry, buffer, count * dtype.itemsize, member_label)
-    if count == 0:
-        return np.zeros(shape, dtype=dtype)
-    with reading(label):
-        return np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape)
+    with opened(path, label) as inp:
+        header, start = read_safetensors_header(inp, label)
+        member, member_label = pick_member(label, _tensor_names(header), member, "tensor")
+        entry = header[member]
+        dtype, shape = _entry_dtype_and_shape(entry, member_label)
+        buffer = inp.size - start
+        count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
+        begin = _entry_begin(entry, buffer, count * dtype.itemsize, member_label)
+        if count == 0:
+            return np.zeros(shape, dtype=dtype)
+        data = inp.read_exactly(start + begin, count * dtype.itemsize)
+    return data.view(dtype).reshape(shape)
 
 
 def _entry_dtype_and_shape(entry: Any, label: str) -> tuple[np.dtype[Any], tuple[int, ...]]:

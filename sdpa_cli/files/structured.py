@@ -1,5 +1,6 @@
-"""JSON and YAML files: their text read with a size limit, parsed (YAML through the safe
-loader, aliases refused), and nested lists of numbers turned into arrays, naming the
+"""JSON and YAML files: their text read with a size limit per format, parsed (YAML
+through the safe loader with libyaml's parser where present, aliases refused; a key
+given twice in a JSON object or YAML mapping refused), and nested lists of numbers turned into arrays, naming the
 first bad element by its path (``q[3][1]``)."""
 
 from __future__ import annotations
@@ -15,38 +16,62 @@ import yaml
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.checks import MAX_DEPTH, reading
-from sdpa_cli.text import one_line
+from sdpa_cli.files.checks import MAX_DEPTH
+from sdpa_cli.files.opening import Input, opened
+from sdpa_cli.text import one_line, shown
 
 TEXT_SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
-MAX_TEXT_BYTES = 256 << 20
-"""Text inputs above this size are refused: nested lists of that size do not fit in memory."""
+_C_YAML = hasattr(yaml, "CSafeLoader")
+"""Whether PyYAML has its C parser (libyaml): four times faster than the pure one."""
+TEXT_CAPS = {
+    "json": 128 << 20,
+    "yaml": (32 << 20) if _C_YAML else (16 << 20),
+}
+"""The most bytes a text input may hold, per format, from the measured cost of reading
+nested lists of float64 (a (1, 2, N, 64) tensor, 18-19 characters a number) with
+``sdpa inspect`` on one core of a loaded machine: text to array (read, parse, check,
+``np.array``), peak memory above the process's own ~65 MiB:
+
+- JSON: 0.025 s and 2.6 MiB per MB (106 MB: 2.7 s, 280 MiB); 128 MiB reads in
+  about 3.5 s and 350 MiB.
+- YAML with libyaml (C parser, PyYAML's composer and safe constructor): 0.29 s and
+  23 MiB per MB (22.7 MB: 6.6 s, 524 MiB); 32 MiB reads in about 10 s and 770 MiB.
+- YAML with the pure-Python parser (no libyaml): 1.1 s and 35 MiB per MB (8.5 MB:
+  9.5 s, 294 MiB); 16 MiB reads in about 19 s and 590 MiB. (The former reader, this
+  parser with no cap, took 4.1 s for a 3.6 MB tensor, where libyaml takes 1.1 s.)
+
+So every accepted file reads in under ~20 s and ~1 GiB; larger tensors belong in
+``.npy`` or ``.safetensors`` (read at disk speed, memory = their size)."""
 _FLOAT_LIMIT = 2**1024 - 2**970
 """Integers this large or larger round past float64's largest number: float() overflows."""
 
 
-def _read_text(path: Path, label: str) -> str:
-    with reading(label):
-        if path.is_dir():
-            raise InputError(label, "is a directory, not a file")
-        size = path.stat().st_size
-        if size > MAX_TEXT_BYTES:
-            raise InputError(label, f"is {size} bytes of text; tensors this large belong in .npy")
-        try:
-            return path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise InputError(label, "is not UTF-8 text") from None
-
-
-def parse_text(path: Path, fmt: str, label: str) -> Any:
-    """The data of a JSON or YAML file (YAML through the safe loader, no aliases)."""
-    text = _read_text(path, label)
-    return _parse_json(text, label) if fmt == "json" else _parse_yaml(text, label)
-
-
-def _parse_json(text: str, label: str) -> Any:
+def read_text(path: Path | Input, fmt: str, label: str) -> str:
+    """The UTF-8 text of a JSON or YAML input, refused above its format's cap."""
+    cap = TEXT_CAPS[fmt]
+    with opened(path, label) as inp:
+        raw = inp.read_all(
+            cap,
+            f"of text; the most sdpa reads as {fmt.upper()} is {cap >> 20} MiB (more would "
+            "take minutes and gigabytes): tensors this large belong in .npy or .safetensors",
+        )
     try:
-        return json.loads(text)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(label, "is not UTF-8 text") from None
+
+
+def parse_text(path: Path | Input, fmt: str, label: str) -> Any:
+    """The data of a JSON or YAML file (YAML through the safe loader, no aliases, no
+    duplicate keys; JSON with no duplicate keys)."""
+    text = read_text(path, fmt, label)
+    return parse_json(text, label) if fmt == "json" else parse_yaml(text, label)
+
+
+def parse_json(text: str, label: str) -> Any:
+    """JSON text → data; a duplicate key in an object is refused, naming the key."""
+    try:
+        return json.loads(text, object_pairs_hook=lambda pairs: _unique(pairs, label))
     except json.JSONDecodeError as exc:
         raise InputError(
             label, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
@@ -57,9 +82,26 @@ def _parse_json(text: str, label: str) -> Any:
         raise InputError(label, f"invalid JSON: {_value_problem(exc)}") from None
 
 
-def _parse_yaml(text: str, label: str) -> Any:
+def _unique(pairs: list[tuple[str, Any]], label: str) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice (json keeps the last)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InputError(label, f"duplicate key {shown(key)} in a JSON object")
+            seen.add(key)
+    return data
+
+
+def parse_yaml(text: str, label: str) -> Any:
+    """YAML text → data, through :class:`_StrictLoader`."""
     try:
-        return yaml.load(text, Loader=_SafeNoAliasLoader)
+        loader = _StrictLoader(text)  # what yaml.load(text, Loader=...) does
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -88,13 +130,71 @@ def _value_problem(exc: Exception) -> str:
     return f"a value cannot be read as its type ({type(exc).__name__}: {one_line(text)})"
 
 
-class _SafeNoAliasLoader(yaml.SafeLoader):
-    """The safe loader, refusing aliases: a few lines of them can expand to gigabytes."""
+class _Strict(yaml.composer.Composer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+    """PyYAML's composer and safe constructor, refusing aliases (a few lines of them
+    can expand to gigabytes) and a key given twice in a mapping."""
 
-    def fetch_alias(self) -> None:
-        raise yaml.constructor.ConstructorError(
-            None, None, "YAML aliases (*name) are not accepted", self.get_mark()
-        )
+    check_event: Any  # the parser's (libyaml's or PyYAML's), a sibling base
+    peek_event: Any
+
+    def __init__(self) -> None:  # each base's own, as PyYAML's loaders call them
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not accepted", self.peek_event().start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep)  # its error names the node
+        self.flatten_mapping(node)
+        mapping: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                seen = key in mapping
+            except TypeError:  # an unhashable key: the base constructor words it
+                return super().construct_mapping(node, deep)
+            if seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {shown(key)}", key_node.start_mark
+                )
+            mapping[key] = self.construct_object(value_node, deep=deep)
+        return mapping
+
+
+if _C_YAML:
+
+    class _StrictLoader(yaml._yaml.CParser, _Strict):
+        """libyaml's scanner and parser (the cost of YAML is there) under PyYAML's
+        composer: libyaml's own composer recurses without a limit (a 100,000-deep
+        ``[[[...`` crashes the process), PyYAML's raises RecursionError."""
+
+        def __init__(self, stream: str) -> None:
+            yaml._yaml.CParser.__init__(self, stream)
+            _Strict.__init__(self)
+
+        get_node = yaml.composer.Composer.get_node
+        check_node = yaml.composer.Composer.check_node
+        get_single_node = yaml.composer.Composer.get_single_node
+
+else:  # pragma: no cover - PyYAML built without libyaml
+
+    class _StrictLoader(  # type: ignore[no-redef]
+        yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _Strict
+    ):
+        """The pure-Python safe loader, with :class:`_Strict`'s refusals."""
+
+        def __init__(self, stream: str) -> None:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+            _Strict.__init__(self)
 
 
 def nested_to_array(data: Any, label: str, name: str = "value") -> NDArray[Any]:

@@ -269,3 +269,123 @@ def test_a_check_section_that_is_not_a_mapping_is_an_input_error(tmp_path: Path)
     with pytest.raises(InputError) as info:
         check_config(str(tmp_path))
     assert info.value.where == f"{path}: check"
+
+
+# --- a broken config file is exit 2 naming it, never an internal error -----------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"tool = 3\n", "[tool] must be a table, got int"),
+        (b'[tool.sdpa]\nsaturation = "\xff"\n', "is not UTF-8 text"),
+        (b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n", "is nested too deeply"),
+        (
+            b"[tool.sdpa\n",
+            "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 11)",
+        ),
+    ],
+)
+def test_a_broken_pyproject_is_an_input_error_naming_it(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    """``tool = 3`` was exit 3 (AttributeError), a 5,000-deep array a RecursionError."""
+    path = tmp_path / "pyproject.toml"
+    path.write_bytes(content)
+    with pytest.raises(InputError) as info:
+        read_config(str(tmp_path))
+    assert (info.value.where, info.value.problem) == (str(path), problem)
+
+
+def test_a_deeply_nested_sdpa_yaml_is_an_input_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "sdpa.yaml", "saturation: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(InputError) as info:
+        read_config(str(tmp_path))
+    assert str(info.value) == f"{path}: is nested too deeply"
+
+
+def test_a_duplicate_key_in_sdpa_yaml_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "sdpa.yaml", "saturation: 0.5\nsaturation: 0.9\n")
+    with pytest.raises(InputError) as info:
+        read_config(str(tmp_path))
+    assert str(info.value) == f"{path}: invalid YAML at line 2 column 1: duplicate key 'saturation'"
+
+
+def test_a_config_that_is_a_fifo_or_device_does_not_hang(tmp_path: Path) -> None:
+    (tmp_path / "sdpa.yaml").symlink_to("/dev/zero")
+    with pytest.raises(InputError) as info:
+        read_config(str(tmp_path))
+    assert info.value.problem == "is a character device, not a regular file"
+
+
+# --- discovery upward, as ruff and pytest do; --config FILE ---------------------------------
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository ``repo/`` (holding ``.git``) with a folder ``repo/a/b``."""
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "b").mkdir(parents=True)
+    return tmp_path / "repo"
+
+
+def test_the_config_is_found_upward_to_the_repository_root(repo: Path) -> None:
+    path = write(repo, "sdpa.yaml", "saturation: 0.5\n")
+    assert read_config(str(repo / "a" / "b")) == (str(path), {"saturation": 0.5})
+
+
+def test_the_nearest_config_wins(repo: Path) -> None:
+    write(repo, "sdpa.yaml", "saturation: 0.5\n")
+    near = write(repo / "a", "pyproject.toml", "[tool.sdpa]\nsaturation = 0.7\n")
+    assert read_config(str(repo / "a" / "b")) == (f"{near} [tool.sdpa]", {"saturation": 0.7})
+
+
+def test_a_pyproject_without_tool_sdpa_is_passed_over(repo: Path) -> None:
+    path = write(repo, "sdpa.yaml", "saturation: 0.5\n")
+    write(repo / "a", "pyproject.toml", '[project]\nname = "x"\n')
+    assert read_config(str(repo / "a"))[0] == str(path)
+
+
+def test_the_search_stops_at_the_repository_root(repo: Path) -> None:
+    write(repo.parent, "sdpa.yaml", "saturation: 0.5\n")  # outside the repository
+    assert read_config(str(repo / "a")) == (None, {})
+
+
+def test_the_search_stops_at_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    write(tmp_path, "sdpa.yaml", "saturation: 0.5\n")  # above home
+    monkeypatch.setenv("HOME", str(home))
+    assert read_config(str(home / "project")) == (None, {})
+
+
+def test_found_from_the_working_directory_it_is_named_relative(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(repo, "sdpa.yaml", "saturation: 0.5\n")
+    monkeypatch.chdir(repo / "a" / "b")
+    assert read_config()[0] == "../../sdpa.yaml"
+
+
+def test_config_option_reads_the_file_named(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clirunner import invoke
+
+    custom = write(repo / "a", "strict.yaml", "max_findings: bad\n")
+    monkeypatch.chdir(repo)
+    (repo / "q.yaml").write_text("q: [[1.0]]\nk: [[1.0]]\nv: [[1.0]]\n")
+    got = invoke("compute", "q.yaml", "--config", str(custom))
+    assert got.exit_code == 2
+    assert got.stderr.startswith(f"sdpa: error: {custom}: max_findings")
+    assert invoke("compute", "q.yaml").exit_code == 0  # no --config: nothing found
+
+
+def test_config_option_naming_a_pyproject_without_the_section_is_an_error(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clirunner import assert_one_error_line, invoke
+
+    write(repo, "pyproject.toml", '[project]\nname = "x"\n')
+    monkeypatch.chdir(repo)
+    (repo / "q.yaml").write_text("q: [[1.0]]\nk: [[1.0]]\nv: [[1.0]]\n")
+    line = assert_one_error_line(invoke("check", "q.yaml", "--config", "pyproject.toml"))
+    assert line == "sdpa: error: pyproject.toml: has no [tool.sdpa] table"

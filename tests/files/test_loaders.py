@@ -43,10 +43,11 @@ def input_error(source: str | Path, **kwargs: Any) -> InputError:
 # --- each format loads the right values and dtype ------------------------------------
 
 
-def test_npy_loads_memory_mapped_with_values_and_dtype(tmp_path: Path) -> None:
+def test_npy_loads_into_memory_with_values_and_dtype(tmp_path: Path) -> None:
     expected = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
     arr = load_array(str(save_npy(tmp_path / "q.npy", expected)))
-    assert isinstance(arr, np.memmap)
+    assert not isinstance(arr, np.memmap)  # a truncated file must not SIGBUS
+    assert arr.base is None or not isinstance(arr.base, np.memmap)
     assert arr.dtype == np.float32
     np.testing.assert_array_equal(arr, expected)
 
@@ -276,6 +277,7 @@ def test_truncated_npy_refused_before_allocating(
     monkeypatch.setattr(np, "load", forbidden)
     monkeypatch.setattr(np, "memmap", forbidden)
     monkeypatch.setattr(np, "zeros", forbidden)
+    monkeypatch.setattr(np, "empty", forbidden)
     err = input_error(path)
     assert err.where == str(path)
     assert "truncated" in err.problem
@@ -482,10 +484,10 @@ def test_empty_file(tmp_path: Path, name: str) -> None:
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = save_npy(tmp_path / "secret.npy", np.zeros(2))
 
-    def denied(self: Path, *args: Any, **kwargs: Any) -> Any:
-        raise PermissionError(13, "Permission denied", str(self))
+    def denied(path: Any, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(Path, "open", denied)
+    monkeypatch.setattr(os, "open", denied)  # root reads any file: chmod 000 would not do
     err = input_error(path)
     assert str(err) == f"{path}: permission denied"
 
