@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-fast lint fmt golden bench bench-quick bench-grad bench-gate fuzz clean
+.PHONY: install demo test test-fast test-wheel docs lint fmt golden bench bench-quick bench-grad bench-gate fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,19 @@ test: $(VENV)/.dev-installed
 # subprocess, the README's examples included).
 test-fast: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q -m "not e2e"
+
+# The wheel as a user gets it: the sdist and the wheel built from it (python -m build,
+# failing on any setuptools warning), installed into a clean venv in a temporary folder
+# outside the repository (dependencies from the index), and there `sdpa --version`,
+# `sdpa samples --copy .` and every example of every --help run, each exiting 0 or 1
+# (tests/wheel_smoke.py; --keep keeps the folder: SMOKE_ARGS=--keep). About a minute.
+SMOKE_ARGS ?=
+test-wheel: $(VENV)/.dev-installed
+	$(BIN)/python tests/wheel_smoke.py $(SMOKE_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into site/; any warning fails.
+docs: $(VENV)/.dev-installed
+	$(BIN)/mkdocs build --strict --site-dir site
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
@@ -109,4 +122,4 @@ bench-gate: $(VENV)/.dev-installed
 	$(BIN)/python bench/bench_gate.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site

@@ -1,12 +1,23 @@
-"""The package's shape: the public API, the layers' size, the map of ARCHITECTURE.md."""
+"""The package's shape: the public API, the layers' size, the map of ARCHITECTURE.md, and
+what a distribution carries (license, py.typed, URLs, changelog, the pre-commit hook)."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 import sdpa_cli
+from sdpa_cli.cli import cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the dependency tomli on Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "sdpa_cli"
@@ -46,3 +57,53 @@ def test_architecture_names_every_folder() -> None:
     assert folders == ["capture", "check", "cli", "diagnosis", "engine", "files", "render"]
     for folder in folders:
         assert f"`{folder}/`" in text, folder
+
+
+def pyproject() -> dict[str, Any]:
+    with (ROOT / "pyproject.toml").open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def test_the_license_is_an_spdx_expression_with_its_file() -> None:
+    """Regression: `license = { text = "MIT" }` made setuptools warn three times on install."""
+    project = pyproject()["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    assert "License ::" not in " ".join(project["classifiers"])  # PEP 639: not both
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License\n\nCopyright (c) 2026 the sdpa authors\n")
+    # the SPDX expression and license-files need setuptools 77
+    assert pyproject()["build-system"]["requires"] == ["setuptools>=77"]
+
+
+def test_the_package_is_typed_and_says_where_it_lives() -> None:
+    assert (PACKAGE / "py.typed").is_file()
+    config = pyproject()
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["sdpa_cli"]
+    urls = config["project"]["urls"]
+    assert sorted(urls) == ["Changelog", "Documentation", "Homepage", "Issues", "Repository"]
+    assert all(url.startswith("https://") for url in urls.values())
+
+
+def test_the_docs_extra_and_dev_build_the_site_and_the_wheel() -> None:
+    extras = pyproject()["project"]["optional-dependencies"]
+    assert extras["docs"] == ["mkdocs>=1.6", "mkdocs-material>=9.5"]
+    assert set(extras["docs"]) <= set(extras["dev"])
+    assert "build>=1.2" in extras["dev"]
+    assert {"plot", "dask", "torch"} <= set(extras)
+
+
+def test_the_changelog_starts_with_unreleased() -> None:
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert text.startswith("# Changelog\n")
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## [Unreleased]"
+
+
+def test_the_pre_commit_hook_runs_a_command_sdpa_has() -> None:
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    assert hook["id"] == "sdpa-check"
+    assert hook["language"] == "python"  # pre-commit pip-installs this repository
+    program, command = hook["entry"].split()
+    assert program == next(iter(pyproject()["project"]["scripts"]))
+    assert command in cli.commands

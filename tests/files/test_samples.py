@@ -1,0 +1,157 @@
+"""files/samples.py: the shipped samples found, described, named as sample:NAME, copied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sdpa_cli.errors import InputError
+from sdpa_cli.files import samples
+from sdpa_cli.files.samples import catalog, copy_samples, expand, resolve, sample_files
+
+REPO_SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Path:
+    """A samples folder of every kind of entry, with descriptions known in advance."""
+    root = tmp_path / "samples"
+    (root / "sub").mkdir(parents=True)
+    (root / "tool").mkdir()
+    (root / "a.yaml").write_text(
+        "# A comment that the description wins over.\n"
+        "description: >-\n  First sentence, d_k = 2. Second sentence.\nq: [1]\n",
+        encoding="utf-8",
+    )
+    (root / "b.yaml").write_text(
+        "# Only a comment here,\n# on two lines. And more.\nq: [1]\n", encoding="utf-8"
+    )
+    (root / "b.json").write_text('{"q": [1]}', encoding="utf-8")
+    (root / "ids.json").write_text("[0, 0, 1]", encoding="utf-8")
+    for part, shape in (("q", (1, 2, 3, 4)), ("k", (1, 2, 5, 4)), ("v", (1, 2, 5, 6))):
+        np.save(root / f"x_{part}.npy", np.zeros(shape, np.float16))
+    np.save(root / "lone_q.npy", np.zeros((2, 3)))
+    np.savez(root / "c.npz", q=np.zeros((3, 4)), k=np.zeros((5, 4)))
+    (root / "sub" / "m.yaml").write_text(
+        "# The folder's manifest, as a capture writes it:\n# python gen.py\ncases: []\n",
+        encoding="utf-8",
+    )
+    (root / "sub" / "t.npy").write_bytes(b"")
+    (root / "tool" / "run.py").write_text('"""Run a tool\non two lines.\n\nMore."""\n')
+    (root / "tool" / "__pycache__").mkdir()
+    (root / "tool" / "__pycache__" / "run.cpython-311.pyc").write_bytes(b"")
+    return root
+
+
+def test_catalog_names_and_describes_every_kind_of_entry(fake: Path) -> None:
+    got = [(s.name, s.files, s.description) for s in catalog(fake)]
+    assert got == [
+        ("a", ("a.yaml",), "First sentence, d_k = 2."),
+        ("b.json", ("b.json",), "a case file: q"),
+        ("b.yaml", ("b.yaml",), "Only a comment here, on two lines."),
+        (
+            "x_{q,k,v}.npy",
+            ("x_q.npy", "x_k.npy", "x_v.npy"),
+            "float16 tensors: q (1, 2, 3, 4), k (1, 2, 5, 4), v (1, 2, 5, 6)",
+        ),
+        ("c.npz", ("c.npz",), "arrays: q (3, 4), k (5, 4)"),
+        ("ids.json", ("ids.json",), "values [0, 0, 1]"),
+        ("lone_q.npy", ("lone_q.npy",), "npy"),
+        ("sub/", ("sub/m.yaml", "sub/t.npy"), "The folder's manifest, as a capture writes it"),
+        ("tool/", ("tool/run.py",), "Run a tool on two lines."),
+    ]
+
+
+def test_catalog_of_the_repository_holds_each_file_once() -> None:
+    entries = catalog(REPO_SAMPLES)
+    listed = [f for s in entries for f in s.files]
+    assert sorted(listed) == sample_files(REPO_SAMPLES)
+    assert len(listed) == len(set(listed))
+    by_name = {s.name: s for s in entries}
+    assert by_name["scorecard"].files == ("scorecard.yaml",)
+    assert by_name["batched_{q,k,v}.npy"].description == (
+        "float64 tensors: q (2, 4, 6, 8), k (2, 2, 6, 8), v (2, 2, 6, 4)"
+    )
+    assert by_name["segments.json"].description == "values [0, 0, 1]"
+    assert len(by_name["check/"].files) == 14
+    assert all(s.description for s in entries)
+
+
+def test_the_checkout_reads_the_repository_samples() -> None:
+    assert samples.samples_dir() == REPO_SAMPLES
+
+
+def test_resolve_a_case_file_by_its_name_yaml_before_json(fake: Path) -> None:
+    assert resolve("sample:a", fake) == str(fake / "a.yaml")
+    assert resolve("sample:b", fake) == str(fake / "b.yaml")
+    assert resolve("sample:b.json", fake) == str(fake / "b.json")
+
+
+def test_resolve_exact_names_paths_in_folders_and_members(fake: Path) -> None:
+    assert resolve("sample:x_q.npy", fake) == str(fake / "x_q.npy")
+    assert resolve("sample:sub/t.npy", fake) == str(fake / "sub" / "t.npy")
+    assert resolve("sample:c.npz:q", fake) == str(fake / "c.npz") + ":q"
+
+
+def test_resolve_an_unknown_name_lists_the_known_ones(fake: Path) -> None:
+    with pytest.raises(InputError) as info:
+        resolve("sample:nope", fake)
+    assert str(info.value) == (
+        "sample:nope: no such sample; known: a, b.json, b.yaml, x_{q,k,v}.npy, c.npz, ids.json, "
+        "lone_q.npy, sub/, tool/ (a path inside a folder too, e.g. check/q.npy)"
+    )
+    with pytest.raises(InputError, match=r"^sample:sub: no such sample"):
+        resolve("sample:sub", fake)  # a folder is no file
+
+
+def test_expand_leaves_other_names_alone() -> None:
+    for text in ("q.npy", "samples/scorecard.yaml", "file:///tmp/q.npy", "x.npz:sample"):
+        assert expand(text) == text
+    assert expand("sample:scorecard") == str(REPO_SAMPLES / "scorecard.yaml")
+
+
+def test_copy_writes_every_file_byte_for_byte(tmp_path: Path) -> None:
+    target, written = copy_samples(tmp_path / "new" / "dir")
+    assert target == tmp_path / "new" / "dir" / "samples"
+    assert sorted(p.relative_to(target).as_posix() for p in written) == sample_files()
+    for f in ("scorecard.yaml", "check/partials/out_0_8.npy", "model/manifest.yaml"):
+        assert (target / f).read_bytes() == (REPO_SAMPLES / f).read_bytes()
+
+
+def test_copy_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "samples"
+    target.mkdir()
+    (target / "scorecard.yaml").write_text("mine", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        copy_samples(tmp_path)
+    assert str(info.value) == (
+        f"{target}: already holds scorecard.yaml; --force overwrites the samples' files"
+    )
+    assert [p.name for p in target.iterdir()] == ["scorecard.yaml"]
+    assert (target / "scorecard.yaml").read_text(encoding="utf-8") == "mine"
+    copy_samples(tmp_path, force=True)
+    assert (target / "scorecard.yaml").read_bytes() == (
+        REPO_SAMPLES / "scorecard.yaml"
+    ).read_bytes()
+
+
+def test_copy_over_a_full_copy_names_three_and_counts_the_rest(tmp_path: Path) -> None:
+    copy_samples(tmp_path)
+    n = len(sample_files())
+    with pytest.raises(InputError, match=rf"already holds [^,]+, [^,]+, [^ ]+ and {n - 3} more;"):
+        copy_samples(tmp_path)
+
+
+def test_copy_into_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x", encoding="utf-8")
+    with pytest.raises(InputError, match=r"f: is a file, not a folder to copy the samples into$"):
+        copy_samples(tmp_path / "f")
+
+
+def test_no_samples_anywhere_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(samples, "__file__", "/nonexistent/sdpa_cli/files/samples.py")
+    monkeypatch.setattr(samples, "files", lambda _: Path("/nonexistent/sdpa_cli"))
+    with pytest.raises(InputError, match=r"^samples: not found: this copy of sdpa was installed"):
+        samples.samples_dir()
