@@ -61,6 +61,7 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
         "scale_rule": o.scale if isinstance(o.scale, str) else "given",
         "temperature": o.temperature,
         "options": {
+            "framework": o.framework,
             "softcap": o.softcap,
             "alibi": o.alibi,
             "causal": o.causal,

@@ -161,6 +161,11 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
         yield "no --key-lengths (padding keys attended)", alt(key_lengths=None)
     if spec.bias is not None:
         yield "no --bias (the bias left out)", dataclasses.replace(spec, bias=None)
+    if spec.sinks is not None:
+        yield (
+            "no --sinks (the sinks left out of every row's softmax)",
+            dataclasses.replace(spec, sinks=None),
+        )
     if o.window is not None:
         for window, why in _windows(*o.window):
             yield f"--window {window[0]},{window[1]} ({why})", alt(window=window)

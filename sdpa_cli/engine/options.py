@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.conventions import convention
 from sdpa_cli.engine.expressions import parse_mask_mod, parse_score_mod
 from sdpa_cli.engine.masks import ALIGNMENTS
 from sdpa_cli.engine.precision import FORMATS
@@ -70,6 +71,9 @@ class Options:
     softmax_dtype: str = "float32"
     logits_dtype: str = "same"
     prescale: bool = False
+    framework: str | None = None
+    """``--as``: the framework whose conventions set the defaults (recorded; applied by
+    :func:`parse_options`, see :mod:`sdpa_cli.engine.conventions`)."""
 
     def __post_init__(self) -> None:
         # Options built directly (the Python API) get the checks parse_options makes.
@@ -249,6 +253,7 @@ _PARSERS: dict[str, Any] = {
     "softmax_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
     "logits_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
     "prescale": parse_bool,
+    "framework": lambda v, w: convention(v, w).name,
 }
 
 
@@ -267,13 +272,33 @@ def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None
             raise SpecError(where.get(name, name), "is not an option")
         if value is None:
             continue
-        label = where.get(name, "--" + name.replace("_", "-"))
+        label = where.get(name, _flag(name))
         values[name] = _PARSERS[name](value, label)
+    if values.get("framework") is not None:
+        _apply_convention(values, where)
     dtype = values.get("dtype", "float64")
     for name in ("accumulate", "softmax_dtype", "logits_dtype"):
         label = where.get(name, "--" + name.replace("_", "-"))
         values[name] = _working_format(name, values.get(name), dtype, label)
     return Options(**values)
+
+
+def _flag(name: str) -> str:
+    return "--as" if name == "framework" else "--" + name.replace("_", "-")
+
+
+def _apply_convention(values: dict[str, Any], where: Mapping[str, str]) -> None:
+    """``--as``: the framework's causal alignment and mask value where no flag gives
+    one, and a given window read in its terms (Hugging Face's counts the query)."""
+    conv = convention(values["framework"])
+    label = where.get("framework", "--as")
+    for name, text in conv.defaults().items():
+        # --query-offset places each item's queries itself, in place of an alignment.
+        placed = name == "causal_align" and values.get("query_offset") is not None
+        if name not in values and not placed:
+            values[name] = _PARSERS[name](text, label)
+    if values.get("window") is not None:
+        values["window"] = conv.window(values["window"], where.get("window", "--window"))
 
 
 _FORMAT_DEFAULTS = {"accumulate": "float32", "softmax_dtype": "float32", "logits_dtype": "same"}

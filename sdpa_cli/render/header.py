@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from sdpa_cli.engine.conventions import convention
 from sdpa_cli.engine.masks import HIDES
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.render.common import THEME
@@ -38,6 +39,8 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     if spec.group > 1:
         dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
     grid.add_row("dims", Text(dims))
+    if o.framework is not None:
+        grid.add_row("as", Text(f"{o.framework} ({convention(o.framework).title})"))
     if o.layout == "bshd":
         grid.add_row(
             "layout",

@@ -1,0 +1,258 @@
+"""``sdpa compute --frameworks``: what each framework would output for a case, and where
+they disagree.
+
+Each framework of :data:`~sdpa_cli.engine.conventions.CONVENTIONS` runs the case under
+its own conventions (:func:`options_as`); every pair of outputs is compared row by
+row, and each row that differs is put down to the first convention that explains it:
+
+1. ``empty``: the row has no visible key under either framework: the mask value
+   decides (zeros under −inf, the mean of V under a finite value);
+2. ``alignment``: the two put the causal diagonal (and the window) in different
+   places when L ≠ S;
+3. ``window``: the two count a window's size differently (Hugging Face's
+   ``sliding_window`` counts the query itself).
+
+Pure numpy: the records here are what ``render/frameworks.py`` draws and
+``report.py``'s JSON holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sdpa_cli.engine.conventions import CONVENTIONS, FRAMEWORKS, Convention
+from sdpa_cli.engine.options import Options, parse_mask_value
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.trace import trace
+from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.text import json_number, plural
+
+AGREE = 1e-9
+"""Two outputs' rows agree when no element differs by more than this, relative to the
+largest |V| (at least 1): the same computation under two conventions that do not
+touch a row gives the same bits; a convention that does moves it by O(|V|)."""
+
+KINDS = ("empty", "alignment", "window")
+TITLES = {
+    "empty": "rows with no visible key",
+    "alignment": "causal alignment when L ≠ S",
+    "window": "window counting",
+}
+OTHER = "other"
+"""A row two frameworks differ on that none of :data:`KINDS` explains (none is known)."""
+
+
+def options_as(o: Options, conv: Convention) -> Options:
+    """The case's options under ``conv``'s conventions: its alignment (unless
+    ``--query-offset`` places the queries), its mask value, and the window's numbers
+    as given read in its terms (given under ``--as``: in that framework's terms)."""
+    window = o.window
+    if window is not None:
+        given = window
+        if o.framework is not None and CONVENTIONS[o.framework].window_counts_query:
+            given = (window[0] + 1, window[1])  # back to the numbers as typed
+        window = conv.window(given)
+    align = o.causal_align if o.query_offset is not None else conv.causal_align
+    return dataclasses.replace(
+        o,
+        framework=conv.name,
+        causal_align=align,
+        mask_value=parse_mask_value(conv.mask_value, "--as"),
+        window=window,
+    )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One framework's output for the case.
+
+    Attributes:
+        convention: the framework.
+        output: ``(*lead, L, Ev)``, the engine's layout.
+        empty: ``(*lead, L)``: rows with no visible key under its masks.
+        rows: how many rows differ from the first framework's (PyTorch's).
+        max_diff: the largest |difference| from the first framework's output.
+    """
+
+    convention: Convention
+    output: F64
+    empty: np.ndarray
+    rows: int
+    max_diff: float
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """One kind of disagreement: how the frameworks split, and the rows it moves.
+
+    Attributes:
+        kind: one of :data:`KINDS` (or :data:`OTHER`).
+        groups: (what the frameworks do, their names), one per side.
+        rows: the (batch…, head, query) index of every row it moves, in C order.
+        max_diff: the largest |difference| between two frameworks on those rows.
+    """
+
+    kind: str
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+    rows: tuple[Index, ...]
+    max_diff: float
+
+    @property
+    def title(self) -> str:
+        return TITLES.get(self.kind, "other")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every framework's answer (PyTorch's first) and their disagreements by kind."""
+
+    answers: tuple[Answer, ...]
+    disagreements: tuple[Disagreement, ...]
+    n_rows: int
+
+    @property
+    def agree(self) -> bool:
+        return not self.disagreements
+
+    @property
+    def verdict(self) -> str:
+        """``all five agree``, or how many rows they disagree on and why."""
+        n = _COUNTS.get(len(self.answers), str(len(self.answers)))
+        if self.agree:
+            return f"all {n} agree"
+        rows = len(set().union(*(d.rows for d in self.disagreements)))
+        kinds = ", ".join(d.title for d in self.disagreements)
+        return f"the {n} disagree on {rows} of {plural(self.n_rows, 'row')}: {kinds}"
+
+
+_COUNTS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
+    """Run ``spec`` under each framework's conventions and compare the outputs."""
+    outputs: dict[str, F64] = {}
+    empties: dict[str, np.ndarray] = {}
+    for name in FRAMEWORKS:
+        conv = CONVENTIONS[name]
+        run = trace(
+            dataclasses.replace(spec, options=options_as(spec.options, conv)),
+            stages=("output",),
+            jobs=jobs,
+        )
+        assert run.output is not None
+        outputs[name], empties[name] = run.output, run.stats.empty_rows
+    scale = max(1.0, float(np.max(np.abs(spec.v), initial=0.0)))
+    # The alignment moves the diagonal only when L ≠ S and no --query-offset places it.
+    placed = spec.L == spec.S or spec.options.query_offset is not None
+    moved: dict[str, np.ndarray] = {}
+    largest: dict[str, float] = {}
+    for a, b in itertools.combinations(FRAMEWORKS, 2):
+        diff = _row_diff(outputs[a], outputs[b])
+        differs = diff > AGREE * scale
+        a_b = (CONVENTIONS[a], CONVENTIONS[b])
+        for kind, rows in _by_kind(*a_b, differs, empties[a] & empties[b], placed):
+            if rows.any():
+                moved[kind] = moved.get(kind, np.zeros_like(rows)) | rows
+                largest[kind] = max(largest.get(kind, 0.0), float(diff[rows].max()))
+    first = FRAMEWORKS[0]
+    answers = []
+    for name in FRAMEWORKS:
+        diff = _row_diff(outputs[name], outputs[first])
+        answers.append(
+            Answer(
+                CONVENTIONS[name],
+                outputs[name],
+                empties[name],
+                int(np.count_nonzero(diff > AGREE * scale)),
+                float(diff.max(initial=0.0)),
+            )
+        )
+    disagreements = tuple(
+        Disagreement(
+            kind,
+            _groups(kind),
+            tuple(tuple(int(i) for i in at) for at in np.argwhere(moved[kind])),
+            largest[kind],
+        )
+        for kind in (*KINDS, OTHER)
+        if kind in moved
+    )
+    n_rows = int(np.prod((*spec.lead, spec.L)))
+    return Comparison(tuple(answers), disagreements, n_rows)
+
+
+def _row_diff(a: F64, b: F64) -> F64:
+    """Per row, the largest |a − b| (NaN on one side only counts as infinite)."""
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+    d = np.where(np.isnan(d) & ~(np.isnan(a) & np.isnan(b)), np.inf, np.nan_to_num(d, nan=0.0))
+    return np.asarray(d.max(axis=-1, initial=0.0), dtype=np.float64)
+
+
+def _by_kind(
+    a: Convention, b: Convention, differs: np.ndarray, both_empty: np.ndarray, placed: bool
+) -> list[tuple[str, np.ndarray]]:
+    """The rows two frameworks differ on, put down to the first convention that explains
+    them (``placed``: the diagonal is where every alignment puts it)."""
+    out = [("empty", differs & both_empty)]
+    rest = differs & ~both_empty
+    if a.causal_align != b.causal_align and not placed:
+        return [*out, ("alignment", rest)]
+    if a.window_counts_query != b.window_counts_query:
+        return [*out, ("window", rest)]
+    return [*out, (OTHER, rest)]
+
+
+def _groups(kind: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """How the frameworks split on the convention behind ``kind``."""
+    if kind == OTHER:
+        return ()
+
+    def what(c: Convention) -> str:
+        if kind == "empty":
+            return c.empty_row
+        if kind == "alignment":
+            return c.causal_align
+        return c.window_label
+
+    split: dict[str, list[str]] = {}
+    for name, conv in CONVENTIONS.items():
+        split.setdefault(what(conv), []).append(name)
+    return tuple((k, tuple(v)) for k, v in split.items())
+
+
+def frameworks_payload(comparison: Comparison) -> dict[str, Any]:
+    """The ``frameworks`` key of ``sdpa compute --frameworks --format json``."""
+    return {
+        "verdict": comparison.verdict,
+        "agree": comparison.agree,
+        "rows": comparison.n_rows,
+        "answers": [
+            {
+                "as": a.convention.name,
+                "function": a.convention.title,
+                "causal_align": a.convention.causal_align,
+                "mask_value": a.convention.mask_value,
+                "window": a.convention.window_label,
+                "empty_row": a.convention.empty_row,
+                "rows_differing": a.rows,
+                "max_difference": json_number(a.max_diff),
+            }
+            for a in comparison.answers
+        ],
+        "disagreements": [
+            {
+                "kind": d.kind,
+                "title": d.title,
+                "groups": {what: list(names) for what, names in d.groups},
+                "rows": [list(r) for r in d.rows],
+                "max_difference": json_number(d.max_diff),
+            }
+            for d in comparison.disagreements
+        ],
+    }

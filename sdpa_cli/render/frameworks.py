@@ -1,0 +1,106 @@
+"""``sdpa compute --frameworks``: each framework's conventions and answer side by side,
+a small table per kind of disagreement, and a one-line verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import groupby
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from sdpa_cli.diagnosis.frameworks import Comparison, Disagreement
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.types import Index
+from sdpa_cli.render.common import THEME, note_text, rule, slice_label
+from sdpa_cli.render.header import header
+from sdpa_cli.text import plural, sig
+
+SHOWN_SLICES = 6
+"""(batch, head) slices whose rows a disagreement lists; the rest are counted."""
+SHOWN_RUNS = 8
+"""Runs of consecutive rows listed per slice; the rows of the rest are counted."""
+PLAIN_SOFTMAX = (
+    "a plain softmax (exp over sum, as PyTorch before 2.5 and hand-written attention) "
+    "gives such a row NaN: 0/0"
+)
+
+
+def render_frameworks(spec: AttentionSpec, comparison: Comparison, width: int) -> RenderableType:
+    """The header, the conventions and answers, one table per disagreement, the verdict."""
+    parts: list[RenderableType] = [header(spec, "sdpa compute --frameworks")]
+    parts += [Text(""), rule("Frameworks", width), _answers(comparison)]
+    for d in comparison.disagreements:
+        parts += [Text(""), _disagreement(spec, d, comparison.n_rows, width)]
+    parts += [Text(""), verdict_text(comparison)]
+    return Group(*parts)
+
+
+def verdict_text(comparison: Comparison) -> Text:
+    return Text(comparison.verdict, THEME["ok"] if comparison.agree else THEME["note"])
+
+
+def _answers(comparison: Comparison) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("as", no_wrap=True)
+    table.add_column("causal", no_wrap=True)
+    table.add_column("window", no_wrap=True)
+    table.add_column("empty row", no_wrap=True)
+    first = comparison.answers[0].convention.name
+    table.add_column(f"rows ≠ {first}", justify="right", no_wrap=True)
+    table.add_column("max |Δ|", justify="right", no_wrap=True)
+    for i, a in enumerate(comparison.answers):
+        c = a.convention
+        if i == 0:
+            rows, most = Text("—", THEME["muted"]), Text("—", THEME["muted"])
+        elif not a.rows:
+            rows, most = Text("0", THEME["good"]), Text("0", THEME["good"])
+        else:
+            rows, most = Text(str(a.rows)), Text(sig(a.max_diff))
+        table.add_row(c.name, c.causal_align, c.window_label, c.empty_row, rows, most)
+    return table
+
+
+def _disagreement(spec: AttentionSpec, d: Disagreement, n_rows: int, width: int) -> Group:
+    title = Text.assemble(
+        (d.title[:1].upper() + d.title[1:], THEME["title"]),
+        f": {len(d.rows)} of {plural(n_rows, 'row')} differ, max |Δ| {sig(d.max_diff)}",
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_header=False, show_edge=False)
+    table.add_column(style=THEME["label"], no_wrap=True)
+    table.add_column(overflow="fold")
+    for what, names in d.groups:
+        table.add_row(what, ", ".join(names))
+    notes = [note_text("query rows: " + rows_label(spec, d.rows), width, indent=2)]
+    if d.kind == "empty":
+        notes.append(note_text(PLAIN_SOFTMAX, width, indent=2, style=THEME["muted"]))
+    return Group(title, Padding(table, (0, 0, 0, 2)), *notes)
+
+
+def rows_label(spec: AttentionSpec, rows: Sequence[Index]) -> str:
+    """``batch 0 · head 1: 0–2, 5; batch 1 · head 0: 3`` (a few slices, the rest counted)."""
+    slices = [(lead, [r[-1] for r in group]) for lead, group in groupby(rows, key=lambda r: r[:-1])]
+    parts = []
+    for lead, queries in slices[:SHOWN_SLICES]:
+        label = slice_label(spec, tuple(lead))
+        parts.append(f"{label}: {_ranges(queries)}" if label else _ranges(queries))
+    if len(slices) > SHOWN_SLICES:
+        parts.append(f"and {plural(len(slices) - SHOWN_SLICES, 'more slice')}")
+    return "; ".join(parts)
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """``0–2, 5``: consecutive runs joined."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    shown = [str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs[:SHOWN_RUNS]]
+    if len(runs) > SHOWN_RUNS:
+        shown.append(f"and {plural(sum(len(r) for r in runs[SHOWN_RUNS:]), 'more row')}")
+    return ", ".join(shown)
