@@ -30,12 +30,17 @@ of one run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import re
-from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,20 +192,113 @@ def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
         )
 
 
+WORKER_DIED = (
+    "its worker process was killed (by the system, for lack of memory, or by a signal); "
+    "the other cases ran"
+)
+
+
 def run_cases(cases: list[ManifestCase], over: Overrides, jobs: int) -> list[CaseResult]:
-    """Every case, in manifest order, ``jobs`` at a time in separate processes."""
+    """Every case, in manifest order, ``jobs`` at a time in separate processes.
+
+    A worker that dies (the OOM killer) breaks the pool and every case it had not
+    finished: each of those runs again alone in a fresh pool, so that only the case
+    that kills its worker gets an error row (:data:`WORKER_DIED`) and the others
+    their results. Interrupted (Ctrl-C, SIGTERM), the workers are ended with the run.
+    """
     jobs = max(1, min(jobs, len(cases)))
     if jobs == 1:
         return [run_case(c, over) for c in cases]
-    pool = ProcessPoolExecutor(max_workers=jobs)
+    results: dict[int, CaseResult] = {}
+    for i in _run_in_pool(cases, range(len(cases)), over, jobs, results):
+        if _run_in_pool(cases, [i], over, 1, results):
+            results[i] = CaseResult(cases[i].name, error=WORKER_DIED)
+    return [results[i] for i in range(len(cases))]
+
+
+def _run_in_pool(
+    cases: list[ManifestCase],
+    indices: Iterable[int],
+    over: Overrides,
+    jobs: int,
+    results: dict[int, CaseResult],
+) -> list[int]:
+    """Run the cases at ``indices`` in a new pool of ``jobs`` processes, their results
+    into ``results``; returns the indices of those left unfinished by a dead worker."""
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker, initargs=(os.getpid(),))
+    broken: list[int] = []
     try:
-        futures = [pool.submit(run_case, c, over) for c in cases]
-        results = [f.result() for f in futures]
+        futures: dict[int, Future[CaseResult] | None] = {}
+        # Workers are forked in submit: a SIGTERM raised amid a fork's hooks would be
+        # lost ("Exception ignored"), so it waits until they are done.
+        with _signals_held():
+            for i in indices:
+                try:
+                    futures[i] = pool.submit(run_case, cases[i], over)
+                except BrokenProcessPool:  # a worker died already: the rest waits its turn
+                    futures[i] = None
+        for i, future in futures.items():
+            try:
+                if future is None:
+                    raise BrokenProcessPool
+                results[i] = future.result()
+            except BrokenProcessPool:
+                broken.append(i)
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: stop, do not wait
+        _end_workers(pool)  # Ctrl-C, SIGTERM: stop now, do not wait for running cases
         raise
     pool.shutdown()
-    return results
+    return broken
+
+
+HELD_SIGNALS = frozenset(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGHUP delivered only at the end of the block (where the platform
+    can hold them)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+
+
+def _end_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and terminate the workers running the rest."""
+    # Python 3.14 has terminate_workers(); before it, the pool's own process table.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            process.terminate()
+
+
+def _start_worker(parent: int) -> None:
+    """Set up a worker process: SIGTERM and SIGHUP end it (the parent's handlers,
+    inherited through fork, would raise inside a case), Ctrl-C is the parent's to
+    handle, and on Linux it dies with its parent (PR_SET_PDEATHSIG), even a parent
+    killed with SIGKILL."""
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # forked while the parent held them
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes  # imported here: only Linux workers need it
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl: nothing to work for
+        os._exit(1)
 
 
 # --- shards -----------------------------------------------------------------------------

@@ -2,7 +2,28 @@
 
 The only package that imports click. Everything heavy (numpy, rich, yaml) is imported
 inside the commands, so ``sdpa --help`` starts instantly. One module per command;
-shared option decorators and helpers live in :mod:`sdpa_cli.cli.options`.
+shared option decorators and helpers live in :mod:`sdpa_cli.cli.options`; the
+process's streams and signals in :mod:`sdpa_cli.cli.streams`.
+
+Exit codes (:class:`~sdpa_cli.errors.ExitCode`, and ``EXIT_CODES_HELP``):
+
+- a broken pipe on stdout (``sdpa ... | head -1``) is not a failure: the reader took
+  what it wanted. The run exits 0, or with the verdict the command had reached before
+  it printed (``check``'s 1 for a failed check, :func:`~sdpa_cli.cli.streams.decided`),
+  never click's 1 for the pipe itself (under ``set -o pipefail`` that reads as a failed
+  check). Not the shell's 141: a pipeline that ends early is how ``head`` is used;
+- stdout that cannot be written (a full disk, an I/O error) exits 2 with one line,
+  ``sdpa: error: stdout: cannot be written: ...``, as any output that cannot be; no
+  stdout at all (``>&-``) exits 2 before anything runs;
+- SIGTERM and SIGHUP exit 128 + the signal (143, 129), as Ctrl-C exits 130, after the
+  same clean-up: no temporary file left, no worker process left;
+- a stderr that cannot be written changes no exit code.
+
+Result files (``--save``, ``--report``, ``--junit``, ``--export-*``) are written to
+temporaries first and renamed into place only after stdout has been delivered and
+flushed (:func:`~sdpa_cli.files.writers.staged`): a run whose stdout fails, or that is
+interrupted, replaces no file. Devices and FIFOs named as outputs are written straight
+into, before stdout.
 """
 
 from __future__ import annotations
@@ -16,6 +37,7 @@ from typing import Any
 import click
 
 from sdpa_cli._version import __version__
+from sdpa_cli.cli import streams
 from sdpa_cli.cli.capture import capture
 from sdpa_cli.cli.check import check
 from sdpa_cli.cli.compute import compute
@@ -24,11 +46,20 @@ from sdpa_cli.cli.grad import grad
 from sdpa_cli.cli.inspect import inspect
 from sdpa_cli.cli.options import EXIT_CODES_HELP
 from sdpa_cli.cli.report import report
+from sdpa_cli.cli.samples import samples
 from sdpa_cli.errors import ExitCode, SdpaError
+from sdpa_cli.files.writers import staged
 
 
 class SdpaGroup(click.Group):
     """A group whose errors are one line on stderr with the right exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # click answers a broken pipe with exit 1 ("check failed"): it is told apart here.
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            raise streams.as_stream_error(exc) or exc from None
 
     def main(
         self,
@@ -39,25 +70,42 @@ class SdpaGroup(click.Group):
         **extra: Any,
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        streams.set_up()
         # Overflow, NaN and inf are what the findings report, with where they happened;
         # numpy's RuntimeWarnings would say it again on stderr, without the where.
         warnings.simplefilter("ignore", RuntimeWarning)
         code: int
         try:
-            result = super().main(
-                argv, prog_name or "sdpa", complete_var, standalone_mode=False, **extra
-            )
+            streams.check_stdout()
+            with staged() as outputs:
+                result = super().main(
+                    argv, prog_name or "sdpa", complete_var, standalone_mode=False, **extra
+                )
+                # Result files are renamed into place only once stdout is delivered.
+                streams.decided(result if isinstance(result, int) else ExitCode.OK)
+                streams.flush_stdout()
+                outputs.commit()
             code = result if isinstance(result, int) else ExitCode.OK
         except SdpaError as exc:
             code = _fail(str(exc), ExitCode.BAD_INPUT)
-        except click.exceptions.Abort:
-            code = _fail("interrupted", ExitCode.INTERRUPTED)
-        except KeyboardInterrupt:
+        except streams.StdoutFailed as exc:
+            _silence_stdout()
+            code = _fail(str(exc), ExitCode.BAD_INPUT)
+        except streams.PipeClosed:
+            _silence_stdout()
+            code = streams.verdict()  # the reader went away (| head): not an error
+        except streams.Terminated as exc:
+            code = _fail(f"interrupted ({exc.name})", 128 + exc.signum)
+        except (click.exceptions.Abort, KeyboardInterrupt):
             code = _fail("interrupted", ExitCode.INTERRUPTED)
         except click.ClickException as exc:
             code = _fail(exc.format_message(), ExitCode.BAD_INPUT)
-        except BrokenPipeError:
-            code = ExitCode.OK  # the reader went away (| head): not an error
+        except MemoryError:  # past the up-front check (which names the file): the machine's limit
+            code = _fail(
+                "out of memory: this run needs more than the machine, its ulimit -v or its "
+                "container allows; slice the inputs or ask for fewer --stages",
+                ExitCode.BAD_INPUT,
+            )
         except Exception as exc:  # a bug: one line, the traceback only with --debug
             if "--debug" in argv:
                 traceback.print_exc()
@@ -66,13 +114,29 @@ class SdpaGroup(click.Group):
                 "(a bug in sdpa; please report it, with --debug for the traceback)",
                 ExitCode.INTERNAL,
             )
+        finally:
+            streams.tear_down()
         if standalone_mode:
             sys.exit(int(code))
         return int(code)
 
 
-def _fail(message: str, code: ExitCode) -> ExitCode:
-    click.echo(f"sdpa: error: {message}", err=True)
+def _silence_stdout() -> None:
+    fd = streams.stream_fd(sys.stdout)
+    if fd is not None:
+        streams.silence(fd)
+
+
+def _fail(message: str, code: int) -> int:
+    """One line on stderr; a stderr that cannot take it (a full disk) changes no code."""
+    try:
+        click.echo(f"sdpa: error: {message}", err=True)  # nothing when stderr is closed
+        if sys.stderr is not None:
+            sys.stderr.flush()
+    except OSError:
+        fd = streams.stream_fd(sys.stderr)
+        if fd is not None:
+            streams.silence(fd)
     return code
 
 
@@ -103,6 +167,7 @@ cli.add_command(grad)
 cli.add_command(inspect)
 cli.add_command(report)
 cli.add_command(capture)
+cli.add_command(samples)
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:

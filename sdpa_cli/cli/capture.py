@@ -83,6 +83,7 @@ def capture(
     from sdpa_cli.capture import capture as start_capture
     from sdpa_cli.capture.script import Program, run_program
     from sdpa_cli.capture.writer import parse_size
+    from sdpa_cli.files.writers import immediate
 
     limit = None if max_bytes is None else parse_size(max_bytes)
     program = Program.parse(command)
@@ -95,7 +96,8 @@ def capture(
         notify=lambda line: click.echo(f"sdpa capture: {line}", err=True),
         replace=replace,
     )
-    with session:
+    # Its files are written as the calls come, not held back until stdout is delivered.
+    with immediate(), session:
         code = run_program(program)
     assert session.summary is not None
     click.echo(f"sdpa capture: {session.summary.line()}", err=True)

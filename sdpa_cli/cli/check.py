@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -20,6 +20,7 @@ from sdpa_cli.cli.options import (
     progress_bar,
     start_engine,
 )
+from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 
 CHECK_EXIT_CODES_HELP = (
     "Exit codes: 0 every check passed · 1 a check failed · 2 bad usage, or an input "
-    "that cannot be read or is invalid (never 1) · 3 internal error (please report) · "
-    "130 interrupted."
+    "that cannot be read or is invalid, or an output that cannot be written (never 1) · "
+    "3 internal error (please report) · 130 interrupted (Ctrl-C) · 143 SIGTERM · 129 SIGHUP; "
+    "a reader of stdout that leaves early (| head) changes no code."
 )
 
 
@@ -49,6 +51,15 @@ CHECK_EXIT_CODES_HELP = (
     metavar="FILE",
     help="Split-KV partials: a YAML/JSON list of {keys: START:STOP, output: FILE, lse: FILE}; "
     "each checked over its keys, their merge against the whole attention.",
+)
+@click.option(
+    "--decode",
+    is_flag=True,
+    help="Also compare this causal prefill with the same tokens decoded one query at a "
+    "time against the growing cache (query i after the S − L cached keys, or at "
+    "--query-offset + i): equal to rounding in float64, within the format's tolerance "
+    "under --dtype. An --expect-output beside it (a decode run's steps, stacked) is "
+    "judged against the prefill.",
 )
 @click.option("--rtol", metavar="X", help="Fixed relative tolerance (with --atol).")
 @click.option("--atol", metavar="X", help="Fixed absolute tolerance (with --rtol).")
@@ -130,6 +141,7 @@ def check(
     expect_weights: str | None,
     expect_lse: str | None,
     expect_partials: str | None,
+    decode: bool,
     rtol: str | None,
     atol: str | None,
     reference: str | None,
@@ -174,8 +186,13 @@ def check(
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
+    from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.report import check_exit_code
 
+    outputs = [("--junit", junit), ("--report", report)]
+    given_files = [*inputs, bias_path, mask_path, manifest, expect_partials]
+    given_files += [expect_output, expect_weights, expect_lse]
+    check_outputs(inputs_of(given_files, flags), outputs)
     over = _overrides(
         given_thresholds,
         {
@@ -202,6 +219,8 @@ def check(
             "dropout_mask_path",
         )
         given = any(flags.get(n) for n in tensor_flags)
+        if decode:
+            raise SpecError("--decode", "checks the one case given; not with --manifest")
         if inputs or bias_path or mask_path or given or any(expect.values()) or expect_partials:
             raise SpecError(
                 "--manifest",
@@ -213,7 +232,13 @@ def check(
                 "--jobs", "the cluster's workers run the cases; give --jobs or --cluster"
             )
         results, sharding = _run_manifest(
-            manifest, over, threads, cluster=cluster, timeout=cluster_timeout, shard=shard
+            manifest,
+            over,
+            threads,
+            cluster=cluster,
+            timeout=cluster_timeout,
+            shard=shard,
+            outputs=outputs,
         )
         if sharding is not None:
             title = f"{manifest} · shard {sharding['shard']}"
@@ -222,11 +247,13 @@ def check(
             if value is not None:
                 raise SpecError(name, "runs the cases of a manifest; give --manifest FILE")
         title, results = _run_case(
-            inputs, bias_path, mask_path, expect, over, threads, expect_partials
+            inputs, bias_path, mask_path, expect, over, threads, expect_partials, decode
         )
     json_text = _write_reports(results, manifest, junit, report, sharding)
+    # The verdict is kept when the reader of stdout goes away early (| head).
+    code = decided(check_exit_code(results))
     show_results(results, manifest, title, fmt, json_text, color)
-    return int(check_exit_code(results))
+    return code
 
 
 def _overrides(
@@ -260,17 +287,21 @@ def _run_manifest(
     cluster: str | None,
     timeout: float | None,
     shard: str | None,
+    outputs: Sequence[tuple[str, str | None]] = (),
 ) -> tuple[list[CaseResult], dict[str, Any] | None]:
     """The cases of the manifest (those of ``shard`` when given), ``threads`` at a time
     in local processes or as tasks on ``cluster``; and for a shard, what its report
     says of it (:func:`~sdpa_cli.report_merge.shard_document`'s keywords). Settings
     that do not fit together, in any case of the manifest, stop the run (exit 2)
-    before any case runs."""
+    before any case runs, as does an output that is one of the cases' files."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.check.manifest import Shard, fingerprint, load_manifest, run_cases
+    from sdpa_cli.files.outputs import check_outputs, inputs_of
 
     picked = None if shard is None else Shard.parse(shard)
     cases = load_manifest(manifest)
+    read = [(*c.inputs, c.bias, c.mask, c.sinks, *c.expect.values()) for c in cases]
+    check_outputs(inputs_of(p for paths in read for p in paths), outputs)
     for case in cases:
         try:
             over.settings(case.check)
@@ -297,6 +328,7 @@ def _run_case(
     over: Overrides,
     threads: int,
     partials_path: str | None = None,
+    decode: bool = False,
 ) -> tuple[str, list[CaseResult]]:
     """The one case given on the command line, and its title (the case file's
     description, or the inputs); with ``partials_path``, the partials' checks after
@@ -320,6 +352,11 @@ def _run_case(
         from sdpa_cli.check.partials import partial_checks as judge_partials
 
         partial_checks = judge_partials(spec, load_partials(partials_path), settings)
+    if decode:
+        # imported here: keeps sdpa --help fast
+        from sdpa_cli.check.decode import decode_checks
+
+        partial_checks += decode_checks(spec, settings)
     with progress_bar(spec, "checking") as progress:
         report = run_checks(
             spec, expected, settings, over.thresholds, jobs=threads, progress=progress

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from sdpa_cli.diagnosis.findings import Diagnosis
+    from sdpa_cli.engine.spec import AttentionSpec
     from sdpa_cli.engine.trace import Trace
     from sdpa_cli.render.common import View
 
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
 @diagnostic_options
 @display_options
 @output_options
+@click.option(
+    "--frameworks",
+    is_flag=True,
+    help="Instead of the stages: what each framework (torch, flash, jax, onnx, hf) would "
+    "output for this case under its own conventions, and where they disagree.",
+)
 @JOBS_OPTION
 def compute(
     inputs: tuple[str, ...],
@@ -57,6 +64,7 @@ def compute(
     save: str | None,
     given_thresholds: dict[str, str | None],
     jobs: int | None,
+    frameworks: bool,
     **flags: Any,
 ) -> None:
     """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
@@ -71,6 +79,7 @@ def compute(
       sdpa compute samples/causal.yaml --stages masked,weights --format json
       sdpa compute q.npy k.npy v.npy --causal --causal-align lower-right --save trace.npz
       sdpa compute q.npy k.npy v.npy --dtype float16
+      sdpa compute samples/cross.yaml --causal --window 2,0 --frameworks
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
@@ -79,6 +88,7 @@ def compute(
     from sdpa_cli.engine.block import applicable_stages
     from sdpa_cli.engine.inputs import load_spec
     from sdpa_cli.engine.trace import trace
+    from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.render.common import View
     from sdpa_cli.stream import (
         check_document_room,
@@ -89,7 +99,11 @@ def compute(
     )
 
     limits = thresholds(given_thresholds)
+    check_outputs(inputs_of([*inputs, bias_path, mask_path], flags), [("--save", save)])
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    if frameworks:
+        _frameworks(spec, description, fmt, save, color, threads)
+        return
     chosen = parse_stages(stages, applicable_stages(spec))
     check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
     check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
@@ -144,6 +158,38 @@ def compute(
             _silence_stdout()
             return
     print_all(console, renderables)
+
+
+def _frameworks(
+    spec: AttentionSpec,
+    description: str | None,
+    fmt: str,
+    save: str | None,
+    color: bool | None,
+    threads: int,
+) -> None:
+    """``--frameworks``: the comparison as tables, or a document with a ``frameworks`` key."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.diagnosis.frameworks import compare_frameworks, frameworks_payload
+    from sdpa_cli.render.common import case_description
+    from sdpa_cli.render.frameworks import render_frameworks
+    from sdpa_cli.report import setup_payload, to_json, to_yaml
+
+    if save is not None:
+        raise click.UsageError("--frameworks shows no stages to save; leave out --save")
+    comparison = compare_frameworks(spec, jobs=threads)
+    if fmt != "table":
+        document = {
+            "setup": setup_payload(spec, for_json=fmt == "json"),
+            "frameworks": frameworks_payload(comparison),
+        }
+        click.echo(to_json(document) if fmt == "json" else to_yaml(document), nl=fmt == "json")
+        return
+    console = make_console(color)
+    print_all(
+        console,
+        [*case_description(description), render_frameworks(spec, comparison, console.width)],
+    )
 
 
 def _stdout_fd() -> int:

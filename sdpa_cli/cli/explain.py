@@ -135,10 +135,15 @@ def explain(
     # imported here: keeps sdpa --help fast
     from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.files.writers import write_all_atomic
     from sdpa_cli.render.common import View
 
     limits = thresholds(given_thresholds)
+    check_outputs(
+        inputs_of([*inputs, bias_path, mask_path, dout], flags),
+        [("--export-svg", export_svg), ("--export-html", export_html), ("--plot", plot)],
+    )
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     shown = _shown_rows(spec, batch, head, rows, query, max_rows)
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")

@@ -27,6 +27,7 @@ from sdpa_cli.cli.options import (
     progress_bar,
     start_engine,
 )
+from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -132,10 +133,12 @@ def grad(
     # imported here: keeps sdpa --help fast
     from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.render.common import View
     from sdpa_cli.report import save_grad_npz
 
     limits = thresholds({**given_thresholds, "vanishing": vanishing})
+    check_outputs(inputs_of([*inputs, bias_path, mask_path, dout], flags), [("--save", save)])
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
     check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
@@ -143,6 +146,7 @@ def grad(
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
     run = _run(spec, dout, limits, samples if check_numeric else None, jobs=threads)
     failed = run.numeric is not None and not all(c.passed(tolerance) for c in run.numeric)
+    decided(ExitCode.CHECK_FAILED if failed else ExitCode.OK)  # kept if the reader leaves (| head)
 
     console = make_console(color)
     text: str | None = None

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 success · 1 a check failed (sdpa check) · 2 bad usage or bad input · "
-    "3 internal error (please report) · 130 interrupted."
+    "Exit codes: 0 success (a reader of stdout that leaves early, as | head, is no failure) · "
+    "1 a check failed (sdpa check) · 2 bad usage, bad input, or an output (stdout "
+    "included) that cannot be written · 3 internal error (please report) · "
+    "130 interrupted (Ctrl-C) · 143 SIGTERM · 129 SIGHUP."
 )
 
 
@@ -173,6 +175,16 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         default=None,
         help="Scale Q and K by √scale before the matmul (ONNX's guard against overflow).",
     ),
+    click.option(
+        "--as",
+        "framework",
+        type=click.Choice(["torch", "flash", "jax", "onnx", "hf"]),
+        help="Use a framework's conventions, as defaults flags override: causal alignment "
+        "when L ≠ S (torch, jax upper-left; flash, onnx, hf lower-right), the mask value "
+        "(jax −0.7·finfo(float32).max, hf finfo-min, else -inf: a row with no visible key "
+        "gives the mean of V or zeros), --window's LEFT read as hf's sliding_window "
+        "(counting the query).",
+    ),
 ]
 
 
@@ -277,6 +289,10 @@ def diagnostic_options(f: F) -> F:
 
     @functools.wraps(f)
     def command(*args: Any, **kwargs: Any) -> Any:
+        # imported here: keeps sdpa --help fast
+        from sdpa_cli.files.config import use_config
+
+        use_config(kwargs.pop("config"))
         kwargs["given_thresholds"] = {name: kwargs.pop(name) for name in THRESHOLD_FLAGS}
         return f(*args, **kwargs)
 
@@ -302,6 +318,12 @@ def diagnostic_options(f: F) -> F:
                 "--max-findings",
                 metavar="N",
                 help="Row findings listed per kind; all are counted (default 50).",
+            ),
+            click.option(
+                "--config",
+                metavar="FILE",
+                help="Read settings from FILE (sdpa.yaml, or a pyproject.toml's [tool.sdpa]) "
+                "instead of the one found from here up to the repository's root.",
             ),
         ]
     ):

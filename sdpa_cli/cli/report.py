@@ -22,6 +22,7 @@ from sdpa_cli.cli.options import (
     progress_bar,
     start_engine,
 )
+from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import ExitCode, SdpaError, SpecError
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 MERGE_EXIT_CODES_HELP = (
     "Exit codes: the merged run's: 0 every check passed · 1 a check failed · 2 a case could "
     "not be checked, or bad input (a file that is not a shard's report, shards of "
-    "different runs, a shard missing or given twice) · 3 internal error · 130 interrupted."
+    "different runs, a shard missing or given twice) · 3 internal error · 130 interrupted (143 SIGTERM, 129 SIGHUP)."
 )
 
 
@@ -81,14 +82,18 @@ def merge(
       sdpa report merge s1.json s2.json --report all.json --junit all.xml
     """
     # imported here: keeps sdpa --help fast
+    from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.report import to_json
     from sdpa_cli.report_merge import merge_shard_reports, read_shard_report
+
+    check_outputs(inputs_of(shards), [("--junit", junit), ("--report", report_path)])
 
     document, results = merge_shard_reports([read_shard_report(path) for path in shards])
     json_text = to_json(document) + "\n"
     write_report_files(results, json_text, junit, report_path)
+    code = decided(document["exit_code"])  # kept when the reader goes away (| head)
     show_results(results, document["manifest"], None, fmt, json_text, color)
-    return int(document["exit_code"])
+    return code
 
 
 MODEL_METRICS = (
@@ -106,7 +111,7 @@ so that ``sdpa --help`` need not import numpy (a test keeps the two the same).""
 MODEL_EXIT_CODES_HELP = (
     "Exit codes: 0 every case shown · 2 bad usage, a manifest that cannot be read, or a "
     "case that cannot be (the others are shown; a line on stderr names it) · 3 internal "
-    "error · 130 interrupted. Notable heads are findings, never a failure."
+    "error · 130 interrupted (143 SIGTERM, 129 SIGHUP). Notable heads are findings, never a failure."
 )
 
 

@@ -1,64 +1,176 @@
 """Atomic writes: a file (or several, all or none) appears at its path only once it is
-written in full, with the mode of the file it replaces."""
+written in full, with the mode of the file it replaces.
+
+What is at the path decides how it is written:
+
+- nothing, or a regular file: a temporary file beside it, renamed into place;
+- a symbolic link: the same, at the link's target (the link stays a link);
+- a character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe): written
+  straight into it, never replaced by a regular file (as ``>`` does in a shell);
+- a directory, a block device, a socket: refused, in one line.
+
+Inside :func:`staged`, the renames wait until the command has delivered its output
+(:meth:`Stage.commit`), so that a run whose stdout fails replaces no file; a run that
+fails or is interrupted removes its temporaries (:meth:`Stage.discard`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from sdpa_cli.errors import InputError
 
+Writer = Callable[[BinaryIO], object]
 
-def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+
+class Stage:
+    """Temporaries written in full, waiting to be renamed into place."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, Path, Path]] = []  # (label, temporary, target)
+
+    def commit(self) -> None:
+        """Rename every temporary into place, in the order they were written."""
+        try:
+            while self.pending:
+                label, temporary, target = self.pending[0]
+                try:
+                    os.replace(temporary, target)
+                except OSError as exc:
+                    raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+                self.pending.pop(0)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove every temporary not yet renamed."""
+        while self.pending:
+            _, temporary, _ = self.pending.pop()
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+
+
+_stage: Stage | None = None
+
+
+@contextlib.contextmanager
+def staged() -> Iterator[Stage]:
+    """Hold back the renames of the writes inside until ``commit()``; on an exception
+    (or if ``commit`` is never called) the temporaries are removed."""
+    global _stage
+    outer, _stage = _stage, Stage()
+    stage = _stage
+    try:
+        yield stage
+    finally:
+        _stage = outer
+        stage.discard()
+
+
+@contextlib.contextmanager
+def immediate() -> Iterator[None]:
+    """Writes inside are renamed into place at once, even within :func:`staged` (a
+    capture writes its files as they come)."""
+    global _stage
+    outer, _stage = _stage, None
+    try:
+        yield
+    finally:
+        _stage = outer
+
+
+def write_atomic(path: str | os.PathLike[str], write: Writer) -> None:
     """Call ``write(fh)`` on a temporary file beside ``path``, then rename it into place.
 
     Nothing is created or clobbered at ``path`` unless ``write`` succeeds. The file gets
     the mode of the file it replaces, or the usual ``0o666 & ~umask`` for a new one.
 
     Raises:
-        InputError: naming ``path`` when it cannot be written (no such directory, a
-            directory in the way, no permission, disk full).
+        InputError: naming ``path`` when it cannot be written (an empty name, no such
+            directory, a directory in the way, no permission, disk full).
     """
     write_all_atomic([(path, write)])
 
 
-def write_all_atomic(
-    files: Sequence[tuple[str | os.PathLike[str], Callable[[BinaryIO], object]]],
-) -> None:
+def write_all_atomic(files: Sequence[tuple[str | os.PathLike[str], Writer]]) -> None:
     """Write several files all or none, as :func:`write_atomic` writes one: every
     temporary file is written first, then each is renamed into place. A failure
-    (or Ctrl-C) before the renames leaves nothing behind.
+    (or Ctrl-C) before the renames leaves nothing behind. Devices and FIFOs are
+    written straight into, after the temporaries.
 
     Raises:
         InputError: naming the path that cannot be written.
     """
-    temps: list[tuple[str, Path]] = []
+    stage = Stage()
+    direct: list[tuple[str, Writer]] = []
     try:
         for path, write in files:
-            _write_temporary(path, write, temps)
-        for label, written in temps:
-            try:
-                os.replace(written, label)
-            except OSError as exc:
-                raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+            label = os.fspath(path)
+            target, through = resolve_output(label)
+            if through:
+                direct.append((label, write))
+            else:
+                _write_temporary(label, target, write, stage)
+        for label, write in direct:
+            _write_through(label, write)
+        if _stage is not None:
+            _stage.pending.extend(stage.pending)
+            stage.pending.clear()
+        else:
+            stage.commit()
     finally:
-        for _, leftover in temps:
-            leftover.unlink(missing_ok=True)
+        stage.discard()
 
 
-def _write_temporary(
-    path: str | os.PathLike[str],
-    write: Callable[[BinaryIO], object],
-    temps: list[tuple[str, Path]],
-) -> None:
-    """Call ``write(fh)`` on a new temporary file beside ``path``, appending ``(path,
-    temporary)`` to ``temps`` as soon as it exists so that the caller removes it."""
-    target, label = Path(path), os.fspath(path)
-    if target.is_dir():
+def resolve_output(label: str) -> tuple[Path, bool]:
+    """Where an output named ``label`` goes: the path to replace (a symbolic link's
+    target), and whether to write straight into it instead (a device or a FIFO).
+
+    Raises:
+        InputError: for an empty name, a directory, or what is not a regular file,
+            a character device or a FIFO.
+    """
+    if not label:
+        raise InputError("''", "the file name is empty")
+    target = Path(label)
+    try:
+        st = os.stat(target)  # follows symbolic links
+    except FileNotFoundError:
+        if os.path.islink(target):  # a dangling link: create the file it names
+            return Path(os.path.realpath(target)), False
+        if label.endswith(os.sep):
+            raise InputError(label, "is a directory; expected a file name") from None
+        return target, False
+    except OSError as exc:
+        raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
         raise InputError(label, "is a directory; expected a file name")
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        return target, True
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a block device" if stat.S_ISBLK(st.st_mode) else "not a regular file"
+        raise InputError(label, f"is {kind}; expected a regular file")
+    return (Path(os.path.realpath(target)) if os.path.islink(target) else target), False
+
+
+def _write_through(label: str, write: Writer) -> None:
+    """Write into a device or FIFO as it is, without a temporary or a rename."""
+    try:
+        with open(label, "wb") as fh:
+            write(fh)
+    except OSError as exc:
+        raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+
+
+def _write_temporary(label: str, target: Path, write: Writer, stage: Stage) -> None:
+    """Call ``write(fh)`` on a new temporary file beside ``target``, adding it to
+    ``stage`` as soon as it exists so that it is removed on a failure."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except FileNotFoundError:
@@ -67,7 +179,7 @@ def _write_temporary(
         ) from None
     except OSError as exc:
         raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
-    temps.append((label, Path(tmp)))
+    stage.pending.append((label, Path(tmp), target))
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)

@@ -1,0 +1,139 @@
+"""Tests of the atomic writers: what is at the path decides how it is written (a
+symbolic link's target, a device or FIFO written through, a directory refused), and
+staged writes wait for ``commit``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from sdpa_cli.errors import InputError
+from sdpa_cli.files.writers import immediate, staged, write_all_atomic, write_atomic
+
+
+def writes(data: bytes) -> Callable[[BinaryIO], None]:
+    def write(fh: BinaryIO) -> None:
+        fh.write(data)
+
+    return write
+
+
+def leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_empty_name_is_named_as_empty(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="the file name is empty"):
+        write_atomic("", writes(b"x"))
+
+
+def test_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="is a directory"):
+        write_atomic(tmp_path, writes(b"x"))
+
+
+def test_symlink_output_writes_its_target_and_stays_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "real.bin"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    link = tmp_path / "link.bin"
+    link.symlink_to("real.bin")
+    write_atomic(link, writes(b"new"))
+    assert link.is_symlink()
+    assert os.readlink(link) == "real.bin"
+    assert target.read_bytes() == b"new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert leftovers(tmp_path) == []
+
+
+def test_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
+    link = tmp_path / "link.bin"
+    link.symlink_to("made.bin")
+    write_atomic(link, writes(b"new"))
+    assert link.is_symlink()
+    assert (tmp_path / "made.bin").read_bytes() == b"new"
+
+
+@pytest.mark.skipif(not os.path.exists(os.devnull), reason="needs /dev/null")
+def test_dev_null_stays_a_device() -> None:
+    """As root, the rename used to replace /dev/null with a regular file."""
+    write_atomic(os.devnull, writes(b"x" * 100))
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert leftovers(Path(os.devnull).parent) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_is_written_through(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, writes(b"through the pipe"))
+    reader.join(timeout=10)
+    assert got == [b"through the pipe"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs Unix sockets")
+def test_socket_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        with pytest.raises(InputError, match="not a regular file"):
+            write_atomic(path, writes(b"x"))
+    assert leftovers(tmp_path) == []
+
+
+def test_staged_writes_appear_only_on_commit(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.xml"
+    a.write_bytes(b"old")
+    with staged() as stage:
+        write_all_atomic([(a, writes(b"A")), (b, writes(b"B"))])
+        assert a.read_bytes() == b"old"
+        assert not b.exists()
+        assert len(leftovers(tmp_path)) == 2
+        stage.commit()
+    assert (a.read_bytes(), b.read_bytes()) == (b"A", b"B")
+    assert leftovers(tmp_path) == []
+
+
+def test_staged_writes_are_removed_on_failure(tmp_path: Path) -> None:
+    a = tmp_path / "a.json"
+    a.write_bytes(b"old")
+
+    def interrupted() -> None:
+        with staged():
+            write_atomic(a, writes(b"A"))
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
+    assert a.read_bytes() == b"old"
+    assert leftovers(tmp_path) == []
+
+
+def test_immediate_writes_inside_a_stage(tmp_path: Path) -> None:
+    a = tmp_path / "a.bin"
+    with staged(), immediate():
+        write_atomic(a, writes(b"now"))
+        assert a.read_bytes() == b"now"
+
+
+def test_failed_writer_leaves_nothing(tmp_path: Path) -> None:
+    def fail(fh: BinaryIO) -> None:
+        fh.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(InputError, match="No space left on device"):
+        write_all_atomic([(tmp_path / "a", writes(b"A")), (tmp_path / "b", fail)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
