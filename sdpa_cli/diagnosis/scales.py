@@ -1,5 +1,5 @@
-"""The scale compared: one slice under no scaling, 1/√d_k and 1/d_k (seed 002's
-example 3), judged by the findings' rules.
+"""The scale compared: one slice under no scaling, 1/√d_k and 1/d_k (the raw scores
+[0, d_k, 2·d_k] example), judged by the findings' rules.
 
 Pure numpy; ``explain --compare-scales`` shows it.
 """

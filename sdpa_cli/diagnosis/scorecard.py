@@ -1,4 +1,4 @@
-"""One query against every key, worked as seed 003 works it: dot products term by
+"""One query against every key, worked as a hand calculation works it: dot products term by
 term, scaled scores, e^(x − m), weights, contributions weight · v_j and their sum.
 
 Pure numpy; ``explain --query`` shows it.
@@ -53,7 +53,7 @@ class KeyScore:
 
 @dataclass(frozen=True)
 class Scorecard:
-    """One query against every key, as seed 003 works it: dot products, scaled
+    """One query against every key, as a hand calculation works it: dot products, scaled
     scores, weights e^(x − m) / Z, contributions weight · v_j and their sum.
 
     ``shown`` are the keys to list (all, or the heaviest ``limit`` in key order);

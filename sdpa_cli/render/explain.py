@@ -191,7 +191,7 @@ def _vector(values: Sequence[float | str], precision: int | None, limit: int = 4
 
 
 def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[RenderableType]:
-    """Seed 003's scorecard for one query: dot products, scaled scores, weights, contributions."""
+    """The scorecard for one query: dot products, scaled scores, weights, contributions."""
     spec = ex.spec
     p = view.precision
     where = slice_label(spec, ex.lead)
@@ -363,7 +363,7 @@ def _contributions(
 
 
 def render_scales(ex: Explanation, view: View) -> list[RenderableType]:
-    """Seed 002's example 3 on the data: the weights under each scale, side by side."""
+    """Raw scores [0, d_k, 2·d_k] on the data: the weights under each scale, side by side."""
     spec = ex.spec
     runs = ex.scales
     p = view.precision
