@@ -7,9 +7,11 @@ numpy, no rich; the lowest layer, beside :mod:`sdpa_cli.errors`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 MINUS = "−"
@@ -121,15 +123,46 @@ NON_FINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf
 """What :func:`json_number` writes for a non-finite number, read back."""
 
 
+_ECHO: ContextVar[bool] = ContextVar("sdpa_echo", default=True)
+
+
+@contextlib.contextmanager
+def unechoed() -> Iterator[None]:
+    """While reading files the user did not name (those a manifest or a case file
+    names), :func:`shown` says what kind of value it found, not the value: an error
+    must not copy a file's content into a public CI log."""
+    token = _ECHO.set(False)
+    try:
+        yield
+    finally:
+        _ECHO.reset(token)
+
+
+def echoed() -> bool:
+    """Whether values read now may appear in messages (see :func:`unechoed`)."""
+    return _ECHO.get()
+
+
 def shown(value: Any) -> str:
     """``repr(value)`` cut short: a 5000-digit number or a list nested 900 deep read
-    from a case file still makes one short line (and no RecursionError)."""
+    from a case file still makes one short line (and no RecursionError). Inside
+    :func:`unechoed`, only the value's kind: ``a str of 12 characters``."""
+    if not _ECHO.get():
+        return _kind(value)
     try:
         return _REPR.repr(value)
     except ValueError:  # an integer past Python's 4,300-digit limit for str()
         if isinstance(value, int):
             return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
         return f"a {type(value).__name__} too long to show"
+
+
+def _kind(value: Any) -> str:
+    """What :func:`shown` says of a value it may not echo."""
+    name = type(value).__name__
+    if isinstance(value, (str, bytes, list, tuple, dict)):
+        return f"a {name} of length {len(value)} (content not shown)"
+    return f"a {name} (content not shown)"
 
 
 def printable(text: str) -> str:

@@ -111,5 +111,8 @@ def _absolute(case: ManifestCase) -> ManifestCase:
         inputs=tuple(fix(p) for p in case.inputs),
         bias=None if case.bias is None else fix(case.bias),
         mask=None if case.mask is None else fix(case.mask),
+        sinks=None if case.sinks is None else fix(case.sinks),
+        root=fix(case.root),
+        tensors=fix_map(case.tensors),
         expect=fix_map(case.expect),
     )

@@ -52,11 +52,16 @@ from sdpa_cli.check.settings import CHECK_NAMES, Overrides, check_values, merge_
 from sdpa_cli.engine.inputs import load_spec
 from sdpa_cli.engine.options import OPTION_NAMES
 from sdpa_cli.errors import InputError, SdpaError, SpecError
+from sdpa_cli.files.confine import allow_outside, confine, rooted
+from sdpa_cli.files.loaders import Source
 from sdpa_cli.files.remote import is_url
 from sdpa_cli.files.structured import TEXT_SUFFIXES, parse_text
-from sdpa_cli.text import as_typed, printable, shown
+from sdpa_cli.text import as_typed, printable, shown, unechoed
 
-INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask", "sinks")
+TENSOR_KEYS = ("segment_ids", "segment_ids_kv", "dropout_mask")
+"""Tensors a case may name besides Q, K, V, the bias, the mask and the sinks: passed on
+as their flags (``--segment-ids FILE`` ...)."""
+INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask", "sinks", *TENSOR_KEYS)
 EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
 TEXT_KEYS = ("name", "description")
 
@@ -70,6 +75,10 @@ class ManifestCase:
     bias: str | None = None
     mask: str | None = None
     sinks: str | None = None
+    root: str = "."
+    """The manifest's folder: every file a case reads stays in its tree (``--allow-outside``)."""
+    tensors: Mapping[str, str] = field(default_factory=dict)
+    """:data:`TENSOR_KEYS` given, with their paths."""
     expect: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     where: Mapping[str, str] = field(default_factory=dict)
@@ -91,8 +100,9 @@ def _entries(
         if key not in known:
             raise InputError(
                 f"{where}: {printable(str(raw_key))}",
-                "unknown key; expected name, case or q/k/v, bias, mask, sinks, expect-output, "
-                "expect-weights, expect-lse, an option of compute or a setting of check",
+                "unknown key; expected name, case or q/k/v, bias, mask, sinks, segment-ids, "
+                "segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
+                "an option of compute or a setting of check",
             )
         if key in INPUT_KEYS or key in EXPECT_KEYS:
             if not isinstance(value, str):
@@ -102,6 +112,8 @@ def _entries(
                     f"{where}: {raw_key}",
                     "a case file is read from the local file system; list q, k and v as URLs",
                 )
+            named = Source.parse(value, base).path if not is_url(value) else value
+            confine(value, named, base, f"{where}: {raw_key}")
             paths[key] = value if is_url(value) else str(base / Path(value).expanduser())
         elif key in TEXT_KEYS:
             paths[key] = str(value)
@@ -166,6 +178,8 @@ def load_manifest(path: str) -> list[ManifestCase]:
                 bias=paths.get("bias"),
                 mask=paths.get("mask"),
                 sinks=paths.get("sinks"),
+                root=str(base),
+                tensors={k: paths[k] for k in TENSOR_KEYS if k in paths},
                 expect={EXPECT_KEYS[k]: p for k, p in paths.items() if k in EXPECT_KEYS},
                 options={**d_options, **options},
                 where={**d_where, **option_where},
@@ -179,10 +193,14 @@ def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
     """Load, compute and judge one case; never raises for a bad case."""
     try:
         flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}
+        flags.update({f"{k}_path": p for k, p in case.tensors.items()})
         where = {k: w for k, w in case.where.items() if over.option_flags.get(k) is None}
-        spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where, case.sinks)
-        settings = over.settings(case.check)
-        expected = load_expected(case.expect)
+        allow_outside(over.allow_outside)  # this worker's run: the flag of its parent's
+        with unechoed(), rooted(case.root):  # files the manifest names: kept in its tree,
+            # their content out of the report
+            spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where, case.sinks)
+            settings = over.settings(case.check)
+            expected = load_expected(case.expect)
         return CaseResult(case.name, run_checks(spec, expected, settings, over.thresholds))
     except SdpaError as exc:
         return CaseResult(case.name, error=str(exc))

@@ -29,9 +29,10 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import InputError, SpecError
-from sdpa_cli.files.loaders import load_array
+from sdpa_cli.files.confine import confine
+from sdpa_cli.files.loaders import Source, load_array
 from sdpa_cli.files.structured import parse_text
-from sdpa_cli.text import printable
+from sdpa_cli.text import printable, unechoed
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,12 @@ def load_partials(path_text: str) -> list[Partial]:
         if not isinstance(entry, dict) or set(entry) != {"keys", "output", "lse"}:
             raise InputError(where, "should have exactly keys, output and lse")
         start, stop = _key_range(str(entry["keys"]), where)
-        arrays = {
-            name: load_array(str(path.parent / str(entry[name])), name=name)
-            for name in ("output", "lse")
-        }
+        arrays = {}
+        for name in ("output", "lse"):
+            ref = Source.parse(str(entry[name]), path.parent)
+            confine(str(entry[name]), ref.path, path.parent, f"{where}: {name}")
+            with unechoed():  # a file the user did not name: its content stays out of messages
+                arrays[name] = load_array(ref, name=name)
         partials.append(Partial(start, stop, arrays["output"], arrays["lse"], where))
     return partials
 

@@ -233,6 +233,9 @@ class Overrides:
     option_flags: Mapping[str, Any] = field(default_factory=dict)
     """Options of the computation given as flags (those not given left out)."""
     thresholds: Thresholds = field(default_factory=Thresholds)
+    allow_outside: bool = False
+    """Whether a manifest's files may name files outside their folder (``--allow-outside``):
+    carried to the workers, which read the case files."""
 
     def settings(self, case: Mapping[str, Any] | None = None) -> CheckSettings:
         """A case's settings: the config file's, the case's (a manifest's), the flags'.

@@ -11,10 +11,12 @@ from typing import Any
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import InputError
+from sdpa_cli.files.confine import confine
 from sdpa_cli.files.loaders import Source, load_array, sniff
 from sdpa_cli.files.opening import claim_stdin, is_stdin, is_stream, open_input
 from sdpa_cli.files.samples import expand
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
+from sdpa_cli.text import shown, unechoed
 
 TENSOR_KEYS = (
     "q",
@@ -75,7 +77,7 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
         key = str(raw_key).replace("-", "_")
         if key not in known:
             raise InputError(
-                src.label, f"unknown key {raw_key!r:.60} (known: {', '.join(sorted(known))})"
+                src.label, f"unknown key {shown(raw_key)} (known: {', '.join(sorted(known))})"
             )
         if key in TENSOR_KEYS:
             tensors[key], sources[key] = _tensor(key, value, src)
@@ -112,6 +114,11 @@ def _tensor(key: str, value: Any, src: Source) -> tuple[NDArray[Any], str]:
     """A tensor entry of a case file and where it came from: a path relative to the
     case file, or inline nested lists."""
     if isinstance(value, str):
-        ref = Source.parse(value, src.path.parent)
-        return load_array(ref, name=key), ref.label
+        if is_stream(str(src.path)):  # a case file from a pipe names paths from here
+            ref = Source.parse(value)
+        else:
+            ref = Source.parse(value, src.path.parent)
+            confine(value, ref.path, src.path.parent, f"{src.label}: {key}")
+        with unechoed():  # a file the user did not name: its content stays out of messages
+            return load_array(ref, name=key), ref.label
     return nested_to_array(value, src.label, key), f"{src.label}: {key}"

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from sdpa_cli.errors import InputError
-from sdpa_cli.text import printable
+from sdpa_cli.text import echoed, printable, shown
 
 MAX_DEPTH = 32
 """Nesting deeper than any tensor sdpa handles (numpy allows 64 axes)."""
@@ -64,7 +64,7 @@ def check_shape(shape: tuple[int, ...], label: str) -> None:
     if bad:
         raise InputError(
             label,
-            f"has a corrupt header: shape {shape!r:.60} has an axis of {bad[0]}; "
+            f"has a corrupt header: shape {shown(shape)} has an axis of {bad[0]}; "
             f"expected 0 to {MAX_DIM}",
         )
 
@@ -74,7 +74,8 @@ def pick_member(label: str, names: list[str], member: str | None, noun: str) -> 
     label naming it (``label`` already ends in ``:member`` when one was given)."""
     if not names:
         raise InputError(label, f"holds no {noun}s")
-    listed = ", ".join(printable(n) for n in names)
+    # the names are content: not shown for a file the user did not name
+    listed = ", ".join(printable(n) for n in names) if echoed() else "not shown"
     if member is None:
         if len(names) != 1:
             raise InputError(

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.checks import check_shape, pick_member, reading
 from sdpa_cli.files.opening import Input, opened
-from sdpa_cli.text import printable
+from sdpa_cli.text import printable, shown
 
 SAFETENSORS_SUFFIX = ".safetensors"
 MAX_SAFETENSORS_HEADER = 100 << 20
@@ -162,14 +162,14 @@ def _safetensors_dtype(code: Any, label: str) -> np.dtype[Any]:
     """The numpy dtype of a safetensors dtype code; complex and unknown codes refused."""
     if not isinstance(code, str):
         raise InputError(
-            label, f"has a corrupt .safetensors header: dtype must be a string, got {code!r:.40}"
+            label, f"has a corrupt .safetensors header: dtype must be a string, got {shown(code)}"
         )
     if code.startswith("C"):  # C64: numpy's complex64
         raise InputError(label, f"has complex dtype {printable(code)}; expected real numbers")
     if code not in SAFETENSORS_DTYPES:
         raise InputError(
             label,
-            f"has unsupported dtype {code!r:.40} (supported: {', '.join(SAFETENSORS_DTYPES)})",
+            f"has unsupported dtype {shown(code)} (supported: {', '.join(SAFETENSORS_DTYPES)})",
         )
     name = SAFETENSORS_DTYPES[code]
     if name[0].isalpha():
@@ -214,7 +214,7 @@ def _entry_dtype_and_shape(entry: Any, label: str) -> tuple[np.dtype[Any], tuple
     if not (isinstance(shape, list) and all(_is_count(n) for n in shape)):
         raise InputError(
             label,
-            f"{CORRUPT}: shape {shape!r:.60} is not a list of non-negative integers",
+            f"{CORRUPT}: shape {shown(shape)} is not a list of non-negative integers",
         )
     check_shape(tuple(shape), label)
     return dtype, tuple(shape)
@@ -233,7 +233,7 @@ def _entry_begin(entry: dict[str, Any], buffer: int, needed: int, label: str) ->
     ):
         raise InputError(
             label,
-            f"{CORRUPT}: data_offsets {offsets!r:.60} are not [begin, end] with 0 <= begin <= end",
+            f"{CORRUPT}: data_offsets {shown(offsets)} are not [begin, end] with 0 <= begin <= end",
         )
     begin, end = offsets
     if end > buffer:

@@ -243,7 +243,7 @@ def _walk(node: Any, shape: list[int], depth: int, path: str, label: str, kinds:
     if not isinstance(node, list):
         raise InputError(
             label,
-            f"{path}: rows are ragged: expected a list of {shape[depth]}, got {node!r:.40}",
+            f"{path}: rows are ragged: expected a list of {shape[depth]}, got {shown(node)}",
         )
     if len(node) != shape[depth]:
         raise InputError(
@@ -273,4 +273,4 @@ def _leaf_kind(node: Any, path: str, label: str) -> str:
         return "number"
     if isinstance(node, list):
         raise InputError(label, f"{path}: rows are ragged: expected a number, got a list")
-    raise InputError(label, f"{path}: expected a number, got {type(node).__name__} {node!r:.40}")
+    raise InputError(label, f"{path}: expected a number, got {type(node).__name__} {shown(node)}")

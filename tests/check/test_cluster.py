@@ -92,7 +92,11 @@ def test_file_urls_are_read_on_the_workers(tmp_path: Path, scheduler: str) -> No
         f"  - {{name: bad, expect-output: '{(tmp_path / 'out_bad.npy').as_uri()}'}}\n"
         f"  - {{name: gone, q: '{(tmp_path / 'gone.npy').as_uri()}'}}\n"
     )
-    local, remote = same_run(manifest, scheduler, "--format", "json")
+    # URLs leave the manifest's folder: a manifest from a pull request may not name them
+    refused = same_run(manifest, scheduler)[0]
+    assert "names a URL" in refused.stderr
+    assert "--allow-outside" in refused.stderr
+    local, remote = same_run(manifest, scheduler, "--format", "json", "--allow-outside")
     assert remote.exit_code == local.exit_code == ExitCode.BAD_INPUT
     doc = strict_json(remote.stdout)
     assert doc == strict_json(local.stdout)
