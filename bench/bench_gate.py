@@ -216,7 +216,8 @@ def check(sdpa: str, run: Run) -> Run:
     except json.JSONDecodeError:
         run.error = (proc.stderr.strip() or proc.stdout.strip() or "no output")[-2000:]
         return run
-    for c in report.get("checks", []):
+    checks = [c for case in report.get("cases", []) for c in case["checks"]]
+    for c in checks:
         hint = c.get("hint")
         if hint:
             run.hints.append(f"{c['name']}: {hint}")
@@ -228,7 +229,7 @@ def check(sdpa: str, run: Run) -> Run:
     if run.exit_code == 0:
         run.said = [
             {"name": c["name"], "summary": c.get("summary"), "hint": c.get("hint")}
-            for c in report.get("checks", [])
+            for c in checks
             if c["name"].endswith(".close")
         ]
     if proc.returncode not in (0, 1):

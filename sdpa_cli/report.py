@@ -5,6 +5,9 @@ of ``check``.
 JSON has no infinities or NaN, so non-finite numbers are written as the strings
 ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` (the convention of Protocol Buffers'
 JSON mapping); YAML writes them natively (``.inf``, ``-.inf``, ``.nan``).
+
+Every document starts with :func:`document_head`: ``schema_version`` then
+``sdpa_version``; its shape is :mod:`sdpa_cli.schemas`' schema of its kind.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from sdpa_cli.engine.block import STAGES, applicable_stages
 from sdpa_cli.engine.trace import Trace, merge_heads
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.files.writers import write_atomic
+from sdpa_cli.schemas import SCHEMA_VERSION
 from sdpa_cli.text import json_number
 
 if TYPE_CHECKING:
@@ -48,14 +52,19 @@ def _nested(a: NDArray[Any], for_json: bool) -> Any:
     return fix(lists)
 
 
+def document_head() -> dict[str, Any]:
+    """The first keys of every JSON/YAML document: its shape's version, then sdpa's."""
+    return {"schema_version": SCHEMA_VERSION, "sdpa_version": __version__}
+
+
 def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
-    """Version, shapes, scale and options: the head of every trace document."""
+    """Versions, shapes, scale and options: the head of every trace document."""
     o = spec.options
     shapes: dict[str, list[int]] = {n: list(s) for n, s in spec.shapes.items()}
     shapes["weights"] = list(spec.weights_shape)
     shapes["output"] = list(spec.merged_output_shape)
     return {
-        "sdpa_version": __version__,
+        **document_head(),
         "shapes": shapes,
         "scale": spec.scale,
         "scale_rule": o.scale if isinstance(o.scale, str) else "given",
@@ -275,7 +284,8 @@ def save_grad_npz(grads: Gradients, path: str) -> None:
 
 
 def inspect_payload(results: Sequence[FileReport | Unreadable]) -> dict[str, Any]:
-    """``sdpa inspect``'s JSON: ``{"sdpa_version", "files": [{"path", "tensors": [...]}]}``.
+    """``sdpa inspect``'s JSON: ``{"schema_version", "sdpa_version", "files": [{"path",
+    "tensors": [...]}]}``.
 
     A statistic with no value (an empty tensor, one with no finite value) is ``null``;
     infinite headroom (a tensor of zeros) is the string ``"Infinity"``, as everywhere
@@ -297,7 +307,7 @@ def inspect_payload(results: Sequence[FileReport | Unreadable]) -> dict[str, Any
         }
         for r in results
     ]
-    return {"sdpa_version": __version__, "files": files}
+    return {**document_head(), "files": files}
 
 
 def _tensor_payload(t: TensorStats) -> dict[str, Any]:
@@ -343,55 +353,53 @@ def _nan_to_none(x: float) -> float | str | None:
 # --- sdpa check -------------------------------------------------------------------------
 
 
-def check_payload(report: CheckReport, *, name: str | None = None) -> dict[str, Any]:
-    """One case as JSON: ``passed``, ``checks`` (each with ``index``), ``findings``."""
-    data: dict[str, Any] = {}
-    if name is not None:
-        data["name"] = name
-    data.update(
-        {
-            "passed": report.passed,
-            "export_dtype": report.export_dtype,
-            "reference": report.reference,
-            "fail_on": list(report.gate),
-            "fail_on_severity": report.fail_on_severity,
-            "checks": [c.to_dict() for c in report.checks],
-        }
-    )
+def check_payload(report: CheckReport, *, name: str) -> dict[str, Any]:
+    """One case as JSON: ``name``, ``passed``, the settings, ``checks`` (each with
+    ``index``), ``findings``, ``error`` (null: the case was checked)."""
+    data: dict[str, Any] = {
+        "name": name,
+        "passed": report.passed,
+        "export_dtype": report.export_dtype,
+        "reference": report.reference,
+        "fail_on": list(report.gate),
+        "fail_on_severity": report.fail_on_severity,
+        "checks": [c.to_dict() for c in report.checks],
+    }
     diag = diagnosis_payload(report.diagnosis, for_json=True)
     data["findings"] = diag["findings"]
     data["finding_counts"] = diag["finding_counts"]
+    data["error"] = None
     return _clean(data, True)  # type: ignore[no-any-return]
 
 
-def check_document(results: list[CaseResult], *, manifest: str | None) -> dict[str, Any]:
-    """The ``--format json`` object: one case at the top level, or ``cases``."""
-    code = check_exit_code(results)
-    if manifest is None:
-        (result,) = results
-        assert result.report is not None
-        return {"sdpa_version": __version__, "exit_code": int(code), **check_payload(result.report)}
-    cases: list[dict[str, Any]] = []
-    for r in results:
-        if r.report is None:
-            cases.append(
-                {
-                    "name": r.name,
-                    "passed": False,
-                    "export_dtype": None,
-                    "reference": None,
-                    "fail_on": [],
-                    "fail_on_severity": None,
-                    "checks": [],
-                    "findings": [],
-                    "finding_counts": {},
-                    "error": r.error,
-                }
-            )
-        else:
-            cases.append({**check_payload(r.report, name=r.name), "error": None})
+def _unchecked_payload(result: CaseResult) -> dict[str, Any]:
+    """A case that could not be checked: its ``error``, no checks, no findings."""
     return {
-        "sdpa_version": __version__,
+        "name": result.name,
+        "passed": False,
+        "export_dtype": None,
+        "reference": None,
+        "fail_on": [],
+        "fail_on_severity": None,
+        "checks": [],
+        "findings": [],
+        "finding_counts": {},
+        "error": result.error,
+    }
+
+
+def check_document(results: list[CaseResult], *, manifest: str | None) -> dict[str, Any]:
+    """The ``--format json`` object and ``--report``, one shape for every run:
+    ``manifest`` (null for the one case of the command line), ``passed``,
+    ``exit_code``, then ``cases`` (one entry for a single case, named as its table
+    and JUnit suite are)."""
+    code = check_exit_code(results)
+    cases = [
+        _unchecked_payload(r) if r.report is None else check_payload(r.report, name=r.name)
+        for r in results
+    ]
+    return {
+        **document_head(),
         "manifest": manifest,
         "passed": code == ExitCode.OK,
         "exit_code": int(code),

@@ -14,7 +14,7 @@ manifest's cases and the command line's settings,
 :func:`~sdpa_cli.check.manifest.fingerprint`).
 
 Merging refuses (:class:`~sdpa_cli.errors.InputError`, exit 2), naming the file: a
-file that is not the JSON report of a shard; shards of another manifest, another run
+file that is not the JSON report of a shard, or of another ``schema_version``; shards of another manifest, another run
 (fingerprint), another N or another sdpa version; a shard given twice; a shard missing.
 A merged report missing a shard would pass over that shard's failures, so no partial
 merge is written. The merged document is the unsharded run's: the same keys in the same
@@ -41,7 +41,8 @@ from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
 from sdpa_cli.engine.types import Index
 from sdpa_cli.errors import ExitCode, InputError
 from sdpa_cli.files.structured import parse_text
-from sdpa_cli.report import check_exit_code
+from sdpa_cli.report import check_exit_code, document_head
+from sdpa_cli.schemas import SCHEMA_VERSION
 from sdpa_cli.text import NON_FINITE_JSON, printable, shown
 
 SHARD_KEY = "shard"
@@ -238,7 +239,14 @@ def read_shard_report(path: str) -> ShardReport:
     doc = parse_text(Path(path), "json", label)
     if not isinstance(doc, dict) or ("cases" not in doc and "checks" not in doc):
         raise InputError(label, "is not a JSON report of sdpa check")
-    if "cases" not in doc:
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise InputError(
+            label,
+            f"is a report of schema_version {shown(version)}, not {SCHEMA_VERSION}; "
+            "run the shards with this sdpa",
+        )
+    if doc.get("manifest") is None:
         raise InputError(label, "is the report of one case, not of a shard of a manifest")
     if SHARD_KEY not in doc:
         raise InputError(
@@ -336,6 +344,7 @@ def merge_shard_reports(reports: list[ShardReport]) -> tuple[dict[str, Any], lis
     results = [result for _, _, result in placed]
     code = check_exit_code(results)
     document = {
+        **document_head(),
         "sdpa_version": first.document["sdpa_version"],
         "manifest": first.document["manifest"],
         "passed": code == ExitCode.OK,

@@ -1,16 +1,24 @@
 """Helpers shared by the command-line tests: a clean CliRunner, the one-error-line rule,
-strict JSON."""
+strict JSON, and the schema hook: every JSON or YAML document a command run through
+:func:`invoke` prints (or writes with ``--report``) is validated against its schema
+(:mod:`sdpa_cli.schemas`), when ``jsonschema`` is installed."""
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Mapping
+import os
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
+import yaml
 from click.testing import CliRunner, Result
 
 from sdpa_cli.cli import cli
 from sdpa_cli.errors import ExitCode
+from sdpa_cli.schemas import schema
 
 # Rich, click and the GitHub runner read these; pin them so that neither a developer's
 # shell nor a CI runner changes anything.
@@ -30,7 +38,87 @@ ANSI = "\x1b["
 def invoke(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
     """``sdpa ARGS`` through CliRunner, with a clean environment."""
     runner = CliRunner(env={**CLEAN_ENV, **(env or {})})
-    return runner.invoke(cli, list(args), catch_exceptions=False)
+    result = runner.invoke(cli, list(args), catch_exceptions=False)
+    validate_output(args, result.stdout, wrote=result.exit_code in (0, 1))
+    return result
+
+
+def schema_name(args: Sequence[str]) -> str | None:
+    """The schema of what ``sdpa ARGS`` prints as JSON or YAML (None: no document)."""
+    words = [a for a in args if not a.startswith("-")]
+    command = next((w for w in words if w in DOCUMENTS), None)
+    if command == "report":
+        after = words[words.index("report") + 1 :]
+        return {"merge": "check", "model": "report-model"}.get(after[0]) if after else None
+    if command == "compute" and "--frameworks" in args:
+        return "frameworks"
+    return None if command is None else DOCUMENTS[command]
+
+
+DOCUMENTS = {
+    "compute": "compute",
+    "explain": "explain",
+    "grad": "grad",
+    "check": "check",
+    "inspect": "inspect",
+    "samples": "samples",
+    "report": "report",
+}
+"""Command → the schema of its document (``report``'s depends on its subcommand)."""
+
+
+MAX_VALIDATED = 1 << 20
+"""Documents up to 1 MiB of text are validated: a test's 50 MB document (the memory
+tests) would take a minute in pure-Python YAML and jsonschema, for the same shape."""
+
+
+@cache
+def _validator(name: str) -> Any:
+    """A draft 2020-12 validator of ``name``'s schema; None without ``jsonschema``."""
+    try:  # imported by name: the hook is a no-op without it (a dev extra), untyped
+        jsonschema = importlib.import_module("jsonschema")
+    except ImportError:
+        return None
+    return jsonschema.Draft202012Validator(schema(name))
+
+
+def validate_document(document: Any, name: str) -> None:
+    """Raise AssertionError, naming each place, unless ``document`` fits schema ``name``
+    (nothing happens without ``jsonschema``)."""
+    validator = _validator(name)
+    if validator is None:
+        return
+    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
+    assert not errors, f"not a valid {name} document: " + "; ".join(
+        f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message[:200]}" for e in errors[:5]
+    )
+
+
+def validate_output(args: Sequence[str], stdout: str, *, wrote: bool = True) -> None:
+    """The schema hook: a JSON (or, with ``--format yaml``, YAML) object on stdout, and
+    the ``--report`` file (when ``wrote``: a run that exits 2 writes none), hold their
+    command's schema. Every such object must carry ``schema_version``: one without it
+    fails too."""
+    name = schema_name(args)
+    if name is None or _validator(name) is None:
+        return
+    yaml_format = ("yaml" in args and "--format" in args) or "--format=yaml" in args
+    texts = [(stdout, yaml_format)]
+    if wrote and "--report" in args:
+        path = args[list(args).index("--report") + 1]
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                texts.append((fh.read(), False))
+    for text, is_yaml in texts:
+        if len(text) > MAX_VALIDATED:
+            continue  # a big document has the shape of the small ones validated everywhere
+        try:
+            document = yaml.safe_load(text) if is_yaml else json.loads(text)
+        except (ValueError, yaml.YAMLError):
+            continue  # a table, a message, or nothing (or a test's own file): no document
+        if isinstance(document, dict):
+            assert "schema_version" in document, f"a {name} document without schema_version"
+            validate_document(document, name)
 
 
 def assert_one_error_line(result: Result, code: int = ExitCode.BAD_INPUT) -> str:
@@ -40,8 +128,10 @@ def assert_one_error_line(result: Result, code: int = ExitCode.BAD_INPUT) -> str
     assert "Traceback" not in result.output
     assert result.stderr.startswith("sdpa: error: ")
     assert result.stderr.endswith("\n")
-    assert result.stderr.count("\n") == 1, result.stderr
-    return result.stderr.rstrip("\n")
+    line, _, then = result.stderr.partition("\n")
+    # A usage error (click's) is followed by the one line that names the command's help.
+    assert not then or re.fullmatch(r"Try 'sdpa[a-z ]* --help' for help\.\n", then), result.stderr
+    return line
 
 
 def strict_json(text: str) -> Any:
@@ -62,3 +152,10 @@ def decode_non_finite(node: Any) -> Any:
     if node in ("Infinity", "-Infinity", "NaN"):
         return float(node.replace("Infinity", "inf").replace("NaN", "nan"))
     return node
+
+
+def only_case(document: Any) -> Any:
+    """The one case of a check report of the command line's case (``manifest`` null)."""
+    assert document["manifest"] is None, document["manifest"]
+    (case,) = document["cases"]
+    return case

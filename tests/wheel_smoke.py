@@ -164,10 +164,14 @@ def build(outdir: Path, source: Path = ROOT, *, isolated: bool = True) -> Path:
 
 
 def wheel_problems(wheel: Path, samples: Path = ROOT / "samples") -> list[str]:
-    """What the wheel lacks: the package, ``py.typed``, each sample, the license."""
+    """What the wheel lacks: the package, ``py.typed``, the JSON Schemas, each sample, the
+    license."""
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     wanted = ["sdpa_cli/__init__.py", "sdpa_cli/cli/__init__.py", "sdpa_cli/py.typed"]
+    wanted += [
+        f"sdpa_cli/schemas/{p.name}" for p in sorted((ROOT / "sdpa_cli" / "schemas").glob("*.json"))
+    ]
     wanted += [
         "sdpa_cli/samples/" + p.relative_to(samples).as_posix()
         for p in sorted(samples.rglob("*"))

@@ -140,7 +140,8 @@ def test_cli_passes_fails_and_refuses(tmp_path: Path) -> None:
     assert "decode.output.close" in ok.stdout
     bad = invoke("check", *files, "--causal", "--decode", "--format", "json")
     assert bad.exit_code == ExitCode.CHECK_FAILED
-    [decode] = [c for c in json.loads(bad.stdout)["checks"] if c["name"] == "decode.output.close"]
+    (case,) = json.loads(bad.stdout)["cases"]
+    [decode] = [c for c in case["checks"] if c["name"] == "decode.output.close"]
     assert decode["passed"] is False
     assert "lower-right" in decode["hint"]
     line = assert_one_error_line(invoke("check", *files, "--decode"))

@@ -45,7 +45,7 @@ def verdict(export: Any, folder: Path, base: Any = None) -> tuple[int, dict[str,
     """`sdpa check` on the export as the benchmark runs it: exit code and JSON report."""
     paths = gk.save(export, folder, base)
     result = invoke(*gk.check_args(paths, export.flags), "--format", "json")
-    return result.exit_code, json.loads(result.stdout)
+    return result.exit_code, json.loads(result.stdout)["cases"][0]  # the one case
 
 
 def said(report: dict[str, Any]) -> list[str]:

@@ -415,7 +415,7 @@ def test_the_cli_names_the_window_fix(workdir: Path) -> None:
     args = ("q.npy", "k.npy", "v.npy", "--window", "3,0", "--expect-output", "out.npy")
     result = invoke("check", *args, "--format", "json")
     assert result.exit_code == ExitCode.CHECK_FAILED, result.output
-    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    checks = {c["name"]: c for c in json.loads(result.stdout)["cases"][0]["checks"]}
     assert checks["output.close"]["hint"].startswith(
         f"the export matches the computation with {fix}: "
     )

@@ -63,7 +63,7 @@ def _verdicts(tmp_path: Path, partials: str) -> tuple[int, dict[str, bool]]:
     result = invoke(
         "check", *_inputs(tmp_path), "--causal", "--expect-partials", partials, "--format", "json"
     )
-    checks = json.loads(result.output)["checks"]
+    checks = json.loads(result.output)["cases"][0]["checks"]
     return result.exit_code, {c["name"]: c["passed"] for c in checks}
 
 

@@ -80,7 +80,7 @@ def test_a_shard_runs_its_cases_and_its_report_says_which(tmp_path: Path) -> Non
     seen: list[str] = []
     for i in (1, 2, 3):
         code, doc = shard_json(manifest, f"{i}/3")
-        assert list(doc)[:3] == ["sdpa_version", "manifest", "shard"]
+        assert list(doc)[:4] == ["schema_version", "sdpa_version", "manifest", "shard"]
         block = doc["shard"]
         assert (block["index"], block["count"], block["manifest_cases"]) == (i, 3, 6)
         assert block["positions"] == [i, i + 3]

@@ -251,7 +251,7 @@ def test_cli_check_reads_a_bshd_export_and_names_mismatches_in_its_layout(files:
         "json",
     )
     assert failed.exit_code == ExitCode.CHECK_FAILED
-    report = json.loads(failed.stdout)
+    (report,) = json.loads(failed.stdout)["cases"]
     close = next(c for c in report["checks"] if c["name"] == "output.close")
     assert close["index"] == [1, 3, 2, 0]
 

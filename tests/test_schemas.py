@@ -1,0 +1,334 @@
+"""The JSON Schemas of sdpa's documents (:mod:`sdpa_cli.schemas`): each is a valid draft
+2020-12 schema, agrees with the code's lists (finding kinds, severities, statuses, exit
+codes), and holds what every command writes on the samples: a failing check, a
+manifest, shards and their merge, NaN and infinities, float16 overflow. The hook in
+``clirunner.invoke`` validates every other CLI test's documents; the last tests prove
+that it rejects what does not fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from clirunner import (
+    decode_non_finite,
+    invoke,
+    only_case,
+    schema_name,
+    strict_json,
+    validate_output,
+)
+
+from sdpa_cli import __version__
+from sdpa_cli.diagnosis.findings import ALL_KINDS, SEVERITIES
+from sdpa_cli.errors import ExitCode
+from sdpa_cli.files.samples import samples_dir
+from sdpa_cli.report_merge import STATUSES
+from sdpa_cli.schemas import NAMES, SCHEMA_VERSION, schema
+
+SAMPLES = samples_dir()
+CHECK = SAMPLES / "check"
+QKV = [str(CHECK / f"{n}.npy") for n in ("q", "k", "v")]
+HEAD = ["schema_version", "sdpa_version"]
+
+
+@pytest.fixture(scope="module")
+def jsonschema() -> Any:
+    """The validator library (a dev extra): these tests skip cleanly without it."""
+    return pytest.importorskip("jsonschema")
+
+
+def assert_valid(jsonschema: Any, document: Any, name: str) -> None:
+    """``document`` starts with the two versions and fits schema ``name``."""
+    assert list(document)[:2] == HEAD
+    assert (document["schema_version"], document["sdpa_version"]) == (SCHEMA_VERSION, __version__)
+    validator = jsonschema.Draft202012Validator(schema(name))
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(document)]
+    assert errors == []
+
+
+def run_json(*args: str, code: int = ExitCode.OK) -> Any:
+    result = invoke(*args, "--format", "json")
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    return strict_json(result.stdout)
+
+
+# --- the schema files ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_schema_is_a_valid_draft_2020_12_schema(jsonschema: Any, name: str) -> None:
+    whole = schema(name)
+    jsonschema.Draft202012Validator.check_schema(whole)
+    assert whole["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert whole["required"][:2] == HEAD
+    assert "schema_version" in whole["description"]  # the version rule, in every file
+    # Whole: every reference points inside the schema itself.
+    text = json.dumps(whole)
+    assert "defs.json#" not in text
+    refs = {r.split("/")[-1] for r in _refs(whole)}
+    assert refs <= set(whole["$defs"]), refs - set(whole["$defs"])
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if "$ref" in node else []
+        return own + [r for v in node.values() for r in _refs(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
+
+
+def test_the_schema_files_point_into_defs() -> None:
+    folder = Path(__file__).parents[1] / "sdpa_cli" / "schemas"
+    on_disk = sorted(p.stem for p in folder.glob("*.json"))
+    assert on_disk == sorted([*NAMES, "defs"])
+    check_file = json.loads((folder / "check.json").read_text())
+    assert check_file["properties"]["cases"]["items"] == {"$ref": "defs.json#/$defs/case"}
+
+
+def test_the_files_on_disk_validate_with_defs_beside_them(jsonschema: Any) -> None:
+    """What a tool that loads the folder sees: check.json resolves defs.json by its $id."""
+    referencing = pytest.importorskip("referencing")
+    folder = Path(__file__).parents[1] / "sdpa_cli" / "schemas"
+    defs = json.loads((folder / "defs.json").read_text())
+    registry = referencing.Registry().with_resource(
+        defs["$id"], referencing.Resource.from_contents(defs)
+    )
+    check_file = json.loads((folder / "check.json").read_text())
+    validator = jsonschema.Draft202012Validator(check_file, registry=registry)
+    doc = run_json("check", *QKV, "--causal", "--expect-output", str(CHECK / "out.npy"))
+    assert list(validator.iter_errors(doc)) == []
+    only_case(doc)["checks"][0]["status"] = "ok"
+    assert [e.message for e in validator.iter_errors(doc)][:1] == [
+        "'ok' is not one of ['pass', 'warn', 'fail']"
+    ]
+
+
+def test_an_unknown_schema_is_refused() -> None:
+    with pytest.raises(ValueError, match="no schema 'checks'; the schemas are compute, "):
+        schema("checks")
+
+
+def test_the_schemas_list_what_the_code_lists() -> None:
+    defs = schema("check")["$defs"]
+    assert defs["schema_version"] == {"const": SCHEMA_VERSION, "description": ANY_TEXT}
+    assert defs["kind"]["enum"] == list(ALL_KINDS)
+    assert defs["severity"]["enum"] == list(SEVERITIES)
+    assert defs["status"]["enum"] == list(STATUSES)
+    exit_codes = schema("check")["properties"]["exit_code"]["enum"]
+    assert exit_codes == [c for c in ExitCode if c != ExitCode.INTERRUPTED]
+
+
+class _AnyText(str):
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+    __hash__ = str.__hash__
+
+
+ANY_TEXT = _AnyText()
+
+
+# --- every command's document, on the samples ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sample", "flags"),
+    [
+        ("causal.yaml", []),
+        ("padded_nan.yaml", []),  # NaN inputs: "NaN" strings in the stages
+        ("fp16_overflow.yaml", ["--dtype", "float16"]),  # overflow findings, emulation
+        ("kv_cache.yaml", []),
+    ],
+)
+def test_compute_json_and_yaml(jsonschema: Any, sample: str, flags: list[str]) -> None:
+    doc = run_json("compute", str(SAMPLES / sample), *flags)
+    assert_valid(jsonschema, doc, "compute")
+    result = invoke("compute", str(SAMPLES / sample), *flags, "--format", "yaml")
+    assert result.exit_code == ExitCode.OK
+    loaded = yaml.safe_load(result.stdout)
+    assert_valid(jsonschema, loaded, "compute")  # .nan and .inf are numbers
+    assert json.dumps(decode_non_finite(doc)) == json.dumps(loaded)
+
+
+def test_non_finite_numbers_are_the_schema_strings(jsonschema: Any) -> None:
+    doc = run_json("compute", str(SAMPLES / "padded_nan.yaml"))
+    assert doc["options"]["mask_value"] == "-Infinity"
+    cells = json.dumps(doc["raw"])
+    assert '"NaN"' in cells
+    bad = {**doc, "raw": [["nan"]]}  # a lowercase string is not one of the three
+    with pytest.raises(AssertionError, match="raw/0: "):
+        validate_output(["compute", "--format", "json"], json.dumps(bad))
+
+
+def test_compute_frameworks(jsonschema: Any) -> None:
+    for sample in ("causal.yaml", "hf_mask.yaml"):
+        doc = run_json("compute", str(SAMPLES / sample), "--frameworks")
+        assert_valid(jsonschema, doc, "frameworks")
+        assert doc["options"] == run_json("compute", str(SAMPLES / sample))["options"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["causal.yaml"],
+        ["scorecard.yaml", "--query", "0"],
+        ["scale_comparison.yaml", "--compare-scales"],
+        ["causal.yaml", "--backward", "--dout", "random"],
+    ],
+)
+def test_explain(jsonschema: Any, args: list[str]) -> None:
+    doc = run_json("explain", str(SAMPLES / args[0]), *args[1:])
+    assert_valid(jsonschema, doc, "explain")
+
+
+def test_grad(jsonschema: Any) -> None:
+    doc = run_json("grad", str(SAMPLES / "fp16_overflow.yaml"), "--check-numeric")
+    assert_valid(jsonschema, doc, "grad")
+    assert doc["numeric_check"]["passed"] is True
+    assert_valid(jsonschema, run_json("grad", str(SAMPLES / "vanishing.yaml")), "grad")
+
+
+def test_inspect_with_a_refused_file(jsonschema: Any, workdir: Path) -> None:
+    (workdir / "broken.npy").write_bytes(b"not numpy")
+    paths = [str(SAMPLES / "cross.npz"), str(SAMPLES / "padded_nan.yaml"), "broken.npy"]
+    doc = run_json("inspect", *paths, code=ExitCode.BAD_INPUT)
+    assert_valid(jsonschema, doc, "inspect")
+    assert [f["error"] is None for f in doc["files"]] == [True, True, False]
+
+
+def test_samples_and_report_model(jsonschema: Any) -> None:
+    assert_valid(jsonschema, run_json("samples"), "samples")
+    doc = run_json("report", "model", str(SAMPLES / "model" / "manifest.yaml"))
+    assert_valid(jsonschema, doc, "report-model")
+
+
+# --- check: one shape for one case, a manifest, shards and their merge -----------------------
+
+
+def test_a_single_case_is_the_one_case_of_the_manifest_shape(jsonschema: Any) -> None:
+    ok = run_json("check", *QKV, "--causal", "--expect-output", str(CHECK / "out.npy"))
+    bad = run_json(
+        "check",
+        *QKV,
+        "--causal",
+        "--expect-output",
+        str(CHECK / "out_scale_bug.npy"),
+        code=ExitCode.CHECK_FAILED,
+    )
+    manifest = run_json(
+        "check", "--manifest", str(CHECK / "checks.yaml"), code=ExitCode.CHECK_FAILED
+    )
+    for doc in (ok, bad, manifest):
+        assert_valid(jsonschema, doc, "check")
+        assert list(doc) == [*HEAD, "manifest", "passed", "exit_code", "cases"]
+    assert only_case(ok)["passed"] is ok["passed"] is True
+    case = only_case(bad)
+    assert (bad["passed"], bad["exit_code"], case["passed"], case["error"]) == (
+        False,
+        1,
+        False,
+        None,
+    )
+    assert case["name"] == " ".join(QKV)  # as the JUnit suite names it
+    (close,) = [c for c in case["checks"] if c["name"] == "output.close"]
+    assert close["status"] == "fail"
+    assert list(case) == list(manifest["cases"][0])  # the same keys, in the same order
+
+
+def test_check_decode(jsonschema: Any) -> None:
+    doc = run_json("check", *QKV, "--causal", "--expect-output", str(CHECK / "out.npy"), "--decode")
+    assert_valid(jsonschema, doc, "check")
+    assert "decode.output.close" in [c["name"] for c in only_case(doc)["checks"]]
+
+
+def test_shards_and_their_merge(jsonschema: Any, workdir: Path) -> None:
+    manifest = str(CHECK / "checks.yaml")
+    whole = run_json("check", "--manifest", manifest, code=ExitCode.CHECK_FAILED)
+    for i in (1, 2):
+        result = invoke(
+            "check", "--manifest", manifest, "--shard", f"{i}/2", "--report", f"s{i}.json"
+        )
+        assert result.exit_code in (ExitCode.OK, ExitCode.CHECK_FAILED)
+        shard = strict_json((workdir / f"s{i}.json").read_text())
+        assert_valid(jsonschema, shard, "check")
+        assert list(shard)[:4] == [*HEAD, "manifest", "shard"]
+    merged = run_json("report", "merge", "s1.json", "s2.json", code=ExitCode.CHECK_FAILED)
+    assert_valid(jsonschema, merged, "check")
+    assert merged == whole
+
+
+def test_merge_refuses_a_report_of_another_schema_version(workdir: Path) -> None:
+    manifest = str(CHECK / "checks.yaml")
+    for i in (1, 2):
+        invoke("check", "--manifest", manifest, "--shard", f"{i}/2", "--report", f"s{i}.json")
+    old = json.loads((workdir / "s2.json").read_text())
+    del old["schema_version"]
+    (workdir / "s2.json").write_text(json.dumps(old))
+    result = invoke("report", "merge", "s1.json", "s2.json")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert result.stderr.startswith(
+        "sdpa: error: s2.json: is a report of schema_version None, not 1; "
+    )
+
+
+# --- the hook of every CLI test ----------------------------------------------------------------
+
+
+def test_the_hook_rejects_a_document_that_does_not_fit(jsonschema: Any) -> None:
+    doc = run_json("check", *QKV, "--causal", "--expect-output", str(CHECK / "out.npy"))
+    validate_output(["check", "--format", "json"], json.dumps(doc))  # fits
+    only_case(doc)["checks"][0]["status"] = "ok"
+    with pytest.raises(AssertionError, match=r"cases/0/checks/0/status: 'ok' is not one of"):
+        validate_output(["check", "--format", "json"], json.dumps(doc))
+
+
+def test_a_verdict_that_contradicts_itself_does_not_fit(jsonschema: Any) -> None:
+    doc = run_json(
+        "check",
+        *QKV,
+        "--causal",
+        "--expect-output",
+        str(CHECK / "out_scale_bug.npy"),
+        code=ExitCode.CHECK_FAILED,
+    )
+    args = ["check", "--format", "json"]
+    lying = {**doc, "passed": True}  # exit_code 1
+    with pytest.raises(AssertionError, match="False was expected"):
+        validate_output(args, json.dumps(lying))
+    case = only_case(doc)
+    (close,) = [c for c in case["checks"] if c["status"] == "fail"]
+    close["passed"] = True
+    with pytest.raises(AssertionError, match=r"cases/0/checks/\d+/passed: False was expected"):
+        validate_output(args, json.dumps(doc))
+
+
+def test_the_hook_rejects_a_document_without_schema_version(jsonschema: Any) -> None:
+    doc = run_json("samples")
+    del doc["schema_version"]
+    with pytest.raises(AssertionError, match="a samples document without schema_version"):
+        validate_output(["samples", "--format", "json"], json.dumps(doc))
+
+
+def test_the_hook_reads_yaml_and_the_report_file(jsonschema: Any, workdir: Path) -> None:
+    result = invoke("compute", str(SAMPLES / "causal.yaml"), "--format", "yaml")
+    broken = result.stdout.replace("scale: ", "scale: not a number # ", 1)
+    with pytest.raises(AssertionError, match="scale: 'not a number' is not of type 'number'"):
+        validate_output(["compute", "--format", "yaml"], broken)
+    (workdir / "r.json").write_text(json.dumps({"schema_version": 1, "cases": []}))
+    with pytest.raises(AssertionError, match="'sdpa_version' is a required property"):
+        validate_output(["check", "q.npy", "--report", "r.json"], "PASS: 4 checks passed\n")
+    validate_output(["check", "q.npy", "--report", "r.json"], "", wrote=False)  # not written
+
+
+def test_the_hook_knows_each_command_s_schema() -> None:
+    assert schema_name(["compute", "x.yaml", "--format", "json"]) == "compute"
+    assert schema_name(["compute", "x.yaml", "--frameworks"]) == "frameworks"
+    assert schema_name(["report", "merge", "a.json"]) == "check"
+    assert schema_name(["report", "model", "m.yaml"]) == "report-model"
+    assert schema_name(["--debug", "inspect", "a.npz"]) == "inspect"
+    assert schema_name(["capture", "script.py"]) is None
