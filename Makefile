@@ -83,8 +83,8 @@ bench-quick: $(VENV)/.dev-installed
 	$(BIN)/python bench/bench.py --quick $(BENCH_ARGS)
 
 # Fuzz the command line (tests/cli/test_fuzz.py) for FUZZ_SECONDS: rounds of FUZZ_EXAMPLES
-# fresh random examples per test until the time is spent (the last round may run a
-# minute over). Stops at the first failure; hypothesis keeps it in .hypothesis/ and
+# fresh random examples per test until the time is spent (each test stops at its next
+# example once it is: SDPA_FUZZ_UNTIL, so the run ends within seconds of it). Stops at the first failure; hypothesis keeps it in .hypothesis/ and
 # replays it first next time. `make test` runs a small fixed set of the same tests.
 FUZZ_SECONDS  ?= 600
 FUZZ_EXAMPLES ?= 500
@@ -92,7 +92,7 @@ fuzz: $(VENV)/.dev-installed
 	@end=$$(( $$(date +%s) + $(FUZZ_SECONDS) )); round=1; \
 	while [ $$(date +%s) -lt $$end ]; do \
 		echo "fuzz round $$round: $$(( end - $$(date +%s) )) s left"; \
-		SDPA_FUZZ=1 SDPA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q \
+		SDPA_FUZZ=1 SDPA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SDPA_FUZZ_UNTIL=$$end $(BIN)/python -m pytest -q \
 			-p no:cacheprovider tests/cli/test_fuzz.py || exit 1; \
 		round=$$((round + 1)); \
 	done; echo "fuzz: $$((round - 1)) rounds, no failure"

@@ -54,7 +54,16 @@ def test_no_module_is_longer_than_one_sitting() -> None:
 def test_architecture_names_every_folder() -> None:
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
     folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
-    assert folders == ["capture", "check", "cli", "diagnosis", "engine", "files", "render"]
+    assert folders == [
+        "capture",
+        "check",
+        "cli",
+        "diagnosis",
+        "engine",
+        "files",
+        "render",
+        "schemas",
+    ]
     for folder in folders:
         assert f"`{folder}/`" in text, folder
 

@@ -44,8 +44,13 @@ def finding_checks(
         rank = SEVERITIES.index(severity)
         hits = [f for f in diagnosis.findings if SEVERITIES.index(f.severity) >= rank]
         used.update(id(f) for f in hits)
-        yield _severity_check(hits, severity)
-    yield _rest_check([f for f in diagnosis.findings if id(f) not in used])
+        yield _severity_check(diagnosis, hits, severity)
+    yield _rest_check(diagnosis, [f for f in diagnosis.findings if id(f) not in used])
+
+
+def _counted(total: int, listed: int, what: str) -> str:
+    """``367 info findings (50 listed)``: the total, and how many are listed when fewer."""
+    return plural(total, what) + (f" ({listed} listed)" if listed < total else "")
 
 
 def _kind_check(
@@ -65,41 +70,48 @@ def _kind_check(
                 scope += " (other formats: see findings)"
         return Check(f"findings.{kind}", "pass", f"no {kind} findings{scope}")
     # Row findings are listed up to --max-findings but all counted.
-    count = len(hits) if filtered else diagnosis.counts.get(kind, len(hits))
+    count = len(hits) if filtered else diagnosis.total(hits)
     return Check(
         f"findings.{kind}",
         "fail",
-        f"{plural(count, kind + ' finding')}; first: {hits[0].message}",
+        f"{_counted(count, len(hits), kind + ' finding')}; first: {hits[0].message}",
         index=hits[0].index,
         details={"findings": [f.to_dict() for f in hits[:5]], "count": count},
     )
 
 
-def _severity_check(hits: list[Finding], severity: str) -> Check:
+def _severity_check(diagnosis: Diagnosis, hits: list[Finding], severity: str) -> Check:
     """``findings.severity``: fails on any finding at ``severity`` or worse."""
     if not hits:
         return Check("findings.severity", "pass", f"no finding at {severity} or worse")
+    count = diagnosis.total(hits)
     return Check(
         "findings.severity",
         "fail",
-        f"{plural(len(hits), 'finding')} at {severity} or worse; first: {hits[0].kind}: {hits[0].message}",
+        f"{_counted(count, len(hits), 'finding')} at {severity} or worse; "
+        f"first: {hits[0].kind}: {hits[0].message}",
         index=hits[0].index,
-        details={"findings": [f.to_dict() for f in hits[:5]], "count": len(hits)},
+        details={"findings": [f.to_dict() for f in hits[:5]], "count": count},
     )
 
 
-def _rest_check(rest: list[Finding]) -> Check:
+def _rest_check(diagnosis: Diagnosis, rest: list[Finding]) -> Check:
     """``findings``: a warning of the findings no gate used, unless all are info."""
     serious = [f for f in rest if f.severity != "info"]
     if serious:
         kinds = sorted({f.kind for f in serious}, key=KINDS.index)
+        count = diagnosis.total(serious)
         return Check(
             "findings",
             "warn",
-            f"{plural(len(serious), 'finding')} not gating ({', '.join(kinds)}); "
+            f"{_counted(count, len(serious), 'finding')} not gating ({', '.join(kinds)}); "
             f"first: {serious[0].message}",
             index=serious[0].index,
-            details={"count": len(serious), "kinds": kinds},
+            details={"count": count, "kinds": kinds},
         )
-    note = f" ({plural(len(rest), 'info finding')})" if rest else ""
+    note = ""
+    if rest:
+        total = diagnosis.total(rest)
+        listed = f", {len(rest)} listed" if len(rest) < total else ""
+        note = f" ({plural(total, 'info finding')}{listed})"
     return Check("findings", "pass", f"nothing worth a warning{note}")

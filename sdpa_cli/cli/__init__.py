@@ -17,7 +17,10 @@ Exit codes (:class:`~sdpa_cli.errors.ExitCode`, and ``EXIT_CODES_HELP``):
   stdout at all (``>&-``) exits 2 before anything runs;
 - SIGTERM and SIGHUP exit 128 + the signal (143, 129), as Ctrl-C exits 130, after the
   same clean-up: no temporary file left, no worker process left;
-- a stderr that cannot be written changes no exit code.
+- a stderr that cannot be written changes no exit code;
+- a usage error (click's: an unknown option, a missing argument, a bad choice) exits 2
+  with its line and then click's ``Try 'sdpa check --help' for help.``; a bare group
+  (``sdpa``, ``sdpa report``) prints its help on stdout and exits 0.
 
 Result files (``--save``, ``--report``, ``--junit``, ``--export-*``) are written to
 temporaries first and renamed into place only after stdout has been delivered and
@@ -40,6 +43,7 @@ from sdpa_cli._version import __version__
 from sdpa_cli.cli import streams
 from sdpa_cli.cli.capture import capture
 from sdpa_cli.cli.check import check
+from sdpa_cli.cli.completion import ACTIVATION_HELP, completion
 from sdpa_cli.cli.compute import compute
 from sdpa_cli.cli.explain import explain
 from sdpa_cli.cli.grad import grad
@@ -98,6 +102,11 @@ class SdpaGroup(click.Group):
             code = _fail(f"interrupted ({exc.name})", 128 + exc.signum)
         except (click.exceptions.Abort, KeyboardInterrupt):
             code = _fail("interrupted", ExitCode.INTERRUPTED)
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare sdpa, or a bare group
+            click.echo(exc.format_message())
+            code = ExitCode.OK
+        except click.UsageError as exc:
+            code = _fail(exc.format_message(), ExitCode.BAD_INPUT, _try_help(exc.ctx))
         except click.ClickException as exc:
             code = _fail(exc.format_message(), ExitCode.BAD_INPUT)
         except MemoryError:  # past the up-front check (which names the file): the machine's limit
@@ -127,10 +136,20 @@ def _silence_stdout() -> None:
         streams.silence(fd)
 
 
-def _fail(message: str, code: int) -> int:
-    """One line on stderr; a stderr that cannot take it (a full disk) changes no code."""
+def _try_help(ctx: click.Context | None) -> str | None:
+    """The line after a usage error, as click prints it: ``Try 'sdpa check --help' for help.``"""
+    if ctx is None or ctx.command.get_help_option(ctx) is None:
+        return None
+    return f"Try '{ctx.command_path} --help' for help."
+
+
+def _fail(message: str, code: int, then: str | None = None) -> int:
+    """One line on stderr (and ``then``, a second); a stderr that cannot take it (a full
+    disk) changes no code."""
     try:
         click.echo(f"sdpa: error: {message}", err=True)  # nothing when stderr is closed
+        if then is not None:
+            click.echo(then, err=True)
         if sys.stderr is not None:
             sys.stderr.flush()
     except OSError:
@@ -141,9 +160,10 @@ def _fail(message: str, code: int) -> int:
 
 
 @click.group(
+    "sdpa",
     cls=SdpaGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog=EXIT_CODES_HELP,
+    epilog=f"{ACTIVATION_HELP}\n\n{EXIT_CODES_HELP}",
 )
 @click.version_option(__version__, "--version", "-V", prog_name="sdpa")
 @click.option("--debug", is_flag=True, help="Show the traceback of an internal error.")
@@ -168,6 +188,7 @@ cli.add_command(inspect)
 cli.add_command(report)
 cli.add_command(capture)
 cli.add_command(samples)
+cli.add_command(completion)
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:

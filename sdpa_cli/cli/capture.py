@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from sdpa_cli.cli.completion import directories, files
+
 CAPTURE_EXIT_CODES_HELP = (
     "Exit codes: the program's own · 2 bad usage, PyTorch not installed, or the capture "
     "cannot be written · 3 internal error (please report) · 130 interrupted."
@@ -18,6 +20,7 @@ CAPTURE_EXIT_CODES_HELP = (
     "--out",
     required=True,
     metavar="DIR",
+    shell_complete=directories,
     help="Write the calls here: tensors/*.safetensors, manifest.yaml, calls.yaml.",
 )
 @click.option(
@@ -50,7 +53,11 @@ CAPTURE_EXIT_CODES_HELP = (
     "anything else there refuses it).",
 )
 @click.argument(
-    "command", nargs=-1, type=click.UNPROCESSED, metavar="-- [python] SCRIPT|-m MODULE [ARGS]..."
+    "command",
+    nargs=-1,
+    type=click.UNPROCESSED,
+    metavar="-- [python] SCRIPT|-m MODULE [ARGS]...",
+    shell_complete=files,
 )
 def capture(
     out: str,

@@ -9,11 +9,15 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
+from sdpa_cli.cli.completion import files, finding_kinds, word_list
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     JUNIT_OPTION,
     attention_options,
     diagnostic_options,
+    export_options,
+    export_outputs,
+    exports,
     format_option,
     make_console,
     print_all,
@@ -36,19 +40,29 @@ CHECK_EXIT_CODES_HELP = (
 
 
 @click.command(epilog=CHECK_EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, metavar="Q K V | CASE")
-@click.option("--expect-output", metavar="FILE", help="The exported output, (..., L, Ev).")
+@click.argument("inputs", nargs=-1, metavar="Q K V | CASE", shell_complete=files)
 @click.option(
-    "--expect-weights", metavar="FILE", help="The exported attention weights, (..., L, S)."
+    "--expect-output",
+    metavar="FILE",
+    shell_complete=files,
+    help="The exported output, (..., L, Ev).",
+)
+@click.option(
+    "--expect-weights",
+    metavar="FILE",
+    shell_complete=files,
+    help="The exported attention weights, (..., L, S).",
 )
 @click.option(
     "--expect-lse",
     metavar="FILE",
+    shell_complete=files,
     help="The exported logsumexp per row, (..., L), as FlashAttention returns it.",
 )
 @click.option(
     "--expect-partials",
     metavar="FILE",
+    shell_complete=files,
     help="Split-KV partials: a YAML/JSON list of {keys: START:STOP, output: FILE, lse: FILE}; "
     "each checked over its keys, their merge against the whole attention.",
 )
@@ -85,6 +99,7 @@ CHECK_EXIT_CODES_HELP = (
 @click.option(
     "--fail-on",
     metavar="KIND[,KIND...]",
+    shell_complete=word_list(finding_kinds),
     help="Fail on these finding kinds, or none (default without --expect-*: "
     "nonfinite and overflow in the inputs' own dtype; with them: none).",
 )
@@ -101,6 +116,7 @@ CHECK_EXIT_CODES_HELP = (
 @click.option(
     "--manifest",
     metavar="FILE",
+    shell_complete=files,
     help="Run the cases listed in FILE (YAML/JSON) in parallel, with one summary.",
 )
 @click.option(
@@ -131,7 +147,20 @@ CHECK_EXIT_CODES_HELP = (
 )
 @format_option("A summary for a person, or one JSON object on stdout.")
 @JUNIT_OPTION
-@click.option("--report", metavar="FILE.json", help="Also write the JSON report, atomically.")
+@click.option(
+    "--report",
+    metavar="FILE.json",
+    shell_complete=files,
+    help="Also write the JSON report, atomically.",
+)
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="Print nothing on stdout: the exit code is the answer (errors still on stderr, "
+    "--report and --junit still written).",
+)
+@export_options("the summary")
 @attention_options
 @diagnostic_options
 @COLOR_OPTION
@@ -159,6 +188,9 @@ def check(
     fmt: str,
     junit: str | None,
     report: str | None,
+    quiet: bool,
+    export_svg: str | None,
+    export_html: str | None,
     bias_path: str | None,
     mask_path: str | None,
     given_thresholds: dict[str, str | None],
@@ -189,7 +221,7 @@ def check(
     from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.report import check_exit_code
 
-    outputs = [("--junit", junit), ("--report", report)]
+    outputs = [("--junit", junit), ("--report", report), *export_outputs(export_svg, export_html)]
     given_files = [*inputs, bias_path, mask_path, manifest, expect_partials]
     given_files += [expect_output, expect_weights, expect_lse]
     check_outputs(inputs_of(given_files, flags), outputs)
@@ -249,10 +281,18 @@ def check(
         title, results = _run_case(
             inputs, bias_path, mask_path, expect, over, threads, expect_partials, decode
         )
-    json_text = _write_reports(results, manifest, junit, report, sharding)
+    exported: list[tuple[str, Callable[[BinaryIO], object]]] = []
+    if export_svg or export_html:
+        # imported here: keeps sdpa --help fast
+        from sdpa_cli.render.check import render_results
+
+        table = render_results(results, manifest, title)
+        width = make_console(color).width
+        exported += exports([table], width, export_svg, export_html, "sdpa check")
+    json_text = _write_reports(results, manifest, junit, report, sharding, exported)
     # The verdict is kept when the reader of stdout goes away early (| head).
     code = decided(check_exit_code(results))
-    show_results(results, manifest, title, fmt, json_text, color)
+    show_results(results, manifest, title, fmt, json_text, color, quiet=quiet)
     return code
 
 
@@ -268,6 +308,7 @@ def _overrides(
     from sdpa_cli.check.settings import Overrides, check_config, check_values
     from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.files.config import read_config
+    from sdpa_cli.files.confine import outside_allowed
 
     config_file = read_config()
     limits = thresholds(given_thresholds, config=config_file)
@@ -276,6 +317,7 @@ def _overrides(
         check_flags=check_values(check_flags),
         option_flags={k: v for k, v in option_flags.items() if v is not None},
         thresholds=limits,
+        allow_outside=outside_allowed(),
     )
 
 
@@ -300,7 +342,9 @@ def _run_manifest(
 
     picked = None if shard is None else Shard.parse(shard)
     cases = load_manifest(manifest)
-    read = [(*c.inputs, c.bias, c.mask, c.sinks, *c.expect.values()) for c in cases]
+    read = [
+        (*c.inputs, c.bias, c.mask, c.sinks, *c.tensors.values(), *c.expect.values()) for c in cases
+    ]
     check_outputs(inputs_of(p for paths in read for p in paths), outputs)
     for case in cases:
         try:
@@ -372,9 +416,11 @@ def _write_reports(
     junit: str | None,
     report: str | None,
     sharding: dict[str, Any] | None,
+    exported: Sequence[tuple[str, Callable[[BinaryIO], object]]] = (),
 ) -> str:
-    """Write the JUnit and JSON report files asked for (atomically, all or none);
-    returns the JSON report's text (a shard's says which shard it is)."""
+    """Write the JUnit and JSON report files asked for, and the ``exported`` files
+    (atomically, all or none); returns the JSON report's text (a shard's says which
+    shard it is)."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.report import check_document, to_json
     from sdpa_cli.report_merge import shard_document
@@ -383,22 +429,26 @@ def _write_reports(
     if sharding is not None:
         document = shard_document(document, **sharding)
     json_text = to_json(document) + "\n"
-    write_report_files(results, json_text, junit, report)
+    write_report_files(results, json_text, junit, report, exported)
     return json_text
 
 
 def write_report_files(
-    results: list[CaseResult], json_text: str, junit: str | None, report: str | None
+    results: list[CaseResult],
+    json_text: str,
+    junit: str | None,
+    report: str | None,
+    exported: Sequence[tuple[str, Callable[[BinaryIO], object]]] = (),
 ) -> None:
-    """Write the JUnit and JSON report files asked for, atomically, all or none
-    (before what a person or a script reads is shown)."""
+    """Write the JUnit and JSON report files asked for and the ``exported`` files,
+    atomically, all or none (before what a person or a script reads is shown)."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.files.writers import write_all_atomic
     from sdpa_cli.report import junit_xml
 
     reports = [] if junit is None else [(junit, junit_xml(results))]
     reports += [] if report is None else [(report, json_text.encode())]
-    write_all_atomic([(path, _writes(data)) for path, data in reports])
+    write_all_atomic([*((path, _writes(data)) for path, data in reports), *exported])
 
 
 def show_results(
@@ -408,29 +458,30 @@ def show_results(
     fmt: str,
     json_text: str,
     color: bool | None,
+    *,
+    quiet: bool = False,
 ) -> None:
     """GitHub annotations (under GitHub Actions), a line per case that could not be
     checked (stderr), then the JSON report or the table (of a manifest: titled
-    ``title``, or the manifest)."""
+    ``title``, or the manifest); with ``quiet``, the stderr lines alone."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.render.check import render_cases, render_report
+    from sdpa_cli.render.check import render_results
     from sdpa_cli.report import github_annotations
 
     console = make_console(color)
     if os.environ.get("GITHUB_ACTIONS") == "true":
         for line in github_annotations(results, manifest=manifest):
-            # On stdout, where the runner reads them; on stderr beside JSON on stdout.
-            click.echo(line, err=fmt == "json")
+            # On stdout, where the runner reads them; on stderr beside JSON, or --quiet.
+            click.echo(line, err=fmt == "json" or quiet)
     for r in results:
         if r.error is not None:  # one line each, never wrapped
             click.echo(f"sdpa: error: {r.name}: {r.error}", err=True)
+    if quiet:
+        return
     if fmt == "json":
         click.echo(json_text, nl=False)
-    elif manifest is not None:
-        print_all(console, [render_cases(results, title or manifest)])
     else:
-        assert results[0].report is not None
-        print_all(console, [render_report(results[0].report, title)])
+        print_all(console, [render_results(results, manifest, title)])
 
 
 def _writes(data: bytes) -> Callable[[BinaryIO], object]:

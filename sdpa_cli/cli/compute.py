@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from sdpa_cli.cli.completion import files
 from sdpa_cli.cli.options import (
     EXIT_CODES_HELP,
     JOBS_OPTION,
@@ -16,6 +17,9 @@ from sdpa_cli.cli.options import (
     check_index,
     diagnostic_options,
     display_options,
+    export_options,
+    export_outputs,
+    exports,
     make_console,
     output_options,
     parse_rows,
@@ -35,11 +39,12 @@ if TYPE_CHECKING:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
+@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE", shell_complete=files)
 @attention_options
 @diagnostic_options
 @display_options
 @output_options
+@export_options("the tables")
 @click.option(
     "--frameworks",
     is_flag=True,
@@ -62,6 +67,8 @@ def compute(
     color: bool | None,
     fmt: str,
     save: str | None,
+    export_svg: str | None,
+    export_html: str | None,
     given_thresholds: dict[str, str | None],
     jobs: int | None,
     frameworks: bool,
@@ -89,6 +96,7 @@ def compute(
     from sdpa_cli.engine.inputs import load_spec
     from sdpa_cli.engine.trace import trace
     from sdpa_cli.files.outputs import check_outputs, inputs_of
+    from sdpa_cli.files.writers import write_all_atomic
     from sdpa_cli.render.common import View
     from sdpa_cli.stream import (
         check_document_room,
@@ -99,10 +107,11 @@ def compute(
     )
 
     limits = thresholds(given_thresholds)
-    check_outputs(inputs_of([*inputs, bias_path, mask_path], flags), [("--save", save)])
+    outputs = [("--save", save), *export_outputs(export_svg, export_html)]
+    check_outputs(inputs_of([*inputs, bias_path, mask_path], flags), outputs)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     if frameworks:
-        _frameworks(spec, description, fmt, save, color, threads)
+        _frameworks(spec, description, fmt, save, color, threads, (export_svg, export_html))
         return
     chosen = parse_stages(stages, applicable_stages(spec))
     check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
@@ -124,7 +133,7 @@ def compute(
     # printed: a failure in either prints nothing. JSON and YAML stream to stdout last.
     console = make_console(color)
     renderables: list[RenderableType] = []
-    if fmt == "table":
+    if fmt == "table" or export_svg or export_html:
         view = View(
             stages=chosen,
             batch=batch,
@@ -138,6 +147,9 @@ def compute(
             explicit_stages=stages is not None,
         )
         renderables = _renderables(result, diagnosis, view, description)
+        write_all_atomic(
+            exports(renderables, console.width, export_svg, export_html, "sdpa compute")
+        )
     if save is not None:
         with progress_bar(spec, "saving") as progress:
             save_npz(spec, save, jobs=threads, progress=progress)
@@ -156,7 +168,7 @@ def compute(
                 )
         except BrokenPipeError:  # the reader went away (| head): not an error
             _silence_stdout()
-            return
+        return
     print_all(console, renderables)
 
 
@@ -167,10 +179,13 @@ def _frameworks(
     save: str | None,
     color: bool | None,
     threads: int,
+    exported: tuple[str | None, str | None] = (None, None),
 ) -> None:
-    """``--frameworks``: the comparison as tables, or a document with a ``frameworks`` key."""
+    """``--frameworks``: the comparison as tables, or the setup and a ``frameworks`` key;
+    ``exported``: the tables' ``--export-svg`` and ``--export-html``."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.diagnosis.frameworks import compare_frameworks, frameworks_payload
+    from sdpa_cli.files.writers import write_all_atomic
     from sdpa_cli.render.common import case_description
     from sdpa_cli.render.frameworks import render_frameworks
     from sdpa_cli.report import setup_payload, to_json, to_yaml
@@ -178,18 +193,20 @@ def _frameworks(
     if save is not None:
         raise click.UsageError("--frameworks shows no stages to save; leave out --save")
     comparison = compare_frameworks(spec, jobs=threads)
+    console = make_console(color)
+    renderables = [
+        *case_description(description),
+        render_frameworks(spec, comparison, console.width),
+    ]
+    write_all_atomic(exports(renderables, console.width, *exported, "sdpa compute --frameworks"))
     if fmt != "table":
         document = {
-            "setup": setup_payload(spec, for_json=fmt == "json"),
+            **setup_payload(spec, for_json=fmt == "json"),
             "frameworks": frameworks_payload(comparison),
         }
         click.echo(to_json(document) if fmt == "json" else to_yaml(document), nl=fmt == "json")
         return
-    console = make_console(color)
-    print_all(
-        console,
-        [*case_description(description), render_frameworks(spec, comparison, console.width)],
-    )
+    print_all(console, renderables)
 
 
 def _stdout_fd() -> int:

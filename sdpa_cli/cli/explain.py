@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
+from sdpa_cli.cli.completion import files, words
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
@@ -20,6 +20,9 @@ from sdpa_cli.cli.options import (
     attention_options,
     check_index,
     diagnostic_options,
+    export_options,
+    export_outputs,
+    exports,
     make_console,
     parse_rows,
     print_all,
@@ -29,7 +32,7 @@ from sdpa_cli.cli.options import (
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
+    from rich.console import RenderableType
 
     from sdpa_cli.diagnosis.explained import Explanation
     from sdpa_cli.diagnosis.findings import Thresholds
@@ -41,7 +44,7 @@ Write = Callable[[BinaryIO], None]
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
+@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE", shell_complete=files)
 @attention_options
 @diagnostic_options
 @click.option(
@@ -75,6 +78,7 @@ Write = Callable[[BinaryIO], None]
 @click.option(
     "--dout",
     metavar="FILE|ones|random",
+    shell_complete=words("ones", "random", paths=True),
     default="ones",
     show_default=True,
     help="With --backward: the output's gradient dO (as sdpa grad's).",
@@ -83,11 +87,11 @@ Write = Callable[[BinaryIO], None]
 @PRECISION_OPTION
 @COLOR_OPTION
 @FORMAT_OPTION
-@click.option("--export-svg", metavar="FILE.svg", help="Also write the trace as an SVG picture.")
-@click.option("--export-html", metavar="FILE.html", help="Also write the trace as an HTML page.")
+@export_options("the trace")
 @click.option(
     "--plot",
     metavar="FILE.png",
+    shell_complete=files,
     help="Also write heatmaps of every stage (needs matplotlib: pip install 'sdpa-cli[plot]').",
 )
 @JOBS_OPTION
@@ -142,7 +146,7 @@ def explain(
     limits = thresholds(given_thresholds)
     check_outputs(
         inputs_of([*inputs, bias_path, mask_path, dout], flags),
-        [("--export-svg", export_svg), ("--export-html", export_html), ("--plot", plot)],
+        [*export_outputs(export_svg, export_html), ("--plot", plot)],
     )
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     shown = _shown_rows(spec, batch, head, rows, query, max_rows)
@@ -165,18 +169,18 @@ def explain(
     console = make_console(color)
     text = _document(ex, fmt)
     renderables: list[RenderableType] = []
-    files: list[tuple[str, Write]] = []
+    written: list[tuple[str, Write]] = []
     if fmt == "table" or export_svg or export_html:
         view = View(
             stages=(), keys=key_slice, max_rows=max_rows, precision=precision, width=console.width
         )
         walk = query is None and not compare_scales
         renderables = _renderables(ex, view, description, walk=walk)
-        files = _exports(renderables, console.width, export_svg, export_html)
+        written = exports(renderables, console.width, export_svg, export_html, "sdpa explain")
     if plotter is not None and plot is not None:
-        files.append((plot, plotter(ex, key_slice)))
-    if files:
-        write_all_atomic(files)
+        written.append((plot, plotter(ex, key_slice)))
+    if written:
+        write_all_atomic(written)
     if text is not None:
         click.echo(text, nl=False)
     elif fmt == "table":
@@ -296,43 +300,6 @@ def _renderables(
     from sdpa_cli.render.explain import render_explain
 
     return [*case_description(description), render_explain(ex, view, walk=walk)]
-
-
-def _exports(
-    renderables: list[RenderableType], width: int, svg: str | None, html: str | None
-) -> list[tuple[str, Write]]:
-    """The writers of ``--export-svg`` and ``--export-html`` (those asked for)."""
-    if not svg and not html:
-        return []
-    recorder = _record(renderables, width)
-    files: list[tuple[str, Write]] = []
-    if svg:
-        files.append((svg, _bytes(recorder.export_svg(title="sdpa explain", clear=False))))
-    if html:
-        files.append((html, _bytes(recorder.export_html(clear=False))))
-    return files
-
-
-def _record(renderables: list[RenderableType], width: int) -> Console:
-    """A recording console in full color, whatever stdout is, for the exports."""
-    # imported here: keeps sdpa --help fast
-    from rich.console import Console
-
-    recorder = Console(
-        file=io.StringIO(), record=True, width=width, force_terminal=True, color_system="truecolor"
-    )
-    for renderable in renderables:
-        recorder.print(renderable)
-    return recorder
-
-
-def _bytes(text: str) -> Write:
-    """A writer of ``text`` in UTF-8, for :func:`~sdpa_cli.files.writers.write_all_atomic`."""
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(text.encode("utf-8"))
-
-    return write
 
 
 def _plotter(path: str) -> Callable[[Explanation, slice | None], Write]:

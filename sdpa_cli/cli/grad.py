@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from sdpa_cli.cli.completion import files, words
 from sdpa_cli.cli.options import (
     BATCH_OPTION,
     COLOR_OPTION,
@@ -21,6 +22,9 @@ from sdpa_cli.cli.options import (
     attention_options,
     check_index,
     diagnostic_options,
+    export_options,
+    export_outputs,
+    exports,
     make_console,
     parse_rows,
     print_all,
@@ -42,11 +46,12 @@ if TYPE_CHECKING:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE")
+@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE", shell_complete=files)
 @attention_options
 @click.option(
     "--dout",
     metavar="FILE|ones|random",
+    shell_complete=words("ones", "random", paths=True),
     default="ones",
     show_default=True,
     help="The output's gradient dO: a file shaped like the output, all ones, or standard normal from --seed.",
@@ -90,8 +95,10 @@ if TYPE_CHECKING:
 @click.option(
     "--save",
     metavar="FILE.npz",
+    shell_complete=files,
     help="Write dq, dk, dv (and dbias), each shaped as its input, and dout, atomically.",
 )
+@export_options("the tables")
 @JOBS_OPTION
 def grad(
     inputs: tuple[str, ...],
@@ -113,6 +120,8 @@ def grad(
     color: bool | None,
     fmt: str,
     save: str | None,
+    export_svg: str | None,
+    export_html: str | None,
     jobs: int | None,
     **flags: Any,
 ) -> int:
@@ -134,11 +143,13 @@ def grad(
     from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.engine.inputs import load_spec
     from sdpa_cli.files.outputs import check_outputs, inputs_of
+    from sdpa_cli.files.writers import write_all_atomic
     from sdpa_cli.render.common import View
     from sdpa_cli.report import save_grad_npz
 
     limits = thresholds({**given_thresholds, "vanishing": vanishing})
-    check_outputs(inputs_of([*inputs, bias_path, mask_path, dout], flags), [("--save", save)])
+    outputs = [("--save", save), *export_outputs(export_svg, export_html)]
+    check_outputs(inputs_of([*inputs, bias_path, mask_path, dout], flags), outputs)
     spec, description = load_spec(inputs, bias_path, mask_path, flags)
     check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
     check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
@@ -153,7 +164,7 @@ def grad(
     renderables: list[RenderableType] = []
     if fmt in ("json", "yaml"):
         text = _document(run, spec.options.dtype, tolerance, fmt)
-    else:
+    if text is None or export_svg or export_html:
         view = View(
             stages=(),
             batch=batch,
@@ -166,11 +177,13 @@ def grad(
             width=console.width,
         )
         renderables = _renderables(run, view, description, spec.options.dtype, tolerance)
+    write_all_atomic(exports(renderables, console.width, export_svg, export_html, "sdpa grad"))
     if save is not None:
         save_grad_npz(run.grads, save)
     if text is not None:
         click.echo(text, nl=False)
-    print_all(console, renderables)
+    else:
+        print_all(console, renderables)
     return ExitCode.CHECK_FAILED if failed else ExitCode.OK
 
 

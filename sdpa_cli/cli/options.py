@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import click
 
+from sdpa_cli.cli.attention import ATTENTION_OPTIONS as ATTENTION_OPTIONS
+from sdpa_cli.cli.attention import attention_options as attention_options
+from sdpa_cli.cli.completion import files, stage_names, word_list
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
@@ -27,172 +31,6 @@ EXIT_CODES_HELP = (
     "included) that cannot be written · 3 internal error (please report) · "
     "130 interrupted (Ctrl-C) · 143 SIGTERM · 129 SIGHUP."
 )
-
-
-ATTENTION_OPTIONS: list[Callable[[F], F]] = [
-    click.option(
-        "--scale",
-        metavar="sqrt-dk|dk|none|X",
-        help="Factor on Q·Kᵀ: 1/√E (sqrt-dk, default), 1/E (dk), 1 (none) or a number.",
-    ),
-    click.option("--temperature", metavar="T", help="Divide the scaled scores by T (default 1)."),
-    click.option(
-        "--softcap",
-        metavar="C",
-        help="Soft-cap the logits: C·tanh(x/C), as Gemma 2 and FlashAttention.",
-    ),
-    click.option(
-        "--bias", "bias_path", metavar="FILE", help="Additive bias, broadcastable to (..., L, S)."
-    ),
-    click.option(
-        "--sinks",
-        "sinks_path",
-        metavar="FILE",
-        help="Attention sinks (gpt-oss): one logit per query head, (H,) or (1,), joining every row's softmax as an extra column that V does not read.",
-    ),
-    click.option(
-        "--segment-ids",
-        "segment_ids_path",
-        metavar="FILE",
-        help="Segment (document) ids, integers (L,) or (B, L), as JAX's: a query sees only keys of its own id; they serve the keys too unless --segment-ids-kv.",
-    ),
-    click.option(
-        "--segment-ids-kv",
-        "segment_ids_kv_path",
-        metavar="FILE",
-        help="The keys' segment ids, (S,) or (B, S) (default: --segment-ids).",
-    ),
-    click.option("--alibi/--no-alibi", default=None, help="Add ALiBi: −slope_h·|i + S − L − j|."),
-    click.option("--causal/--no-causal", default=None, help="Hide future keys."),
-    click.option(
-        "--causal-align",
-        type=click.Choice(["upper-left", "lower-right"]),
-        help="Diagonal of the causal mask and window when L ≠ S (default upper-left, as PyTorch is_causal; lower-right as FlashAttention).",
-    ),
-    click.option(
-        "--mask",
-        "mask_path",
-        metavar="FILE",
-        help="Boolean mask (True = may attend) or float mask (added to the logits), broadcastable to (..., L, S).",
-    ),
-    click.option(
-        "--mask-true-means",
-        type=click.Choice(["attend", "masked"]),
-        help="What True means in a boolean mask (default attend, as PyTorch).",
-    ),
-    click.option(
-        "--key-lengths",
-        metavar="N[,N...]",
-        help="Valid keys per batch item (the rest is padding); one number for all.",
-    ),
-    click.option(
-        "--query-offset",
-        metavar="N[,N...]",
-        help="KV-cache step: position of query 0 per batch item (the cache length before the new tokens); causal, window and ALiBi see query i at N + i. One number for all.",
-    ),
-    click.option(
-        "--query-lengths",
-        metavar="N[,N...]",
-        help="Valid queries per batch item; later rows are absent: zero output, not judged, not compared. One number for all.",
-    ),
-    click.option(
-        "--cu-seqlens",
-        metavar="0,N1,...,L",
-        help="Packed documents (FlashAttention's varlen): cumulative lengths along L; a query sees only its document's keys. Batch of 1.",
-    ),
-    click.option(
-        "--cu-seqlens-k",
-        metavar="0,N1,...,S",
-        help="The documents' cumulative lengths along S (default: --cu-seqlens).",
-    ),
-    click.option(
-        "--window",
-        metavar="W|LEFT,RIGHT",
-        help="Sliding window: key j visible to query i when −LEFT ≤ j − i − offset ≤ RIGHT.",
-    ),
-    click.option(
-        "--mask-mod",
-        metavar="EXPR",
-        help='FlexAttention\'s mask_mod: an expression over b, h, q_idx, kv_idx; where it is false the key is hidden, e.g. "q_idx >= kv_idx and q_idx - kv_idx < 256".',
-    ),
-    click.option(
-        "--score-mod",
-        metavar="EXPR",
-        help='FlexAttention\'s score_mod: an expression over score (the scaled score), b, h, q_idx, kv_idx giving the logit before the mask, e.g. "score + 0.1 * (kv_idx - q_idx)". Numbers, + - * / // % **, comparisons, and/or/not, where, abs, tanh, exp, log, sqrt, minimum, maximum.',
-    ),
-    click.option(
-        "--mask-value",
-        metavar="-inf|finfo-min|X",
-        help="Value of hidden logits (default -inf; e.g. -1e9 as many kernels use).",
-    ),
-    click.option(
-        "--dropout", metavar="P", help="Inverted dropout on the weights with probability P."
-    ),
-    click.option("--seed", metavar="N", help="Seed of the dropout mask (default 0)."),
-    click.option(
-        "--dropout-mask",
-        "dropout_mask_path",
-        metavar="FILE",
-        help="Dropout's keep mask (bool or 0/1, broadcastable to (..., L, S)) replayed in place of the drawn one; needs --dropout.",
-    ),
-    click.option(
-        "--heads",
-        metavar="N",
-        help="Split (..., L, d_model) inputs into N heads; the output is merged back.",
-    ),
-    click.option(
-        "--kv-heads",
-        metavar="G",
-        help="With --heads: K and V hold G heads (d_model_kv = G·E), as ONNX's 3-D Attention inputs (grouped-query attention).",
-    ),
-    click.option(
-        "--layout",
-        type=click.Choice(["bhsd", "bshd"]),
-        help="Axes of Q, K, V and the output: bhsd (B, H, L, E), default, as PyTorch; bshd (B, L, H, E), as FlashAttention and xformers (read through a transposing view; the output is returned so).",
-    ),
-    click.option(
-        "--dtype",
-        metavar="FORMAT",
-        help="Run as a kernel in FORMAT: float64 (default, exact), float32, float16, bfloat16, float8_e4m3fn, float8_e5m2; reports the error against float64.",
-    ),
-    click.option(
-        "--accumulate",
-        metavar="FORMAT",
-        help="Accumulator of both matmuls under --dtype: float32 (default, as tensor cores), float64, or the --dtype format (same).",
-    ),
-    click.option(
-        "--softmax-dtype",
-        metavar="FORMAT",
-        help="Format the softmax runs in under --dtype: float32 (default), float64, or the --dtype format (same).",
-    ),
-    click.option(
-        "--logits-dtype",
-        metavar="FORMAT",
-        help="Format scores and logits are stored in under --dtype: the --dtype format (same, default, as PyTorch's unfused path) or float32 (as fused kernels).",
-    ),
-    click.option(
-        "--prescale/--no-prescale",
-        default=None,
-        help="Scale Q and K by √scale before the matmul (ONNX's guard against overflow).",
-    ),
-    click.option(
-        "--as",
-        "framework",
-        type=click.Choice(["torch", "flash", "jax", "onnx", "hf"]),
-        help="Use a framework's conventions, as defaults flags override: causal alignment "
-        "when L ≠ S (torch, jax upper-left; flash, onnx, hf lower-right), the mask value "
-        "(jax −0.7·finfo(float32).max, hf finfo-min, else -inf: a row with no visible key "
-        "gives the mean of V or zeros), --window's LEFT read as hf's sliding_window "
-        "(counting the query).",
-    ),
-]
-
-
-def attention_options(f: F) -> F:
-    """The computation options every command shares (``compute``, ``explain``, ...)."""
-    for option in reversed(ATTENTION_OPTIONS):
-        f = option(f)
-    return f
 
 
 COLOR_OPTION = click.option(
@@ -241,7 +79,10 @@ FORMAT_OPTION = format_option(
     "Tables for a person, or one JSON/YAML object on stdout.", ("table", "json", "yaml")
 )
 JUNIT_OPTION = click.option(
-    "--junit", metavar="FILE.xml", help="Also write a JUnit XML report, atomically."
+    "--junit",
+    metavar="FILE.xml",
+    shell_complete=files,
+    help="Also write a JUnit XML report, atomically.",
 )
 
 
@@ -264,6 +105,7 @@ def display_options(f: F) -> F:
             click.option(
                 "--stages",
                 metavar="LIST",
+                shell_complete=word_list(stage_names),
                 help="Stages to show, comma-separated: raw,scaled,capped,biased,masked,weights,dropped,output (default all that apply).",
             ),
             BATCH_OPTION,
@@ -291,8 +133,10 @@ def diagnostic_options(f: F) -> F:
     def command(*args: Any, **kwargs: Any) -> Any:
         # imported here: keeps sdpa --help fast
         from sdpa_cli.files.config import use_config
+        from sdpa_cli.files.confine import allow_outside
 
         use_config(kwargs.pop("config"))
+        allow_outside(kwargs.pop("allow_outside"))
         kwargs["given_thresholds"] = {name: kwargs.pop(name) for name in THRESHOLD_FLAGS}
         return f(*args, **kwargs)
 
@@ -312,7 +156,9 @@ def diagnostic_options(f: F) -> F:
             click.option(
                 "--head-fraction",
                 metavar="F",
-                help="Flag a head as dead or collapsed when this fraction of its rows is (default 0.9).",
+                help="Flag a head when at least this fraction of its rows is flagged the same way: "
+                "one-hot (collapsed head), near-uniform (dead head), or, in sdpa grad, vanishing "
+                "(default 0.9).",
             ),
             click.option(
                 "--max-findings",
@@ -322,8 +168,16 @@ def diagnostic_options(f: F) -> F:
             click.option(
                 "--config",
                 metavar="FILE",
+                shell_complete=files,
                 help="Read settings from FILE (sdpa.yaml, or a pyproject.toml's [tool.sdpa]) "
                 "instead of the one found from here up to the repository's root.",
+            ),
+            click.option(
+                "--allow-outside",
+                is_flag=True,
+                help="Let a case file, manifest or partials list name files outside its own "
+                "folder (absolute paths, .., URLs); by default they are refused, so that a "
+                "manifest from a pull request reads only its own tree.",
             ),
         ]
     ):
@@ -334,9 +188,71 @@ def diagnostic_options(f: F) -> F:
 def output_options(f: F) -> F:
     """Machine-readable output."""
     f = click.option(
-        "--save", metavar="FILE.npz", help="Write every stage (full shape) to FILE.npz, atomically."
+        "--save",
+        metavar="FILE.npz",
+        shell_complete=files,
+        help="Write every stage (full shape) to FILE.npz, atomically.",
     )(f)
     return FORMAT_OPTION(f)
+
+
+def export_options(what: str) -> Callable[[F], F]:
+    """``--export-svg`` and ``--export-html``: ``what`` the tables show, also written
+    as a picture or a page (in color, at the terminal's width), atomically."""
+
+    def decorate(f: F) -> F:
+        for name, kind in (("html", "an HTML page"), ("svg", "an SVG picture")):
+            f = click.option(
+                f"--export-{name}",
+                metavar=f"FILE.{name}",
+                shell_complete=files,
+                help=f"Also write {what} as {kind}.",
+            )(f)
+        return f
+
+    return decorate
+
+
+def export_outputs(svg: str | None, html: str | None) -> list[tuple[str, str | None]]:
+    """The exports as :func:`~sdpa_cli.files.outputs.check_outputs` takes outputs."""
+    return [("--export-svg", svg), ("--export-html", html)]
+
+
+def exports(
+    renderables: Sequence[RenderableType],
+    width: int,
+    svg: str | None,
+    html: str | None,
+    title: str,
+) -> list[tuple[str, Callable[[BinaryIO], None]]]:
+    """The writers of ``--export-svg`` and ``--export-html`` (those asked for), for
+    :func:`~sdpa_cli.files.writers.write_all_atomic`: ``renderables`` recorded in full
+    color, whatever stdout is; the SVG titled ``title``."""
+    if not svg and not html:
+        return []
+    # imported here: keeps sdpa --help fast
+    from rich.console import Console
+
+    recorder = Console(
+        file=io.StringIO(), record=True, width=width, force_terminal=True, color_system="truecolor"
+    )
+    for renderable in renderables:
+        recorder.print(renderable)
+    texts = []
+    if svg:
+        texts.append((svg, recorder.export_svg(title=title, clear=False)))
+    if html:
+        texts.append((html, recorder.export_html(clear=False)))
+    return [(path, _writes_text(text)) for path, text in texts]
+
+
+def _writes_text(text: str) -> Callable[[BinaryIO], None]:
+    """A writer of ``text`` in UTF-8."""
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(text.encode("utf-8"))
+
+    return write
 
 
 # --- helpers --------------------------------------------------------------------------

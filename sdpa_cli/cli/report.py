@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sdpa_cli.cli.check import show_results, write_report_files
+from sdpa_cli.cli.completion import files
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     JOBS_OPTION,
@@ -52,11 +53,15 @@ def report() -> None:
 
 
 @report.command(epilog=MERGE_EXIT_CODES_HELP)
-@click.argument("shards", nargs=-1, required=True, metavar="SHARD.json...")
+@click.argument("shards", nargs=-1, required=True, metavar="SHARD.json...", shell_complete=files)
 @format_option("A summary for a person, or the merged JSON report on stdout.")
 @JUNIT_OPTION
 @click.option(
-    "--report", "report_path", metavar="FILE.json", help="Also write the merged JSON report."
+    "--report",
+    "report_path",
+    metavar="FILE.json",
+    shell_complete=files,
+    help="Also write the merged JSON report.",
 )
 @COLOR_OPTION
 def merge(
@@ -116,7 +121,7 @@ MODEL_EXIT_CODES_HELP = (
 
 
 @report.command(epilog=MODEL_EXIT_CODES_HELP)
-@click.argument("manifest", metavar="MANIFEST")
+@click.argument("manifest", metavar="MANIFEST", shell_complete=files)
 @click.option(
     "--metric",
     type=click.Choice((*MODEL_METRICS, "all")),
@@ -162,12 +167,11 @@ def model(
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
-    from sdpa_cli._version import __version__
     from sdpa_cli.check.manifest import load_manifest
     from sdpa_cli.diagnosis.model import METRICS, model_grid
     from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.render.model import render_model
-    from sdpa_cli.report import to_json
+    from sdpa_cli.report import document_head, to_json
 
     th = thresholds(given_thresholds)
     cases = load_manifest(manifest)
@@ -179,7 +183,7 @@ def model(
         if row.error is not None:  # one line each, never wrapped
             click.echo(f"sdpa: error: {row.name}: {row.error}", err=True)
     if fmt == "json":
-        document = {"sdpa_version": __version__, "manifest": manifest, **grid.to_dict()}
+        document = {**document_head(), "manifest": manifest, **grid.to_dict()}
         click.echo(to_json(document))
     else:
         shown = [m for m in METRICS if m in grid.metrics] if metric == "all" else [metric]
@@ -223,9 +227,13 @@ def _grid_row(case: ManifestCase, layer: int | None, th: Thresholds, threads: in
     # imported here: keeps sdpa --help fast
     from sdpa_cli.diagnosis.model import GridRow, head_metrics
     from sdpa_cli.engine.inputs import load_spec
+    from sdpa_cli.files.confine import rooted
+    from sdpa_cli.text import unechoed
 
     try:
-        spec, _ = load_spec(case.inputs, case.bias, case.mask, case.options, case.where, case.sinks)
+        flags = {**case.options, **{f"{k}_path": p for k, p in case.tensors.items()}}
+        with rooted(case.root), unechoed():  # as sdpa check --manifest reads a case
+            spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, case.where, case.sinks)
         expected = _expected_output(spec, case)
         with progress_bar(spec, case.name) as progress:
             heads = head_metrics(spec, th, expected, jobs=threads, progress=progress)

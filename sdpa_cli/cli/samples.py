@@ -10,8 +10,10 @@ from pathlib import Path
 
 import click
 
+from sdpa_cli._version import __version__
 from sdpa_cli.cli.options import EXIT_CODES_HELP, format_option
 from sdpa_cli.errors import ExitCode
+from sdpa_cli.schemas import SCHEMA_VERSION
 
 NAME_WIDTH = 21
 """The name column: ``batched_{q,k,v}.npy`` and two spaces."""
@@ -58,6 +60,8 @@ def samples(destination: Path | None, force: bool, show_path: bool, fmt: str) ->
     entries = catalog()
     if fmt == "json":
         payload = {
+            "schema_version": SCHEMA_VERSION,
+            "sdpa_version": __version__,
             "folder": str(samples_dir()),
             "samples": [
                 {"name": s.name, "files": list(s.files), "description": s.description}

@@ -212,6 +212,19 @@ class Diagnosis:
             listed[f.kind] = listed.get(f.kind, 0) + 1
         return any(n > listed.get(k, 0) for k, n in self.counts.items())
 
+    def total(self, hits: Iterable[Finding]) -> int:
+        """How many findings ``hits`` (some of :attr:`findings`) stand for: a kind whose
+        every listed finding is among them counts its unlisted rows too."""
+        chosen: dict[str, int] = {}
+        listed: dict[str, int] = {}
+        for f in hits:
+            chosen[f.kind] = chosen.get(f.kind, 0) + 1
+        for f in self.findings:
+            listed[f.kind] = listed.get(f.kind, 0) + 1
+        return sum(
+            max(self.counts.get(k, n), n) if n == listed.get(k) else n for k, n in chosen.items()
+        )
+
     def worst(self) -> str | None:
         """The highest severity found, or None when nothing was."""
         found = {f.severity for f in self.findings}

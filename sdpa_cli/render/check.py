@@ -39,6 +39,10 @@ def checks_table(checks: tuple[Check, ...]) -> Table:
     return table
 
 
+WORST_VERSUS_GREATEST = "(worst: furthest past its own tolerance; not always the greatest |Δ|)"
+"""Said under ``worst element``, which the greatest absolute difference above it may not be."""
+
+
 def failure_panel(check: Check) -> Panel:
     """A failed check in full (:func:`~sdpa_cli.check.records.failure_lines`); a listed
     finding and its hint hang from their bullet when they wrap."""
@@ -58,6 +62,8 @@ def failure_panel(check: Check) -> Panel:
         else:
             bullets = None
             body.append(Text(line))
+            if line.startswith("worst element:") and check.mismatch is not None:
+                body.append(Text(WORST_VERSUS_GREATEST, style=MUTED))
     title = Text(check.name, style=STATUS_STYLE["fail"])
     if check.file:
         title.append(f" · {check.file}", style="default")
@@ -133,3 +139,14 @@ def render_cases(results: list[CaseResult], manifest: str) -> RenderableType:
     )
     verdict = _verdict(failed_cases, len(results), "case", warned, errors)
     return Group(table, *details, verdict)
+
+
+def render_results(
+    results: list[CaseResult], manifest: str | None, title: str | None
+) -> RenderableType:
+    """What ``sdpa check`` shows a person: the one case's checks, or the manifest's
+    cases (titled ``title``, or the manifest)."""
+    if manifest is not None:
+        return render_cases(results, title or manifest)
+    assert results[0].report is not None
+    return render_report(results[0].report, title)

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from sdpa_cli.diagnosis.stages import FORMULAS, TITLES
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.text import headroom_bits
 
 THEME = {
     "title": Style(bold=True),
@@ -187,11 +188,20 @@ def titled(title: str, formula: str) -> Text:
     return Text.assemble((title, THEME["title"]), "  ", (formula, THEME["muted"]))
 
 
-def stage_title(stage: str, score_mod: str | None = None) -> Text:
-    """A stage's name and formula (``--score-mod`` fills the biased stage)."""
+def stage_title(stage: str, score_mod: str | None = None, *, dropout: bool = False) -> Text:
+    """A stage's name and formula (``--score-mod`` fills the biased stage; under
+    ``--dropout`` the output reads the dropped weights)."""
     if stage == "biased" and score_mod is not None:
         return titled("biased", "score_mod(scaled), --score-mod")
-    return titled(*STAGE_TITLES[stage])
+    return titled(*stage_heading(stage, dropout=dropout))
+
+
+def stage_heading(stage: str, *, dropout: bool = False) -> tuple[str, str]:
+    """A forward stage's title and formula; under ``--dropout`` the output is
+    ``dropped · V``, the weights dropout kept."""
+    if stage == "output" and dropout:
+        return TITLES[stage], "dropped · V"
+    return STAGE_TITLES[stage]
 
 
 def note_text(
@@ -208,3 +218,12 @@ def note_text(
         break_long_words=False,
     )
     return Text("\n".join(lines), style=style or "")
+
+
+def headroom_text(bits: float) -> str:
+    """Bits of headroom to a tenth (:func:`~sdpa_cli.text.headroom_bits`); an overflow
+    too small to show there keeps its sign and one digit (``-0.05``, never ``-0.0``),
+    and a zero reads ``+0.0``."""
+    if bits < 0 and round(bits, 1) == 0:
+        return f"{bits:+.1g}"
+    return headroom_bits(bits + 0.0)  # + 0.0: a negative zero becomes 0.0

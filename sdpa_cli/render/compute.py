@@ -75,7 +75,9 @@ def render_compute(
             parts.append(rule(label, view.width))
         flags = row_flags(trace.stats, diagnosis.thresholds, idx, working) if diagnosis else {}
         for stage in stages:
-            parts.append(stage_title(stage, spec.options.score_mod))
+            parts.append(
+                stage_title(stage, spec.options.score_mod, dropout=spec.options.dropout > 0)
+            )
             parts.append(
                 stage_table(
                     spec, stage, getattr(block, stage), block.visible, view, rows, cut_rows, flags

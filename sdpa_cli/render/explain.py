@@ -110,7 +110,9 @@ def render_walk(ex: Explanation, view: View) -> list[RenderableType]:
     flags = dict(ex.row_stats.flags)
     parts: list[RenderableType] = []
     for stage in ex.stages:
-        parts.append(stage_title(stage.step, spec.options.score_mod))
+        parts.append(
+            stage_title(stage.step, spec.options.score_mod, dropout=spec.options.dropout > 0)
+        )
         parts.append(note_text(stage.note, view.width))
         extra = _weights_extra(ex, view, n) if stage.step == "weights" else []
         parts.append(

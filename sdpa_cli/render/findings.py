@@ -20,8 +20,8 @@ from rich.text import Text
 
 from sdpa_cli.diagnosis.findings import ALL_KINDS, SEVERITIES, Diagnosis, Finding, HeadSummary
 from sdpa_cli.engine import precision
-from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, note_text
-from sdpa_cli.text import format_index, headroom_bits, plural, sig
+from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, headroom_text, note_text
+from sdpa_cli.text import format_index, plural, sig
 
 UNITS = {
     "saturated": "row",
@@ -211,16 +211,20 @@ def precision_panel(diagnosis: Diagnosis) -> RenderableType | None:
                 no_wrap=col != "problem",
             )
         for s in emu.stages:
-            at = "—" if s.max_abs_at is None else "[" + ",".join(map(str, s.max_abs_at)) + "]"
+            where = s.max_abs_at
             problem = s.problem or ""
+            errors = (sig(s.max_abs, 3), sig(s.normwise, 3), f"{s.normwise / u:.1f}")
             if s.new_nonfinite:
+                # Values float64 holds finite came out inf or NaN: the error there is
+                # infinite, whatever the finite elements' error (often 0) says.
                 problem = f"{problem} ({s.new_nonfinite})"
+                where, errors = s.new_nonfinite_at, ("inf", "inf", "inf")
+            at = "—" if where is None else "[" + ",".join(map(str, where)) + "]"
             table.add_row(
                 s.stage,
-                sig(s.max_abs, 3),
+                errors[0],
                 at,
-                sig(s.normwise, 3),
-                f"{s.normwise / u:.1f}",
+                *errors[1:],
                 Text(problem, SEVERITY_STYLE["error"] if s.problem else ""),
             )
         first = emu.first_problem
@@ -266,7 +270,7 @@ def headroom_table(diagnosis: Diagnosis) -> RenderableType:
                 if bits < 1
                 else ""
             )
-            cells.append(Text(headroom_bits(bits), style))
+            cells.append(Text(headroom_text(bits), style))
         table.add_row(d, *cells)
     title = Text.assemble(
         ("headroom", THEME["title"]),

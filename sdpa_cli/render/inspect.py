@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.diagnosis.inspect import FileReport, Headroom, TensorStats
-from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME
-from sdpa_cli.text import compact, headroom_bits, plural
+from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, headroom_text
+from sdpa_cli.text import compact, plural
 
 TITLE = THEME["title"]
 OVERFLOW = SEVERITY_STYLE["error"]
@@ -119,7 +119,7 @@ def _headroom_cell(h: Headroom) -> Text:
     """Bits below the format's max, then each kind of damage the cast does."""
     if math.isnan(h.bits):
         return Text("—")
-    cell = Text(f"{headroom_bits(h.bits)} bits", OVERFLOW if h.overflow else "")
+    cell = Text(f"{headroom_text(h.bits)} bits", OVERFLOW if h.overflow else "")
     for n, what, style in (
         (h.overflow, "overflow", OVERFLOW),
         (h.flush, "to zero", UNDERFLOW),

@@ -17,9 +17,30 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from sdpa_cli.diagnosis.explained import Explanation
-from sdpa_cli.render.common import STAGE_TITLES, slice_label
+from sdpa_cli.render.common import slice_label, stage_heading
 
 COLUMNS = 3
+MOST_TICKS = 16
+"""Most tick labels on an axis."""
+
+
+def integer_ticks(first: int, count: int, most: int = MOST_TICKS) -> list[int]:
+    """Tick positions for the indices ``first .. first + count - 1``: whole numbers
+    only, every 1, 2 or 5 × 10ᵏ of them (the smallest step giving at most ``most``),
+    on multiples of the step."""
+    if count <= 0:
+        return []
+    step = 1
+    while count > step * most:
+        step = _next_step(step)
+    start = -(-first // step) * step  # the first multiple of step at or after first
+    return list(range(start, first + count, step))
+
+
+def _next_step(step: int) -> int:
+    """1 → 2 → 5 → 10 → 20 → 50 → ..."""
+    digits = str(step)
+    return step * 5 // 2 if digits[0] == "2" else step * 2
 
 
 def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO], None]:
@@ -38,7 +59,7 @@ def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO],
     fig.suptitle(" · ".join(x for x in ("sdpa explain", where, span) if x))
     for n_ax, stage in enumerate(stages):
         ax = fig.add_subplot(rows, cols, n_ax + 1)
-        title, formula = STAGE_TITLES[stage.step]
+        title, formula = stage_heading(stage.step, dropout=ex.spec.options.dropout > 0)
         ax.set_title(f"{title}\n{formula}", fontsize=9)
         values = np.array(stage.values, dtype=np.float64)
         if not values.size:
@@ -78,8 +99,9 @@ def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO],
         )
         ax.set_ylabel("query")
         ax.set_xlabel("value column" if is_output else "key")
-        if len(ex.rows) <= 16:
-            ax.set_yticks(list(ex.rows))
+        # Ticks on whole indices only: matplotlib's own fall on the cells' edges (0.5).
+        ax.set_yticks(integer_ticks(ex.rows.start, len(ex.rows)))
+        ax.set_xticks(integer_ticks(first, values.shape[1]))
         fig.colorbar(image, ax=ax, shrink=0.8)
 
     def write(fh: BinaryIO) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import Result
-from clirunner import ANSI, CLEAN_ENV, assert_one_error_line, invoke, strict_json
+from clirunner import ANSI, CLEAN_ENV, assert_one_error_line, invoke, only_case, strict_json
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
@@ -42,17 +42,18 @@ def check(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
 
 
 def check_json(*args: str, code: int, env: Mapping[str, str | None] | None = None) -> Any:
-    """``sdpa check ARGS --format json``: the exit code, then the validated document."""
+    """``sdpa check ARGS --format json``: the exit code, then the validated document
+    (of a manifest), or its one case (of the case on the command line)."""
     result = check(*args, "--format", "json", env=env)
     assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
     assert "Traceback" not in result.output
     doc = strict_json(result.stdout)
-    if "cases" in doc:
+    if doc["manifest"] is not None:
         validate_manifest_document(doc)
     else:
         validate_document(doc)
     assert doc["exit_code"] == code
-    return doc
+    return doc if doc["manifest"] is not None else only_case(doc)
 
 
 def by_name(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -184,21 +185,37 @@ def validate_case(doc: Any) -> None:
 
 
 def validate_document(doc: Any) -> None:
-    """``sdpa check ... --format json`` for one case."""
+    """``sdpa check ... --format json`` for one case: the manifest's shape, its one
+    case the command line's."""
     assert isinstance(doc, dict)
-    assert list(doc)[:3] == ["sdpa_version", "exit_code", "passed"]
-    assert set(doc) >= {"sdpa_version", "exit_code", *CASE_KEYS}
-    assert doc["sdpa_version"] == __version__
+    assert list(doc) == [
+        "schema_version",
+        "sdpa_version",
+        "manifest",
+        "passed",
+        "exit_code",
+        "cases",
+    ]
+    assert (doc["schema_version"], doc["sdpa_version"]) == (1, __version__)
     assert doc["exit_code"] in (0, 1)  # 2 and 3 never come with a document for one case
-    validate_case(doc)
-    assert doc["passed"] is (doc["exit_code"] == 0)
+    case = only_case(doc)
+    validate_case(case)
+    assert case["error"] is None
+    assert doc["passed"] is case["passed"] is (doc["exit_code"] == 0)
 
 
 def validate_manifest_document(doc: Any) -> None:
     """``sdpa check --manifest ... --format json``."""
     assert isinstance(doc, dict)
-    assert set(doc) == {"sdpa_version", "manifest", "passed", "exit_code", "cases"}
-    assert doc["sdpa_version"] == __version__
+    assert list(doc) == [
+        "schema_version",
+        "sdpa_version",
+        "manifest",
+        "passed",
+        "exit_code",
+        "cases",
+    ]
+    assert (doc["schema_version"], doc["sdpa_version"]) == (1, __version__)
     assert isinstance(doc["manifest"], str)
     assert doc["exit_code"] in (0, 1, 2, 3)
     assert doc["passed"] is (doc["exit_code"] == 0)
@@ -1158,7 +1175,8 @@ MALFORMED: list[tuple[str, str, str]] = [
         "unknown-key",
         "cases:\n  - {q: q.npy, k: k.npy, v: v.npy, frob: 1}\n",
         "m.yaml: cases[1]: frob: unknown key; expected name, case or q/k/v, bias, mask, sinks, "
-        "expect-output, expect-weights, expect-lse, an option of compute or a setting of check",
+        "segment-ids, segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
+        "an option of compute or a setting of check",
     ),
     (
         "missing-q",
@@ -1346,3 +1364,80 @@ def test_e2e_failing_check_in_a_pipe(exports: dict[str, F64], workdir: Path) -> 
     assert re.search(r"output\.close\s+FAIL", proc.stdout)
     assert "greatest absolute difference: 0.01 at index [1, 2, 1]" in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1] == "FAIL: 1 of 4 checks failed"
+
+
+# --- --quiet, and findings counted in full --------------------------------------------------
+
+
+def saturated_case(d: Path, n: int = 400) -> tuple[str, str, str]:
+    """Q, K, V of ``n`` rows whose large scores make most causal rows one-hot."""
+    rng = np.random.default_rng(0)
+    for name, scale in (("q", 10.0), ("k", 10.0), ("v", 1.0)):
+        np.save(d / f"{name}.npy", rng.standard_normal((1, 1, n, 8)) * scale)
+    return ("q.npy", "k.npy", "v.npy")
+
+
+def test_quiet_prints_nothing_and_exits_with_the_verdict(workdir: Path) -> None:
+    qkv = saturated_case(workdir)
+    passed = check(*qkv, "--causal", "--quiet", "--report", "r.json", "--junit", "r.xml")
+    assert (passed.exit_code, passed.stdout, passed.stderr) == (0, "", "")
+    assert json.loads((workdir / "r.json").read_text())["exit_code"] == 0
+    assert (workdir / "r.xml").exists()
+    failed = check(*qkv, "--causal", "-q", "--fail-on", "saturated", "--format", "json")
+    assert (failed.exit_code, failed.stdout, failed.stderr) == (1, "", "")
+
+
+def test_quiet_keeps_the_error_line(workdir: Path) -> None:
+    line = assert_one_error_line(check("missing.npy", "k.npy", "v.npy", "-q"))
+    assert line.startswith("sdpa: error: missing.npy")
+
+
+def test_quiet_sends_github_annotations_to_stderr(workdir: Path) -> None:
+    qkv = saturated_case(workdir)
+    result = check(*qkv, "--causal", "-q", "--fail-on", "saturated", env=GITHUB)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("::error")
+
+
+def test_findings_counts_are_the_totals_not_the_listing_cap(workdir: Path) -> None:
+    """Regression: check said "50 info findings" where there were hundreds (50 is
+    --max-findings, the rows listed per kind)."""
+    qkv = saturated_case(workdir)
+    doc = check_json(*qkv, "--causal", "--fail-on", "saturated", code=1)
+    counts = doc["finding_counts"]
+    listed = [f["kind"] for f in doc["findings"]]
+    assert counts["saturated"] > 50 == listed.count("saturated")
+    checks = by_name(doc)
+    assert checks["findings.saturated"]["summary"].startswith(
+        f"{counts['saturated']} saturated findings (50 listed); first: row [0, 0, 1] is one-hot"
+    )
+    assert checks["findings.saturated"]["count"] == counts["saturated"]
+
+    doc = check_json(*qkv, "--causal", "--fail-on", "none", "--fail-on-severity", "warning", code=1)
+    by_severity = {
+        sev: [f["kind"] for f in doc["findings"] if f["severity"] == sev]
+        for sev in ("warning", "info")
+    }
+    # One overflow (float16) is a warning, the other (float8) info; every saturated
+    # row a warning, every underflow row info: those two kinds count their unlisted rows.
+    assert sorted(set(by_severity["warning"])) == ["overflow", "saturated"]
+    assert by_severity["warning"].count("overflow") == 1 == by_severity["info"].count("overflow")
+    serious = counts["saturated"] + 1
+    checks = by_name(doc)
+    assert checks["findings.severity"]["summary"].startswith(
+        f"{serious} findings (51 listed) at warning or worse; first: overflow: "
+    )
+    assert checks["findings.severity"]["count"] == serious
+    assert sorted(set(by_severity["info"])) == ["overflow", "underflow"]
+    info = counts["underflow"] + 1
+    assert checks["findings"]["summary"] == (
+        f"nothing worth a warning ({info} info findings, 51 listed)"
+    )
+
+
+def test_findings_counts_in_the_table(workdir: Path) -> None:
+    qkv = saturated_case(workdir)
+    text = " ".join(check(*qkv, "--causal", "--fail-on", "none").stdout.split())
+    counts = check_json(*qkv, "--causal", "--fail-on", "none", code=0)["finding_counts"]
+    assert f"{counts['saturated'] + 1} findings (51 listed) not gating" in text

@@ -294,6 +294,7 @@ def test_interrupt_exits_130(qkv: dict[str, F64], monkeypatch: pytest.MonkeyPatc
 # --- JSON and YAML -----------------------------------------------------------------------
 
 PAYLOAD_KEYS = {
+    "schema_version",
     "sdpa_version",
     "shapes",
     "scale",
@@ -325,7 +326,7 @@ def test_json_contract_matches_numpy(qkv: dict[str, F64]) -> None:
     data = run_json(*QKV, "--causal")
     stages = ["raw", "scaled", "masked", "weights", "output"]
     assert set(data) == PAYLOAD_KEYS | set(stages) | {"visible"}
-    assert data["sdpa_version"] == __version__
+    assert (data["schema_version"], data["sdpa_version"]) == (1, __version__)
     assert data["shapes"] == {
         "q": [H, L, E],
         "k": [H, S, E],
@@ -1012,3 +1013,138 @@ def test_max_findings_zero_still_says_what_was_counted(workdir: Path) -> None:
     result = invoke("compute", *QKV, "--max-findings", "0")
     assert "none listed (--max-findings 0): 4 near uniform" in result.stdout
     assert "findings  none" not in result.stdout
+
+
+# --- conventions: bare commands, usage errors, exports, help ---------------------------
+
+
+def test_bare_sdpa_prints_the_help_on_stdout_and_exits_0() -> None:
+    result = invoke()
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Usage: sdpa [OPTIONS] COMMAND [ARGS]...")
+    assert "Commands:" in result.stdout
+    assert result.stderr == ""
+
+
+def test_bare_sdpa_report_prints_its_help() -> None:
+    result = invoke("report")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Usage: sdpa report [OPTIONS] COMMAND [ARGS]...")
+    assert "merge" in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "first", "command"),
+    [
+        (("check", "--bogus"), "No such option '--bogus'.", "sdpa check"),
+        (("compute",), "Missing argument 'Q K V | CASE'.", "sdpa compute"),
+        (("compute", *QKV, "--max-rows", "0"), "Invalid value for '--max-rows'", "sdpa compute"),
+        (("report", "merge"), "Missing argument 'SHARD.json...'.", "sdpa report merge"),
+        (("nonesuch",), "No such command 'nonesuch'.", "sdpa"),
+    ],
+)
+def test_a_usage_error_names_the_commands_help(
+    qkv: dict[str, F64], args: tuple[str, ...], first: str, command: str
+) -> None:
+    result = invoke(*args)
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert result.stdout == ""
+    error, try_line = result.stderr.splitlines()
+    assert error.startswith(f"sdpa: error: {first}")
+    assert try_line == f"Try '{command} --help' for help."
+
+
+def test_a_bad_input_has_no_try_line(workdir: Path) -> None:
+    line = assert_one_error_line(invoke("compute", "missing.npy"))
+    assert "Try" not in line
+    assert invoke("compute", "missing.npy").stderr.count("\n") == 1
+
+
+def test_head_fraction_help_is_a_whole_sentence() -> None:
+    text = " ".join(invoke("compute", "--help").stdout.split())
+    assert (
+        "--head-fraction F Flag a head when at least this fraction of its rows is flagged "
+        "the same way: one-hot (collapsed head), near-uniform (dead head), or, in sdpa "
+        "grad, vanishing (default 0.9)."
+    ) in text
+
+
+def test_the_output_of_a_dropout_run_reads_the_dropped_weights(qkv: dict[str, F64]) -> None:
+    plain = invoke("compute", *QKV, "--stages", "output").stdout
+    dropped = invoke("compute", *QKV, "--dropout", "0.5", "--stages", "output").stdout
+    assert "output  weights · V" in plain
+    assert "output  dropped · V" in dropped
+    assert "weights · V" not in dropped
+
+
+def exported(workdir: Path, stem: str) -> tuple[str, str]:
+    """The SVG and the HTML page written as ``stem.svg``, ``stem.html``."""
+    svg = (workdir / f"{stem}.svg").read_text(encoding="utf-8")
+    html = (workdir / f"{stem}.html").read_text(encoding="utf-8")
+    assert svg.startswith("<svg")
+    assert "</svg>" in svg
+    assert html.lstrip().startswith("<!DOCTYPE html>")
+    return svg, html
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "words"),
+    [
+        ("compute", ("--stages", "weights"), ("softmax", "over", "keys")),
+        ("compute", ("--frameworks",), ("torch", "flash")),
+        ("grad", (), ("dQ",)),
+        ("check", (), ("findings.nonfinite", "PASS")),
+        ("inspect", (), ("q.npy", "float64")),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_exports_of_every_command(
+    workdir: Path,
+    qkv: dict[str, F64],
+    command: str,
+    extra: tuple[str, ...],
+    words: tuple[str, ...],
+    fmt: str,
+) -> None:
+    """Written as explain writes them, in color, beside tables or JSON on stdout."""
+    args = ["--export-svg", "t.svg", "--export-html", "t.html", "--format", fmt]
+    result = invoke(command, *QKV, *extra, *args)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    svg, html = exported(workdir, "t")
+    for word in words:
+        assert word in html  # the SVG places text in runs, not always whole words
+        if fmt == "table":
+            assert word in result.stdout
+    if fmt == "json":
+        assert isinstance(json.loads(result.stdout), dict)
+    assert "<span" in svg or "<text" in svg
+    assert "color: #" in html  # in color, though stdout is no terminal
+
+
+@pytest.mark.parametrize("command", ["compute", "grad", "check", "inspect"])
+def test_an_export_onto_an_input_is_refused_and_nothing_runs(
+    workdir: Path, qkv: dict[str, F64], command: str
+) -> None:
+    before = (workdir / "k.npy").read_bytes()
+    line = assert_one_error_line(invoke(command, *QKV, "--export-html", "k.npy"))
+    assert line.startswith("sdpa: error: --export-html k.npy: is the same file as the input")
+    assert (workdir / "k.npy").read_bytes() == before
+
+
+def test_two_exports_onto_one_file_are_refused(workdir: Path, qkv: dict[str, F64]) -> None:
+    line = assert_one_error_line(
+        invoke("grad", *QKV, "--export-svg", "x.out", "--export-html", "x.out")
+    )
+    assert "--export-html x.out" in line
+    assert not (workdir / "x.out").exists()
+
+
+def test_inspect_writes_no_export_when_a_file_cannot_be_read(
+    workdir: Path, qkv: dict[str, F64]
+) -> None:
+    result = invoke("inspect", "q.npy", "missing.npy", "--export-svg", "t.svg")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "q.npy" in result.stdout
+    assert not (workdir / "t.svg").exists()

@@ -9,7 +9,8 @@ never a ``--save`` or ``--report`` file left by a failed run.
 ``make test`` runs a bounded, derandomized set of examples (about 200 in all, a few
 seconds, no database). ``make fuzz`` sets ``SDPA_FUZZ=1``: each test then runs
 ``SDPA_FUZZ_EXAMPLES`` fresh random examples (default 1000; ``make fuzz`` runs rounds of
-500 until its 10 minutes are spent) under a 10-second deadline that catches hangs.
+500 until its 10 minutes are spent, each test stopping at its next example once they
+are: ``SDPA_FUZZ_UNTIL``) under a 10-second deadline that catches hangs.
 Failing examples are kept in hypothesis' database under ``.hypothesis/`` (git-ignored)
 and replayed first next time.
 """
@@ -21,7 +22,9 @@ import io
 import json
 import math
 import os
+import re
 import struct
+import time
 import zipfile
 from collections.abc import Sequence
 from datetime import timedelta
@@ -44,6 +47,9 @@ from sdpa_cli.files.loaders import Source, load_array
 
 FUZZING = os.environ.get("SDPA_FUZZ") == "1"
 FUZZ_EXAMPLES = int(os.environ.get("SDPA_FUZZ_EXAMPLES", "1000"))
+FUZZ_UNTIL = float(os.environ.get("SDPA_FUZZ_UNTIL", "0"))
+"""The time (seconds since the epoch) ``make fuzz``'s budget ends: past it, each test
+skips at its next example, so a round stops within seconds of the budget."""
 SLOW_SLICES = 10_000
 """Empty inputs declaring more (batch, head) slices than this are left out: the engine
 visits empty slices one by one (tests/cli/test_catalog.py pins that as an xfail)."""
@@ -133,6 +139,8 @@ OUTPUTS = ("out.npz", "report.json", "report.xml")
 def run(d: Path, args: Sequence[str], codes: frozenset[int] = frozenset({0, 2})) -> Result:
     """``sdpa ARGS`` in ``d``: exit in ``codes``, no traceback; an exit 2 is one error
     line and leaves no output file behind (nor a temporary one)."""
+    if FUZZ_UNTIL and time.time() > FUZZ_UNTIL:  # make fuzz's budget: stop within an example
+        pytest.skip("the fuzz budget is spent")
     for name in OUTPUTS:
         (d / name).unlink(missing_ok=True)
     result = invoke(*args)
@@ -144,6 +152,8 @@ def run(d: Path, args: Sequence[str], codes: frozenset[int] = frozenset({0, 2}))
     assert "internal error" not in result.stderr, (args, result.stderr)
     if result.exit_code == 2:
         lines = result.stderr.splitlines()
+        if len(lines) == 2:  # a usage error: click's line naming the command's help
+            assert re.fullmatch(r"Try 'sdpa[a-z ]* --help' for help\.", lines.pop()), lines
         assert len(lines) == 1, (args, result.stderr)
         assert lines[0].startswith("sdpa: error: "), (args, result.stderr)
         left = [p.name for p in d.iterdir() if p.name in OUTPUTS or p.name.endswith(".tmp")]

@@ -64,6 +64,7 @@ def test_the_grid_of_hand_made_heads(workdir: Path) -> None:
     assert result.stderr == ""
     doc = decode_non_finite(strict_json(result.stdout))
     assert list(doc) == [
+        "schema_version",
         "sdpa_version",
         "manifest",
         "cases",

@@ -21,7 +21,7 @@ from sdpa_cli.engine.options import OPTION_NAMES, Options, parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.trace import shown_blocks, trace
 from sdpa_cli.files.cases import load_case
-from sdpa_cli.render.common import View, layout
+from sdpa_cli.render.common import View, headroom_text, layout
 from sdpa_cli.render.compute import render_compute
 from sdpa_cli.text import decimals
 
@@ -132,3 +132,49 @@ def test_a_finite_mask_value_shows_the_uniform_weight_it_leaks_not_masked() -> N
     # With the default -inf, the same rows are zero and shown as masked.
     text = render_text(sample_spec("causal.yaml", key_lengths=0), 100, stages=("weights",))
     assert text.split("softmax over keys")[1].split("╭")[0].count("masked") == 9
+
+
+def precision_text(width: int = 80) -> str:
+    """The precision panel of samples/fp16_overflow.yaml under --dtype float16."""
+    text = render_text(sample_spec("fp16_overflow.yaml", dtype="float16"), width)
+    start = text.index("╭─ precision")
+    return text[start : text.index("╰", start)]
+
+
+def test_precision_panel_says_inf_where_values_overflowed() -> None:
+    """Regression: "max abs err 0" (over the finite elements) beside "overflowed (2)"."""
+    rows = {
+        line.strip(" │").split()[0]: line.strip(" │").split()
+        for line in precision_text().splitlines()
+        if line.strip(" │").endswith(("overflowed (2)", "overflowed (3)"))
+    }
+    assert set(rows) == {"raw", "scaled", "masked", "weights", "output"}
+    for stage, cells in rows.items():
+        assert cells[1:5] == ["inf", "[0,0]", "inf", "inf"], (stage, cells)
+
+
+def test_headroom_has_no_negative_zero() -> None:
+    """Regression: float16's raw headroom, −0.045 bits, printed as "-0.0"."""
+    line = next(
+        ln for ln in precision_text().splitlines() if ln.strip(" │").startswith("float16  ")
+    )
+    assert line.strip(" │").split() == ["float16", "-0.05", "+1.0", "+1.0", "+16.0"]
+    assert "-0.0 " not in precision_text()
+
+
+@pytest.mark.parametrize(
+    ("bits", "text"),
+    [
+        (-0.0454, "-0.05"),
+        (-0.001, "-0.001"),
+        (-0.0, "+0.0"),
+        (0.0, "+0.0"),
+        (0.02, "+0.0"),
+        (-0.06, "-0.1"),
+        (3.21, "+3.2"),
+        (float("inf"), "∞"),
+        (float("nan"), "—"),
+    ],
+)
+def test_headroom_text(bits: float, text: str) -> None:
+    assert headroom_text(bits) == text

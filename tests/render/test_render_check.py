@@ -104,3 +104,15 @@ def test_the_goldens_say_what_failed_and_why() -> None:
     text = render(*CASES["check_manifest_80.txt"])
     assert "layer1 › output.close · samples/check/out_scale_bug.npy" in text
     assert text.rstrip().endswith("FAIL: 1 of 2 cases failed")
+
+
+def test_worst_element_is_told_apart_from_the_greatest_difference() -> None:
+    """Where both appear, one line says why they name different elements."""
+    lines = render(*CASES["check_scale_bug_80.txt"]).splitlines()
+    at = next(n for n, line in enumerate(lines) if "worst element: index [0, 1, 14, 4]" in line)
+    assert "greatest absolute difference: 0.907478 at index [0, 1, 2, 3]" in lines[at - 2]
+    assert lines[at + 1].strip(" │") == (
+        "(worst: furthest past its own tolerance; not always the greatest |Δ|)"
+    )
+    passing = render(*CASES["check_pass_80.txt"])
+    assert "worst" not in passing

@@ -183,7 +183,7 @@ def test_softcap_dropout_walk_has_every_stage_in_order() -> None:
         "masked logits",
         "weights  softmax over keys",
         "after dropout  kept weights / (1 − p)",
-        "output  weights · V",
+        "output  dropped · V",  # the dropped weights, not the weights, times V
     ]
     positions = [text.index(t) for t in titles]
     assert positions == sorted(positions)
