@@ -126,6 +126,8 @@ def needed_files(argv: list[str]) -> list[str]:
 
 def why_skipped(argv: list[str], cwd: Path) -> str | None:
     """Why an example cannot run here, or None when it can."""
+    if any(t in (">", ">>", "<", "|") or t.startswith(("$(", ">", "<")) for t in argv):
+        return "shell syntax (a redirection or a pipe): run without a shell here"
     for token, reason in NEEDS_MORE.items():
         if token in argv[1:3] or (token.startswith("-") and token in argv):
             return reason

@@ -121,7 +121,12 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--dropout", metavar="P", help="Inverted dropout on the weights with probability P."
     ),
-    click.option("--seed", metavar="N", help="Seed of the dropout mask (default 0)."),
+    click.option(
+        "--seed",
+        metavar="N",
+        help="Seed of the dropout mask, and in sdpa grad of --dout random and --samples "
+        "(default 0).",
+    ),
     click.option(
         "--dropout-mask",
         "dropout_mask_path",

@@ -89,7 +89,11 @@ CHECK_EXIT_CODES_HELP = (
     "export's dtype × --fudge, as kernel tests judge; dtype: PyTorch's fixed "
     "tolerances for the dtype; measured: PyTorch's get_tolerances.",
 )
-@click.option("--fudge", metavar="F", help="How much worse than the plain computation (default 2).")
+@click.option(
+    "--fudge",
+    metavar="F",
+    help="How much worse than the plain computation an element may be (default 2; 4 for a float32 export).",
+)
 @click.option(
     "--max-error",
     metavar="STAT=X[,...]",

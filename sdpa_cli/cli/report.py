@@ -48,7 +48,7 @@ def report() -> None:
     \b
     Example:
       sdpa report merge shard-1.json shard-2.json --junit report.xml
-      sdpa report model capture/manifest.yaml --metric all
+      sdpa report model samples/model/manifest.yaml --metric all
     """
 
 
@@ -161,9 +161,9 @@ def model(
 
     \b
     Examples:
-      sdpa report model capture/manifest.yaml
-      sdpa report model capture/manifest.yaml --metric sink_mass
-      sdpa report model capture/manifest.yaml --metric all --format json
+      sdpa report model samples/model/manifest.yaml
+      sdpa report model samples/model/manifest.yaml --metric sink_mass
+      sdpa report model samples/model/manifest.yaml --metric all --format json
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast

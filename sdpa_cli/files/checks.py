@@ -24,7 +24,7 @@ def reading(label: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError:
-        raise InputError(label, "no such file") from None
+        raise InputError(label, "no such file" + _sample_hint(label)) from None
     except PermissionError:
         raise InputError(label, "permission denied") from None
     except OSError as exc:
@@ -33,6 +33,16 @@ def reading(label: str) -> Iterator[None]:
         if "null" not in str(exc):
             raise
         raise InputError(label, "is not a usable file name: it holds a NUL character") from None
+
+
+def _sample_hint(label: str) -> str:
+    """Outside a clone, the examples' ``samples/...`` paths are not there: say how to
+    get them."""
+    if not label.replace("\\", "/").startswith(("samples/", "./samples/")):
+        return ""
+    name = label.split("/", 1)[1].split(":")[0]
+    stem = name.rsplit(".", 1)[0] if name.endswith((".yaml", ".yml", ".json")) else name
+    return f" (the samples ship with sdpa: sdpa samples --copy . puts them here, or name it sample:{stem})"
 
 
 def check_dtype(dtype: np.dtype[Any], label: str) -> None:

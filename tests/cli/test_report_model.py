@@ -256,5 +256,5 @@ def test_the_metric_choices_are_the_grids_metrics() -> None:
 
 def test_help_names_the_exit_codes_and_an_example() -> None:
     text = invoke("report", "model", "--help").stdout
-    assert "sdpa report model capture/manifest.yaml --metric sink_mass" in text
+    assert "sdpa report model samples/model/manifest.yaml --metric sink_mass" in text
     assert "Exit codes: 0 every case shown" in text
