@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -31,7 +32,7 @@ from sdpa_cli.engine.trace import Trace, merge_heads
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.files.writers import write_atomic
 from sdpa_cli.schemas import SCHEMA_VERSION
-from sdpa_cli.text import json_number
+from sdpa_cli.text import json_number, printable
 
 if TYPE_CHECKING:
     from sdpa_cli.diagnosis.explained import Explanation
@@ -426,12 +427,18 @@ def _failure_text(check: Check) -> str:
     return "\n".join(lines)
 
 
+def xml_text(text: str) -> str:
+    """``text`` as XML 1.0 can hold it: what it forbids (control characters but tab and
+    line breaks, lone surrogates) escaped as :func:`~sdpa_cli.text.printable` does."""
+    forbidden = r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]"
+    return re.sub(forbidden, lambda m: printable(m.group()), text)
+
+
 def junit_xml(results: list[CaseResult], *, suite: str = "sdpa check") -> bytes:
     """JUnit XML: a testsuite per case, a testcase per check, ``<failure>`` on failure.
 
     A case that could not be checked is one testcase with an ``<error>``; a warning is
-    a passing testcase whose ``<system-out>`` says why.
-    """
+    a passing testcase whose ``<system-out>`` says why; all of it :func:`xml_text`."""
     import xml.etree.ElementTree as ET  # imported here: only --junit needs it
 
     root = ET.Element("testsuites", name=suite)
@@ -464,13 +471,13 @@ def junit_xml(results: list[CaseResult], *, suite: str = "sdpa check") -> bytes:
     for key, value in totals.items():
         root.set(key, str(value))
     ET.indent(root)
-    text: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
-    return text + b"\n"
+    text = xml_text(ET.tostring(root, encoding="unicode"))  # ET writes \x1b as it is
+    return f"<?xml version='1.0' encoding='utf-8'?>\n{text}\n".encode()
 
 
 def _escape(text: str, *, prop: bool = False) -> str:
-    """GitHub's workflow-command escaping (properties also escape ``:`` and ``,``)."""
-    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """GitHub's workflow-command escaping (properties also ``:`` and ``,``), then printable's."""
+    text = printable(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
     return text.replace(":", "%3A").replace(",", "%2C") if prop else text
 
 

@@ -21,7 +21,9 @@ merge is written. The merged document is the unsharded run's: the same keys in t
 order, the cases in manifest order, ``passed`` and ``exit_code`` of them all.
 
 The table, the JUnit XML and the GitHub annotations of a merged run are those of the
-unsharded run too: each case is read back into a
+unsharded run too (a shard's report is a file from elsewhere, so every string read back
+into them is :func:`~sdpa_cli.text.printable`, and a case's name and error are cut short
+as a message's file name and problem are): each case is read back into a
 :class:`~sdpa_cli.check.records.CaseResult` holding what they read (the checks, with
 their tolerances and mismatch reports, or the case's error). The findings are not read
 back (each rebuilt report's diagnosis is empty): the merged JSON is assembled from the
@@ -39,11 +41,11 @@ from sdpa_cli.check.manifest import Shard
 from sdpa_cli.check.records import CaseResult, Check, CheckReport
 from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
 from sdpa_cli.engine.types import Index
-from sdpa_cli.errors import ExitCode, InputError
+from sdpa_cli.errors import ExitCode, InputError, shortened
 from sdpa_cli.files.structured import parse_text
 from sdpa_cli.report import check_exit_code, document_head
 from sdpa_cli.schemas import SCHEMA_VERSION
-from sdpa_cli.text import NON_FINITE_JSON, printable, shown
+from sdpa_cli.text import NON_FINITE_JSON, one_line, printable, shown
 
 SHARD_KEY = "shard"
 STATUSES = ("pass", "warn", "fail")
@@ -53,6 +55,8 @@ NOT_READ = Diagnosis(
 )
 """The diagnosis of a report read back: its findings stay in the JSON."""
 INTERNAL_PREFIX = "internal error: "
+MAX_ERROR = 500
+"""A case's error read back is cut to this many characters (sdpa's own are shorter)."""
 # fmt: off
 CHECK_KEYS = (
     "name", "passed", "status", "summary", "index", "file", "tolerance", "mismatch", "hint",
@@ -103,6 +107,17 @@ class ShardReport:
 
 
 # --- reading ----------------------------------------------------------------------------
+
+
+def _line(text: str) -> str:
+    """A string read back as the table, stderr and JUnit may show it: printable, on one
+    line of at most :data:`MAX_ERROR` characters."""
+    return one_line(printable(text), MAX_ERROR)
+
+
+def _optional(text: str | None) -> str | None:
+    """:func:`_line` of a string that may be null."""
+    return None if text is None else _line(text)
 
 
 def _get(data: dict[str, Any], key: str, kind: str, label: str, where: str = "") -> Any:
@@ -172,6 +187,23 @@ def _findings(data: dict[str, Any], label: str, where: str) -> None:
         _get(data, "count", "int", label, where)
 
 
+def _details(data: dict[str, Any]) -> dict[str, Any]:
+    """A check's extra keys; its findings' messages and hints (which a failure's text
+    shows) made printable."""
+    details = {k: v for k, v in data.items() if k not in CHECK_KEYS}
+    if details.get("findings"):
+        details["findings"] = [
+            {**f, "message": _line(f["message"])}
+            | (
+                {"hint": _line(f["hint"] if isinstance(f["hint"], str) else shown(f["hint"]))}
+                if f.get("hint")
+                else {}
+            )
+            for f in details["findings"]
+        ]
+    return details
+
+
 def _check(data: Any, label: str, where: str) -> Check:
     """A check as :meth:`Check.to_dict` wrote it; its extra keys back into ``details``."""
     if not isinstance(data, dict):
@@ -186,7 +218,7 @@ def _check(data: Any, label: str, where: str) -> Check:
         tolerance = Tolerance(
             rtol=_get(tol, "rtol", "number", label, at),
             atol=_get(tol, "atol", "number", label, at),
-            source=_get(tol, "source", "str", label, at),
+            source=_line(_get(tol, "source", "str", label, at)),
         )
     if data.get("mismatch") is not None:
         mismatch = _mismatch(
@@ -194,15 +226,15 @@ def _check(data: Any, label: str, where: str) -> Check:
         )
     _findings(data, label, where)
     return Check(
-        name=_get(data, "name", "str", label, where),
+        name=_line(_get(data, "name", "str", label, where)),
         status=status,
-        summary=_get(data, "summary", "str", label, where),
+        summary=_line(_get(data, "summary", "str", label, where)),
         index=_index(data, "index", label, where),
-        file=_get(data, "file", "str|None", label, where) if "file" in data else None,
+        file=_optional(_get(data, "file", "str|None", label, where)) if "file" in data else None,
         tolerance=tolerance,
         mismatch=mismatch,
-        details={k: v for k, v in data.items() if k not in CHECK_KEYS},
-        hint=_get(data, "hint", "str|None", label, where) if "hint" in data else None,
+        details=_details(data),
+        hint=_optional(_get(data, "hint", "str|None", label, where)) if "hint" in data else None,
     )
 
 
@@ -210,20 +242,21 @@ def _case(data: Any, label: str, where: str, internal_possible: bool) -> CaseRes
     """A case as :func:`~sdpa_cli.report.check_document` wrote it."""
     if not isinstance(data, dict):
         raise InputError(label, f"{where}: expected a case (a JSON object), got {shown(data)}")
-    name = _get(data, "name", "str", label, where)
+    # The name heads the case's lines, as a file name heads a message's.
+    name = shortened(printable(_get(data, "name", "str", label, where)))
     error = _get(data, "error", "str|None", label, where)
     _get(data, "passed", "bool", label, where)
     checks = _get(data, "checks", "list", label, where)
     if error is not None:
         internal = internal_possible and error.startswith(INTERNAL_PREFIX)
-        return CaseResult(name, error=error, internal=internal)
+        return CaseResult(name, error=_line(error), internal=internal)
     report = CheckReport(
         checks=tuple(_check(c, label, f"{where}.checks[{i}]") for i, c in enumerate(checks)),
         diagnosis=NOT_READ,
-        export_dtype=_get(data, "export_dtype", "str", label, where),
-        reference=_get(data, "reference", "str", label, where),
-        gate=tuple(str(k) for k in _get(data, "fail_on", "list", label, where)),
-        fail_on_severity=_get(data, "fail_on_severity", "str|None", label, where),
+        export_dtype=_line(_get(data, "export_dtype", "str", label, where)),
+        reference=_line(_get(data, "reference", "str", label, where)),
+        gate=tuple(_line(str(k)) for k in _get(data, "fail_on", "list", label, where)),
+        fail_on_severity=_optional(_get(data, "fail_on_severity", "str|None", label, where)),
     )
     return CaseResult(name, report)
 

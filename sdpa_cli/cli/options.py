@@ -279,7 +279,11 @@ def cores() -> int:
 def start_engine(jobs: int | None) -> int:
     """The engine's thread count; BLAS kept to one thread per worker. Called before
     numpy is first imported (BLAS reads these at load); a variable the user set wins."""
+    # imported here: the standard library only, and keeps sdpa --help fast
+    from sdpa_cli.files.limits import check_address_space
+
     n = jobs or cores()
+    check_address_space(n)
     for name in BLAS_THREADS:
         os.environ.setdefault(name, "1")
     _keep_freed_blocks()

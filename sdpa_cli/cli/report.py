@@ -90,6 +90,7 @@ def merge(
     from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.report import to_json
     from sdpa_cli.report_merge import merge_shard_reports, read_shard_report
+    from sdpa_cli.text import printable
 
     check_outputs(inputs_of(shards), [("--junit", junit), ("--report", report_path)])
 
@@ -97,7 +98,9 @@ def merge(
     json_text = to_json(document) + "\n"
     write_report_files(results, json_text, junit, report_path)
     code = decided(document["exit_code"])  # kept when the reader goes away (| head)
-    show_results(results, document["manifest"], None, fmt, json_text, color)
+    manifest = document["manifest"]
+    title = None if manifest is None else printable(str(manifest))
+    show_results(results, title, None, fmt, json_text, color)
     return code
 
 

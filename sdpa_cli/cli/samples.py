@@ -12,7 +12,7 @@ import click
 
 from sdpa_cli._version import __version__
 from sdpa_cli.cli.options import EXIT_CODES_HELP, format_option
-from sdpa_cli.errors import ExitCode
+from sdpa_cli.errors import ExitCode, InputError
 from sdpa_cli.schemas import SCHEMA_VERSION
 
 NAME_WIDTH = 21
@@ -27,13 +27,13 @@ _UNBROKEN = re.compile(r"(?:\b\w+ )?\([^)]*\)|\[[^\]]*\]| = \S+")
     "--copy",
     "destination",
     metavar="DIR",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False),
     help="Copy every sample into DIR/samples (DIR is created if missing).",
 )
 @click.option("--force", is_flag=True, help="With --copy: overwrite the samples' files there.")
 @click.option("--path", "show_path", is_flag=True, help="Print the samples' folder and exit.")
 @format_option("A list for a person, or one JSON object on stdout.")
-def samples(destination: Path | None, force: bool, show_path: bool, fmt: str) -> int:
+def samples(destination: str | None, force: bool, show_path: bool, fmt: str) -> int:
     """List the sample inputs shipped with sdpa, or copy them out.
 
     The examples in every --help name files under samples/: after
@@ -53,7 +53,9 @@ def samples(destination: Path | None, force: bool, show_path: bool, fmt: str) ->
         click.echo(str(samples_dir()))
         return int(ExitCode.OK)
     if destination is not None:
-        target, written = copy_samples(destination, force=force)
+        if not destination:  # Path("") would be the current folder
+            raise InputError("--copy", "the folder name is empty")
+        target, written = copy_samples(Path(destination), force=force)
         click.echo(f"copied {len(written)} files to {target}")
         click.echo(f"try: sdpa compute {target / 'scorecard.yaml'}")
         return int(ExitCode.OK)

@@ -55,6 +55,7 @@ from sdpa_cli.files.npy import load_npy, load_npz, npz_members
 from sdpa_cli.files.pytorch import load_torch, torch_arrays
 from sdpa_cli.files.safetensors import load_safetensors, safetensors_members
 from sdpa_cli.files.structured import nested_to_array, parse_text
+from sdpa_cli.text import printable
 
 CHUNK = 1 << 20
 """Elements converted to float64 at a time: 8 MiB of working memory, whatever the file."""
@@ -203,7 +204,7 @@ def inspect_file(text: str, *, chunk: int = CHUNK) -> FileReport:
             members = npz_members if fmt == "npz" else safetensors_members
             names = members(src.path, src.label)
             for name in names:
-                label = f"{src.label}:{name}"
+                label = f"{src.label}:{printable(name)}"  # a key may hold an ESC
                 try:
                     arr = load(src.path, name, label)
                 except InputError as exc:

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import SpecError
+from sdpa_cli.text import shown
 
 SCORE_NAMES = ("score", "b", "h", "q_idx", "kv_idx")
 MASK_NAMES = ("b", "h", "q_idx", "kv_idx")
@@ -106,7 +107,7 @@ class _Parser:
     def refuse(self, node: ast.AST, why: str, column: int | None = None) -> SpecError:
         segment = ast.get_source_segment(self.text, node) or type(node).__name__
         col = getattr(node, "col_offset", 0) if column is None else column
-        return SpecError(self.flag, f"{segment!r} at column {col + 1}: {why}")
+        return SpecError(self.flag, f"{shown(segment)} at column {col + 1}: {why}")
 
     def node(self, n: ast.AST) -> Node:
         if isinstance(n, ast.Constant):
@@ -168,19 +169,30 @@ class _Parser:
         return Op(fn, tuple(self.node(a) for a in n.args))
 
 
+MAX_EXPRESSION = 2000
+"""The longest ``--score-mod`` or ``--mask-mod`` text: far more than any mask a model
+uses, and short enough that Python's parser never runs out of stack on it."""
+
+
 @functools.lru_cache(maxsize=64)
 def parse(text: str, flag: str, names: tuple[str, ...] = SCORE_NAMES) -> Node:
     """The expression tree of ``text``; a :class:`SpecError` naming ``flag`` and the
     offending token for anything outside the small language."""
     if not text.strip():
         raise SpecError(flag, "expected an expression, got nothing")
+    if len(text) > MAX_EXPRESSION:
+        raise SpecError(
+            flag, f"is {len(text)} characters long; an expression may be up to {MAX_EXPRESSION}"
+        )
     try:
         tree = ast.parse(text.strip(), mode="eval")
+        return _Parser(text.strip(), flag, names).node(tree.body)
     except (SyntaxError, ValueError) as e:
         col = getattr(e, "offset", None)
         where = f" at column {col}" if col else ""
-        raise SpecError(flag, f"{text.strip()!r}{where}: {getattr(e, 'msg', e)}") from None
-    return _Parser(text.strip(), flag, names).node(tree.body)
+        raise SpecError(flag, f"{shown(text.strip())}{where}: {getattr(e, 'msg', e)}") from None
+    except (RecursionError, MemoryError):  # Python's parser on a very deep expression
+        raise SpecError(flag, "is nested too deeply to parse") from None
 
 
 def parse_score_mod(value: Any, where: str = "--score-mod") -> str:

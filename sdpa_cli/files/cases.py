@@ -4,6 +4,7 @@ description."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from sdpa_cli.files.loaders import Source, load_array, sniff
 from sdpa_cli.files.opening import claim_stdin, is_stdin, is_stream, open_input
 from sdpa_cli.files.samples import expand
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
-from sdpa_cli.text import shown, unechoed
+from sdpa_cli.text import echoed, shown, unechoed
 
 TENSOR_KEYS = (
     "q",
@@ -119,6 +120,8 @@ def _tensor(key: str, value: Any, src: Source) -> tuple[NDArray[Any], str]:
         else:
             ref = Source.parse(value, src.path.parent)
             confine(value, ref.path, src.path.parent, f"{src.label}: {key}")
+            if not echoed():  # the path is this file's content: messages name the entry
+                ref = dataclasses.replace(ref, label=f"{src.label}: {key}")
         with unechoed():  # a file the user did not name: its content stays out of messages
             return load_array(ref, name=key), ref.label
     return nested_to_array(value, src.label, key), f"{src.label}: {key}"

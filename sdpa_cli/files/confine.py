@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.remote import is_url
-from sdpa_cli.text import printable
+from sdpa_cli.text import printable, shown
 
 _ANYWHERE: ContextVar[bool] = ContextVar("sdpa_allow_outside", default=False)
 _ROOT: ContextVar[Path | None] = ContextVar("sdpa_confined_to", default=None)
@@ -72,6 +72,6 @@ def confine(named: str, path: str | os.PathLike[str], base: Path, where: str) ->
     if os.path.commonpath([root, real]) != root:
         raise InputError(
             where,
-            f"{printable(named)!r} is outside the folder {printable(str(base))!r} of the "
+            f"{shown(printable(named))} is outside the folder {printable(str(base))!r} of the "
             f"{'manifest' if manifest is not None else 'file naming it'}; {LIFT}",
         )

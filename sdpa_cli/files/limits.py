@@ -10,11 +10,19 @@ than dying of MemoryError (or the OOM killer) halfway.
 
 from __future__ import annotations
 
+import os
 import resource
 from pathlib import Path
 
+from sdpa_cli.errors import InputError
+
 _UNLIMITED = 1 << 60
 """Above this a cgroup's limit means none (v1 writes 2**63 rounded to a page)."""
+
+
+FIFO_WAIT = 3
+"""Seconds a named FIFO (``mkfifo``) is given to receive its first bytes as an input,
+or its first reader as an output."""
 
 
 def available_memory(proc: str = "/proc", sys: str = "/sys/fs/cgroup") -> int | None:
@@ -67,7 +75,14 @@ def _address_space_left(proc: Path, limit: int | None = None) -> int | None:
     if limit == resource.RLIM_INFINITY or limit < 0:
         return None
     used = _kib_field(_read(proc / "self" / "status"), "VmSize") or 0
-    return limit - used
+    return limit - used - BLAS_ADDRESS_SPACE * (os.cpu_count() or 1)
+
+
+BLAS_ADDRESS_SPACE = 96 << 20
+"""Address space that the BLAS library (OpenBLAS: a work buffer per thread) and each
+thread's stack take on top of what sdpa counts, per core: under ``ulimit -v`` a run
+that left them less failed inside OpenBLAS's malloc (exit 1, or a hang) where it
+should have been refused up front."""
 
 
 def _cgroup_left(proc: Path, root: Path) -> int | None:
@@ -106,3 +121,31 @@ def _room(limit_file: Path, usage_file: Path) -> int | None:
     except ValueError:
         return None
     return None if limit >= _UNLIMITED else limit - usage
+
+
+NUMPY_ADDRESS_SPACE = 128 << 20
+"""Address space that importing numpy and a first block of work take, before any
+figure sdpa counts."""
+
+
+def check_address_space(threads: int, proc: str = "/proc", limit: int | None = None) -> None:
+    """Refuse, before numpy is imported, a run whose ``ulimit -v`` leaves less address
+    space than numpy, a BLAS buffer and a malloc arena per thread take: past that
+    point OpenBLAS's malloc fails inside a matrix product and ends the process with
+    its own message (exit 1, or a hang), which nothing in sdpa can catch.
+
+    Raises:
+        InputError: naming ``ulimit -v``.
+    """
+    left = _address_space_left(Path(proc), limit)
+    if left is None:
+        return
+    left += BLAS_ADDRESS_SPACE * (os.cpu_count() or 1)  # _address_space_left took it
+    need = NUMPY_ADDRESS_SPACE + BLAS_ADDRESS_SPACE * threads
+    if left < need:
+        raise InputError(
+            "ulimit -v",
+            f"leaves {max(left, 0) >> 20} MiB of address space; sdpa needs at least "
+            f"{need >> 20} MiB with {threads} thread{'s' * (threads > 1)} (numpy, and a BLAS "
+            "buffer and a malloc arena per thread): raise the limit, or give --jobs 1",
+        )

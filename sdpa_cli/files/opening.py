@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 from sdpa_cli.errors import InputError
 from sdpa_cli.files import limits
 from sdpa_cli.files.checks import reading
+from sdpa_cli.files.limits import FIFO_WAIT
 
 STDIN = "-"
 """The name standard input goes by on the command line."""
@@ -47,11 +48,9 @@ STDIN_LABEL = "<stdin>"
 """How standard input is named in messages."""
 READ_CHUNK = 1 << 24
 """Bytes read at a time (16 MiB): a read this size is never one huge allocation."""
-STREAM_TEXT_CAP = 128 << 20
+STREAM_TEXT_CAP = 64 << 20
 """The most a FIFO or standard input that does not start like a binary tensor file
 may hold: the largest text cap (:data:`~sdpa_cli.files.structured.TEXT_CAPS`)."""
-FIFO_WAIT = 3
-"""Seconds a named FIFO (``mkfifo``) is given to receive its first bytes."""
 _BINARY_HEADS = (b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")
 """``.npy`` and zip archives (``.npz``, torch.save's): read from a stream up to the memory."""
 

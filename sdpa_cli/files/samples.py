@@ -11,9 +11,12 @@ or first comment, or else by what it holds (shapes and dtypes, or its few values
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
+import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -137,16 +140,27 @@ def copy_samples(destination: Path, *, force: bool = False) -> tuple[Path, list[
     """Copy every sample into ``destination/samples``, keeping the folders; returns that
     folder and the files written. Nothing is written when one file is refused.
 
+    A copy never follows a symbolic link inside ``destination/samples``: a linked
+    folder it would write into is refused; a file (or a link where a file goes) is
+    replaced by a temporary file renamed over it, never written through.
+
     Raises:
-        InputError: when ``destination`` is a file, or a sample's file already exists
-            there and ``force`` is off.
+        InputError: when ``destination`` is a file, a folder the copy writes into is a
+            symbolic link, or a sample's file already exists there and ``force`` is off.
     """
     source = samples_dir()
     target = destination / "samples"
     if destination.exists() and not destination.is_dir():
         raise InputError(str(destination), "is a file, not a folder to copy the samples into")
     every = sample_files(source)
-    existing = [f for f in every if (target / f).exists()]
+    # every folder from destination/samples down to each file's, ancestors included
+    folders = sorted({target} | {target / p for f in every for p in Path(f).parents})
+    for folder in folders:
+        if folder.is_symlink():
+            raise InputError(
+                str(folder), "is a symbolic link; the samples are copied only into real folders"
+            )
+    existing = [f for f in every if os.path.lexists(target / f)]
     if existing and not force:
         shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if existing[3:] else "")
         raise InputError(
@@ -157,11 +171,34 @@ def copy_samples(destination: Path, *, force: bool = False) -> tuple[Path, list[
         for f in every:
             path = target / f
             path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source / f, path)
+            _copy_into(source / f, path)
             written.append(path)
     except OSError as exc:
         raise InputError(str(target), f"cannot copy the samples: {exc.strerror or exc}") from exc
     return target, written
+
+
+def _copy_into(source: Path, path: Path) -> None:
+    """Copy ``source`` to a temporary file beside ``path``, then rename it over ``path``:
+    a symbolic link or a hard link there is replaced, never written through."""
+    if path.parent.is_symlink():  # planted since the check: never write through it
+        raise OSError(f"{path.parent} is a symbolic link")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh, source.open("rb") as src:
+            shutil.copyfileobj(src, fh)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0o600; a sample is no secret
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _triples(top: list[str]) -> dict[str, tuple[str, ...]]:

@@ -24,21 +24,23 @@ TEXT_SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 _C_YAML = hasattr(yaml, "CSafeLoader")
 """Whether PyYAML has its C parser (libyaml): four times faster than the pure one."""
 TEXT_CAPS = {
-    "json": 128 << 20,
-    "yaml": (32 << 20) if _C_YAML else (16 << 20),
+    "json": 64 << 20,
+    "yaml": (4 << 20) if _C_YAML else (1 << 20),
 }
-"""The most bytes a text input may hold, per format, from the measured cost of reading
-nested lists of float64 (a (1, 2, N, 64) tensor, 18-19 characters a number) with
-``sdpa inspect`` on one core of a loaded machine: text to array (read, parse, check,
+"""The most bytes a text input may hold, per format, from the measured cost of its
+worst case: the most numbers a megabyte can hold (``1.5,`` for JSON; one short row
+per line, ``- [0, 0]``, for YAML, whose cost goes by the node), read with ``sdpa
+inspect`` on one core of a loaded 2-core machine: text to array (read, parse, check,
 ``np.array``), peak memory above the process's own ~65 MiB:
 
-- JSON: 0.025 s and 2.6 MiB per MB (106 MB: 2.7 s, 280 MiB); 128 MiB reads in
-  about 3.5 s and 350 MiB.
-- YAML with libyaml (C parser, PyYAML's composer and safe constructor): 0.29 s and
-  23 MiB per MB (22.7 MB: 6.6 s, 524 MiB); 32 MiB reads in about 10 s and 770 MiB.
-- YAML with the pure-Python parser (no libyaml): 1.1 s and 35 MiB per MB (8.5 MB:
-  9.5 s, 294 MiB); 16 MiB reads in about 19 s and 590 MiB. (The former reader, this
-  parser with no cap, took 4.1 s for a 3.6 MB tensor, where libyaml takes 1.1 s.)
+- JSON: 0.1 s and 11 MiB per MB (20 MB of ``1.5,``: 1.9 s, 216 MiB; 18-digit numbers
+  cost a quarter of that); 64 MiB reads in about 7 s and 740 MiB.
+- YAML with libyaml (C parser, PyYAML's composer and safe constructor): 4.1 s and
+  145 MiB per MB in block style (2 MB: 8.1 s, 290 MiB; flow style with one-digit
+  numbers 3 s and 108 MiB per MB, 18-digit numbers 0.3 s and 23 MiB); 4 MiB reads in
+  about 17 s and 610 MiB.
+- YAML with the pure-Python parser (no libyaml): about four times libyaml's time;
+  1 MiB reads in about 17 s.
 
 So every accepted file reads in under ~20 s and ~1 GiB; larger tensors belong in
 ``.npy`` or ``.safetensors`` (read at disk speed, memory = their size)."""

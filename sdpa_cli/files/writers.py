@@ -6,7 +6,10 @@ What is at the path decides how it is written:
 - nothing, or a regular file: a temporary file beside it, renamed into place;
 - a symbolic link: the same, at the link's target (the link stays a link);
 - a character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe): written
-  straight into it, never replaced by a regular file (as ``>`` does in a shell);
+  in full into an anonymous temporary file first (a writer may seek: a zip does), then
+  copied into it, never replaced by a regular file (as ``>`` does in a shell); a FIFO
+  that no process reads within :data:`~sdpa_cli.files.limits.FIFO_WAIT` seconds is
+  refused (an open would wait forever);
 - a directory, a block device, a socket: refused, in one line.
 
 Inside :func:`staged`, the renames wait until the command has delivered its output
@@ -17,14 +20,19 @@ fails or is interrupted removes its temporaries (:meth:`Stage.discard`).
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from sdpa_cli.errors import InputError
+from sdpa_cli.files.limits import FIFO_WAIT  # not opening's: it imports numpy
 
 Writer = Callable[[BinaryIO], object]
 
@@ -160,12 +168,39 @@ def resolve_output(label: str) -> tuple[Path, bool]:
 
 
 def _write_through(label: str, write: Writer) -> None:
-    """Write into a device or FIFO as it is, without a temporary or a rename."""
+    """Write into a device or FIFO as it is, without a rename: ``write`` fills an
+    anonymous temporary file (it may seek), then its bytes are copied in."""
     try:
-        with open(label, "wb") as fh:
-            write(fh)
+        with tempfile.TemporaryFile() as spool:
+            write(spool)
+            spool.seek(0)
+            fd = _open_through(label)
+            with os.fdopen(fd, "wb") as fh:
+                shutil.copyfileobj(spool, fh)
     except OSError as exc:
         raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+
+
+def _open_through(label: str) -> int:
+    """Open a device or FIFO for writing; a FIFO waits up to :data:`FIFO_WAIT` seconds
+    for a reader (``O_NONBLOCK``: ENXIO while none), then writes block as usual."""
+    deadline = time.monotonic() + FIFO_WAIT
+    while True:
+        try:
+            fd = os.open(label, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            if time.monotonic() >= deadline:
+                raise InputError(
+                    label,
+                    f"is a FIFO that no process reads within {FIFO_WAIT} s; start its reader first",
+                ) from None
+            time.sleep(0.05)
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    return fd
 
 
 def _write_temporary(label: str, target: Path, write: Writer, stage: Stage) -> None:

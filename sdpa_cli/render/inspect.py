@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rich import box
 from rich.cells import cell_len
@@ -21,7 +22,7 @@ from rich.text import Text
 
 from sdpa_cli.diagnosis.inspect import FileReport, Headroom, TensorStats
 from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, headroom_text
-from sdpa_cli.text import compact, plural
+from sdpa_cli.text import compact, plural, printable
 
 TITLE = THEME["title"]
 OVERFLOW = SEVERITY_STYLE["error"]
@@ -49,6 +50,13 @@ def _title(report: FileReport) -> Text:
     return Text.assemble(
         (report.path, TITLE), "  ", (f"{kind}, {plural(len(report.tensors), unit)}", MUTED)
     )
+
+
+def _named(tensors: Sequence[TensorStats]) -> list[TensorStats]:
+    """``tensors`` with their names as a terminal may show them (:func:`printable`): a
+    key in a file from elsewhere may hold an escape sequence. ``--format json`` keeps
+    the exact key, which a script needs to load the tensor."""
+    return [t if t.name.isprintable() else replace(t, name=printable(t.name)) for t in tensors]
 
 
 def _nonfinite(n: int, text: str | None = None) -> Text:
@@ -92,7 +100,7 @@ def stats_table(tensors: Sequence[TensorStats], width: int = 80) -> Table:
     holds its name with its shape and dtype on the line below, and the name folds
     there rather than squeezing every column.
     """
-    shown = [t for t in tensors if t.problem is None]
+    shown = [t for t in _named(tensors) if t.problem is None]
     headers = ("name", "shape", "dtype", *STAT_COLUMNS)
     rows: list[list[str | Text]] = [
         [t.name, shape_text(t.shape), t.dtype, *_stat_cells(t)] for t in shown
@@ -133,7 +141,7 @@ def _headroom_cell(h: Headroom) -> Text:
 def headroom_table(tensors: Sequence[TensorStats]) -> RenderableType:
     """Per tensor, its largest and smallest nonzero |x|, and per format the bits of
     headroom and the values a cast would overflow, flush to zero or make subnormal."""
-    shown = [t for t in tensors if t.problem is None]
+    shown = [t for t in _named(tensors) if t.problem is None]
     formats = [h.format for h in shown[0].headroom] if shown else []
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("name", overflow="fold", min_width=4)
@@ -156,7 +164,7 @@ def notes(tensors: Sequence[TensorStats]) -> list[Text]:
     """One sentence per problem: refused members, overflow, underflow, non-finite
     values, empty tensors, and where a case file's tensors came from."""
     lines: list[Text] = []
-    for t in tensors:
+    for t in _named(tensors):
         if t.problem is not None:
             lines.append(
                 Text.assemble((t.name, TITLE), ": ", ("refused", OVERFLOW), f": {t.problem}")

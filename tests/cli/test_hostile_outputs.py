@@ -8,6 +8,7 @@ temporary file, and no input changed.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -261,3 +262,53 @@ def test_closed_stdout(qkv: dict[str, bytes], workdir: Path) -> None:
 def test_closed_stderr_keeps_the_exit_code(qkv: dict[str, bytes], workdir: Path) -> None:
     proc = run(["compute", "q.npy", "k.npy", "missing.npy"], workdir, preexec_fn=close_fd(2))
     assert proc.returncode == ExitCode.BAD_INPUT  # was 1, from an AttributeError
+
+
+# --- devices and FIFOs as outputs ----------------------------------------------------------
+
+
+def sdpa_of(workdir: Path) -> Any:
+    """softmax(q kᵀ / √d) v of the fixture's q, k, v, in float64."""
+    q, k, v = (np.load(workdir / f) for f in QKV)
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (weights / weights.sum(axis=-1, keepdims=True)) @ v
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not os.path.exists(os.devnull), reason="needs /dev/null")
+@pytest.mark.parametrize("command", ["compute", "grad"])
+def test_save_into_dev_null(qkv: dict[str, bytes], workdir: Path, command: str) -> None:
+    """An .npz into /dev/null was exit 3 (a zip cannot seek in a device)."""
+    proc = run([command, *QKV, "--save", os.devnull], workdir, capture_output=True)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert proc.stderr == b""
+    assert os.stat(os.devnull).st_mode & 0o170000 == 0o020000  # still a character device
+    assert snapshot(workdir) == qkv
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_save_into_a_fifo_with_a_reader(qkv: dict[str, bytes], workdir: Path) -> None:
+    os.mkfifo(workdir / "pipe")
+    with subprocess.Popen(["cat", "pipe"], cwd=workdir, stdout=subprocess.PIPE) as reader:
+        proc = run(["compute", *QKV, "--save", "pipe"], workdir, capture_output=True)
+        sent, _ = reader.communicate(timeout=60)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    with np.load(io.BytesIO(sent), allow_pickle=False) as npz:
+        assert npz["output"].shape == (2, 3, 4)
+        np.testing.assert_allclose(npz["output"], sdpa_of(workdir), rtol=1e-12)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_report_into_a_fifo_without_a_reader(qkv: dict[str, bytes], workdir: Path) -> None:
+    """It used to hang forever in the open; it gives up after 3 s, as an input FIFO does."""
+    os.mkfifo(workdir / "rep")
+    proc = run(["check", *QKV, "--report", "rep"], workdir, capture_output=True)
+    assert proc.returncode == ExitCode.BAD_INPUT
+    assert proc.stdout == b""
+    assert proc.stderr == (
+        b"sdpa: error: rep: is a FIFO that no process reads within 3 s; start its reader first\n"
+    )
+    assert snapshot(workdir) == qkv

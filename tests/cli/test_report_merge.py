@@ -201,3 +201,59 @@ def test_report_help_has_examples() -> None:
         result = invoke(*args)
         assert result.exit_code == 0
         assert "sdpa report merge" in result.stdout
+
+
+# --- a hostile shard report: shown printable and short, JUnit still XML ------------------
+
+HOSTILE_NAME = "x" * 100_000 + "\x1b[31m"
+HOSTILE_ERROR = "e" * 100_000 + "\x1b]0;pwn\x07"
+
+
+def hostile(doc: dict[str, Any]) -> None:
+    """A case's name and error of 100,000 characters ending in terminal escapes; a failed
+    check's summary with an ESC and a byte that is not UTF-8 (a lone surrogate)."""
+    doc["cases"][0] |= {"name": HOSTILE_NAME, "error": HOSTILE_ERROR}
+    failed = [c for case in doc["cases"][1:] for c in case["checks"] if c["status"] == "fail"]
+    failed[0]["summary"] = "bad\x1b[2J\udcff"
+
+
+def test_a_hostile_shard_report_is_shown_printable_and_short(workdir: Path) -> None:
+    import xml.etree.ElementTree as ET  # imported here: this test alone reads XML
+
+    write_manifest(workdir)
+    one, two = shards(2)
+    edited(one, "h.json", hostile)
+    result = merge("h.json", two, "--junit", "j.xml", "--report", "r.json")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "\x1b" not in result.output
+    assert "\x07" not in result.output
+    name = "x" * 100 + "…" + "x" * 91 + "\\x1b[31m"  # cut in the middle to 200
+    line = f"sdpa: error: {name}: {'e' * 497}..."  # cut to 500
+    assert line in result.stderr.splitlines()
+    assert max(len(line) for line in result.stderr.splitlines()) == len(line) == 715
+    assert "bad\\x1b[2J\\xff" in result.stdout  # the table's first failure
+    root = ET.parse("j.xml").getroot()
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert suite.get("name") == name
+    assert root.findtext("testsuite/testcase/error") == "e" * 497 + "..."
+    messages = [f.get("message") for f in root.iter("failure")]
+    assert "bad\\x1b[2J\\xff" in messages
+    # The merged JSON is the shards' data, exact (json.dumps escapes it).
+    assert json.loads(Path("r.json").read_text())["cases"][0]["name"] == HOSTILE_NAME
+    annotations = invoke("report", "merge", "h.json", two, env={"GITHUB_ACTIONS": "true"})
+    assert "\x1b" not in annotations.output
+    assert "::error file=" in annotations.stdout
+    assert "bad\\x1b[2J\\xff" in annotations.stdout
+
+
+def test_junit_escapes_what_xml_forbids_in_every_run() -> None:
+    import xml.etree.ElementTree as ET  # imported here: this test alone reads XML
+
+    from sdpa_cli.check.records import CaseResult
+    from sdpa_cli.report import junit_xml
+
+    error = "bad \x00\x1b\udcff\ufffe\ttab\nline é"
+    root = ET.fromstring(junit_xml([CaseResult("c\x1b", error=error)]))
+    assert root.find("testsuite").get("name") == "c\\x1b"  # type: ignore[union-attr]
+    assert root.findtext("testsuite/testcase/error") == "bad \\x00\\x1b\\xff\\ufffe\ttab\nline é"

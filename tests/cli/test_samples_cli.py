@@ -115,3 +115,34 @@ def test_a_sample_name_is_taken_wherever_a_file_is(workdir: Path) -> None:
     assert member.exit_code == 0, member.output
     unknown = assert_one_error_line(invoke("compute", "sample:nope"))
     assert unknown.startswith("sdpa: error: sample:nope: no such sample; known: causal, ")
+
+
+def test_copy_into_an_empty_name_is_refused(workdir: Path) -> None:
+    """Path('') is '.': the copy used to land in the current folder."""
+    line = assert_one_error_line(run("--copy", ""))
+    assert line == "sdpa: error: --copy: the folder name is empty"
+    assert list(workdir.iterdir()) == []
+
+
+def test_copy_never_writes_through_links_planted_in_the_folder(workdir: Path) -> None:
+    victim = workdir / "victim.txt"
+    victim.write_text("VICTIM", encoding="utf-8")
+    (workdir / "victimdir").mkdir()
+    (workdir / "victimdir" / "q.npy").write_text("V2", encoding="utf-8")
+    (workdir / "cp1" / "samples").mkdir(parents=True)
+    (workdir / "cp1" / "samples" / "causal.yaml").symlink_to(victim)
+    (workdir / "cp1" / "samples" / "check").symlink_to(workdir / "victimdir")
+    line = assert_one_error_line(run("--copy", "cp1", "--force"))
+    assert line == (
+        f"sdpa: error: {Path('cp1', 'samples', 'check')}: is a symbolic link; "
+        "the samples are copied only into real folders"
+    )
+    assert [p.name for p in (workdir / "victimdir").iterdir()] == ["q.npy"]
+    assert (workdir / "victimdir" / "q.npy").read_text(encoding="utf-8") == "V2"
+    assert victim.read_text(encoding="utf-8") == "VICTIM"
+    (workdir / "cp1" / "samples" / "check").unlink()
+    assert run("--copy", "cp1", "--force").exit_code == 0
+    copied = workdir / "cp1" / "samples" / "causal.yaml"
+    assert not copied.is_symlink()
+    assert copied.read_bytes() == (REPO_SAMPLES / "causal.yaml").read_bytes()
+    assert victim.read_text(encoding="utf-8") == "VICTIM"

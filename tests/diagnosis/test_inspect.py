@@ -592,3 +592,41 @@ def test_tables_fit_the_width_without_folding_short_cells(workdir: Path, width: 
     for word in ("float64", "float32", "int64", "2×4×6×8", "-1.5e5", "+15.0 bits"):
         assert word in text, word
     assert long_name in text.replace("\n", "").replace(" ", "")
+
+
+# --- names from a hostile file ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+def test_cli_shows_a_hostile_key_escaped_and_keeps_it_exact_in_json(
+    workdir: Path, fmt: str
+) -> None:
+    key = "q\x1b]0;pwn\x07" if fmt == "npz" else "q\x1b[31m"
+    shown = key.replace("\x1b", "\\x1b").replace("\x07", "\\x07")
+    big = np.array([1e5, 2.0])  # overflows float16: a note names the tensor too
+    if fmt == "npz":
+        np.savez("h.npz", **{key: big})  # type: ignore[arg-type]
+    else:
+        write_safetensors(Path("h.safetensors"), {key: ("F64", big)})
+    table = invoke("inspect", f"h.{fmt}", env={"COLUMNS": "80"})
+    assert table.exit_code == ExitCode.OK
+    assert "\x1b" not in table.stdout
+    assert "\x07" not in table.stdout
+    assert table.stdout.count(shown) == 3  # the two tables and the overflow note
+    assert f"{shown}: max |x| = 1e5 > float16 max 65504" in table.stdout
+    # JSON is data: the exact key (json.dumps writes \u001b), which loads the tensor.
+    document = invoke("inspect", f"h.{fmt}", "--format", "json")
+    assert "\x1b" not in document.stdout
+    (tensor,) = strict_json(document.stdout)["files"][0]["tensors"]
+    assert (tensor["name"], tensor["max"]) == (key, 1e5)
+
+
+def test_a_refused_member_with_a_hostile_key_is_named_escaped(workdir: Path) -> None:
+    np.savez("m.npz", **{"o\x1b[2J": np.array([1, "x"], dtype=object)})  # type: ignore[arg-type]
+    result = invoke("inspect", "m.npz")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "\x1b" not in result.output
+    assert result.stderr == (
+        "sdpa: error: m.npz:o\\x1b[2J: holds Python objects (a pickle); sdpa never unpickles\n"
+    )
+    assert "o\\x1b[2J: refused: holds Python objects" in result.stdout

@@ -205,3 +205,19 @@ def test_the_command_line_refuses_in_one_line(tmp_path: Any) -> None:
     assert ok.exit_code == 0, ok.stderr
     line = assert_one_error_line(invoke("grad", *paths, "--score-mod", "score"))
     assert "--score-mod: has no backward pass here" in line
+
+
+def test_a_very_long_expression_is_refused_before_python_parses_it() -> None:
+    """A flat chain of 20,000 terms once ran Python's parser out of stack (exit 3)."""
+    with pytest.raises(
+        SpecError, match="is 119999 characters long; an expression may be up to 2000"
+    ):
+        parse_score_mod("+".join(["score"] * 20_000))
+    assert parse_score_mod("+".join(["score"] * 300)).startswith("score+score")
+
+
+def test_what_an_error_echoes_of_the_expression_is_cut_short() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_score_mod("score + " + "@" * 1500)
+    assert "..." in str(e.value)
+    assert len(str(e.value)) < 140

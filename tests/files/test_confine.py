@@ -153,5 +153,17 @@ def test_a_manifests_case_files_share_the_manifests_tree(tmp_path: Path) -> None
     case.write_text("q: ../../outside/q.npy\nk: ../shared/k.npy\nv: ../shared/v.npy\n")
     result = invoke("check", "--manifest", str(manifest), "--format", "json")
     error = strict_json(result.stdout)["cases"][0]["error"]
-    assert "'../../outside/q.npy' is outside the folder" in error
+    # the path is the case file's content, which the user did not name: not echoed
+    assert "c.yaml: q: a str of length 19 (content not shown) is outside the folder" in error
     assert error.endswith("of the manifest; give --allow-outside to read files outside it")
+
+
+def test_a_path_in_a_case_file_a_manifest_names_is_not_echoed(tmp_path: Path) -> None:
+    """A string that names no file: the entry is named, not the string."""
+    _tensors(tmp_path)
+    (tmp_path / "leak.json").write_text(json.dumps({"q": SECRET, "k": "k.npy", "v": "v.npy"}))
+    (tmp_path / "m.yaml").write_text("cases:\n  - {name: c1, case: leak.json}\n")
+    result = invoke("check", "--manifest", str(tmp_path / "m.yaml"), "--format", "json")
+    error = strict_json(result.stdout)["cases"][0]["error"]
+    assert error == f"{tmp_path / 'leak.json'}: q: no such file"
+    assert SECRET not in result.output

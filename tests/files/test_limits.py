@@ -3,6 +3,7 @@ MemAvailable, the address space left under RLIMIT_AS and the cgroup's room."""
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sdpa_cli.errors import InputError
 from sdpa_cli.files import limits
 
 GIB = 1 << 30
@@ -59,10 +61,25 @@ def test_nothing_known_is_none(tmp_path: Path, no_rlimit: None) -> None:
 def test_the_address_space_left_under_rlimit_as(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ulimit -v 3 GiB with 1 GiB of address space in use leaves 2 GiB, whatever MemAvailable says."""
+    """ulimit -v 3 GiB with 1 GiB of address space in use leaves 2 GiB, whatever MemAvailable
+    says, less what BLAS and the threads' stacks and arenas take per core."""
     monkeypatch.setattr(resource, "getrlimit", lambda _: (3 * GIB, resource.RLIM_INFINITY))
     proc = fake_proc(tmp_path, available_kib=64 * 1024 * 1024, vmsize_kib=1024 * 1024)
-    assert limits.available_memory(str(proc), str(tmp_path / "none")) == 2 * GIB
+    blas = limits.BLAS_ADDRESS_SPACE * (os.cpu_count() or 1)
+    assert limits.available_memory(str(proc), str(tmp_path / "none")) == 2 * GIB - blas
+
+
+def test_an_address_space_too_small_for_numpy_and_its_threads_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Below numpy's import and a BLAS buffer and malloc arena per thread, OpenBLAS's own
+    malloc fails inside a product (exit 1, or a hang): refused before numpy loads."""
+    proc = fake_proc(tmp_path, available_kib=None, vmsize_kib=50 * 1024)
+    need = limits.NUMPY_ADDRESS_SPACE + 2 * limits.BLAS_ADDRESS_SPACE
+    with pytest.raises(InputError, match=r"^ulimit -v: leaves 270 MiB of address space; sdpa "):
+        limits.check_address_space(2, str(proc), limit=320 << 20)
+    limits.check_address_space(2, str(proc), limit=need + (50 << 20))  # just enough
+    limits.check_address_space(8, str(proc), limit=None)  # no limit known: nothing to say
 
 
 def test_a_cgroup_v2_limit(tmp_path: Path, no_rlimit: None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,52 @@ def test_no_samples_anywhere_is_one_clear_error(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(samples, "files", lambda _: Path("/nonexistent/sdpa_cli"))
     with pytest.raises(InputError, match=r"^samples: not found: this copy of sdpa was installed"):
         samples.samples_dir()
+
+
+def outside(tmp_path: Path) -> tuple[Path, Path]:
+    """A file and a folder outside the copy's folder, that links inside it point to."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("VICTIM", encoding="utf-8")
+    victim_dir = tmp_path / "victimdir"
+    victim_dir.mkdir()
+    (victim_dir / "q.npy").write_text("V2", encoding="utf-8")
+    return victim, victim_dir
+
+
+@pytest.mark.parametrize("linked", ["samples", "samples/check", "samples/check/partials"])
+def test_copy_refuses_a_linked_folder_it_would_write_into(tmp_path: Path, linked: str) -> None:
+    victim, victim_dir = outside(tmp_path)
+    dest = tmp_path / "dest"
+    (dest / linked).parent.mkdir(parents=True)
+    (dest / linked).symlink_to(victim_dir)
+    with pytest.raises(InputError) as info:
+        copy_samples(dest, force=True)
+    assert str(info.value) == (
+        f"{dest / linked}: is a symbolic link; the samples are copied only into real folders"
+    )
+    assert sorted(p.name for p in victim_dir.iterdir()) == ["q.npy"]
+    assert (victim_dir / "q.npy").read_text(encoding="utf-8") == "V2"
+    assert victim.read_text(encoding="utf-8") == "VICTIM"
+
+
+def test_copy_with_force_replaces_a_linked_file_never_writing_through(tmp_path: Path) -> None:
+    victim, _ = outside(tmp_path)
+    target = tmp_path / "dest" / "samples"
+    target.mkdir(parents=True)
+    (target / "causal.yaml").symlink_to(victim)
+    (target / "cross.yaml").symlink_to(tmp_path / "dangling.yaml")
+    hard = tmp_path / "hard.txt"
+    hard.write_text("HARD", encoding="utf-8")
+    os.link(hard, target / "scorecard.yaml")
+    with pytest.raises(
+        InputError, match=r"already holds causal\.yaml, cross\.yaml, scorecard\.yaml;"
+    ):
+        copy_samples(tmp_path / "dest")
+    copy_samples(tmp_path / "dest", force=True)
+    for f in ("causal.yaml", "cross.yaml", "scorecard.yaml"):
+        assert not (target / f).is_symlink()
+        assert (target / f).read_bytes() == (REPO_SAMPLES / f).read_bytes()
+    assert victim.read_text(encoding="utf-8") == "VICTIM"
+    assert hard.read_text(encoding="utf-8") == "HARD"
+    assert not (tmp_path / "dangling.yaml").exists()
+    assert not [p for p in target.rglob("*.tmp")]

@@ -4,18 +4,22 @@ staged writes wait for ``commit``."""
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import pytest
 
 from sdpa_cli.errors import InputError
+from sdpa_cli.files import writers
 from sdpa_cli.files.writers import immediate, staged, write_all_atomic, write_atomic
 
 
@@ -82,6 +86,76 @@ def test_fifo_is_written_through(tmp_path: Path) -> None:
     assert got == [b"through the pipe"]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert leftovers(tmp_path) == []
+
+
+def writes_npz(fh: BinaryIO) -> None:
+    """A writer that seeks: a zip goes back to its headers, as np.savez does."""
+    np.savez(fh, a=np.arange(6.0), b=np.eye(2))
+
+
+def assert_npz(data: bytes) -> None:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        assert npz.files == ["a", "b"]
+        assert npz["a"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        assert npz["b"].tolist() == [[1.0, 0.0], [0.0, 1.0]]
+
+
+@pytest.mark.skipif(not os.path.exists(os.devnull), reason="needs /dev/null")
+def test_seeking_writer_into_dev_null() -> None:
+    """An .npz into /dev/null used to fail: a zip cannot seek in a device."""
+    write_all_atomic([(os.devnull, writes_npz)])
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_seeking_writer_into_a_fifo_sends_a_whole_npz(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, writes_npz)
+    reader.join(timeout=10)
+    assert len(got) == 1
+    assert_npz(got[0])
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_without_a_reader_is_refused_after_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open for writing would wait forever for a reader; it gives up instead."""
+    monkeypatch.setattr(writers, "FIFO_WAIT", 1)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    with pytest.raises(InputError) as caught:
+        write_atomic(fifo, writes(b"never read"))
+    assert 1 <= time.monotonic() - start < 5
+    assert caught.value.where == str(fifo)
+    assert caught.value.problem == (
+        "is a FIFO that no process reads within 1 s; start its reader first"
+    )
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_whose_reader_comes_late_within_the_wait(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def late_reader() -> None:
+        time.sleep(0.5)
+        got.append(fifo.read_bytes())
+
+    reader = threading.Thread(target=late_reader)
+    reader.start()
+    write_atomic(fifo, writes(b"x" * 300_000))  # more than a pipe holds: blocking writes
+    reader.join(timeout=10)
+    assert got == [b"x" * 300_000]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs Unix sockets")
