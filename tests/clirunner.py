@@ -9,10 +9,14 @@ import importlib
 import json
 import os
 import re
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner, Result
 
@@ -159,3 +163,13 @@ def only_case(document: Any) -> Any:
     assert document["manifest"] is None, document["manifest"]
     (case,) = document["cases"]
     return case
+
+
+def sdpa_executable() -> str:
+    """The installed ``sdpa`` console script, for tests that need a real process
+    (signals, closed streams); skipped where it is not installed."""
+    beside = Path(sys.executable).parent / "sdpa"
+    found = str(beside) if beside.exists() else shutil.which("sdpa")
+    if found is None:
+        pytest.skip("the sdpa console script is not installed")
+    return found

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from clirunner import CLEAN_ENV, assert_one_error_line, invoke, strict_json
+from clirunner import CLEAN_ENV, assert_one_error_line, invoke, sdpa_executable, strict_json
 
 from sdpa_cli.errors import ExitCode
 
@@ -105,14 +104,6 @@ def test_distinct_reports_are_both_written(qkv: dict[str, bytes], workdir: Path)
 
 
 # --- streams that fail (the real sdpa, in a subprocess) ------------------------------------
-
-
-def sdpa_executable() -> str:
-    beside = Path(sys.executable).parent / "sdpa"
-    found = str(beside) if beside.exists() else shutil.which("sdpa")
-    if found is None:
-        pytest.skip("the sdpa console script is not installed")
-    return found
 
 
 def run(

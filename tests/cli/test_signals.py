@@ -5,7 +5,6 @@ by the system (the OOM killer) is an error row for its case, not the end of the 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clirunner import CLEAN_ENV, invoke, strict_json
+from clirunner import CLEAN_ENV, invoke, sdpa_executable, strict_json
 
 from sdpa_cli.check import manifest
 from sdpa_cli.check.manifest import WORKER_DIED, ManifestCase
@@ -24,14 +23,6 @@ from sdpa_cli.check.settings import Overrides
 from sdpa_cli.errors import ExitCode
 
 posix = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-
-
-def sdpa_executable() -> str:
-    beside = Path(sys.executable).parent / "sdpa"
-    found = str(beside) if beside.exists() else shutil.which("sdpa")
-    if found is None:
-        pytest.skip("the sdpa console script is not installed")
-    return found
 
 
 def start(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:

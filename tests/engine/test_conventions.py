@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from attention_cases import random_qkv
 from numpy.typing import NDArray
+from onnx_reference import onnx_attention
 
 from sdpa_cli.engine.conventions import CONVENTIONS, FRAMEWORKS, JAX_MASK_VALUE, convention
 from sdpa_cli.engine.options import Options, parse_options
@@ -191,10 +192,6 @@ def test_jax_causal_window_and_empty_row() -> None:
 
 
 def _onnx(opset: int, past: bool, mask: NDArray[Any] | None = None, **attributes: Any) -> F64:
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper
-    from onnx.reference import ReferenceEvaluator
-
     q, k, v = qkv()
     arrays: dict[str, NDArray[Any]] = {"Q": q, "K": k, "V": v}
     if mask is not None:
@@ -202,30 +199,7 @@ def _onnx(opset: int, past: bool, mask: NDArray[Any] | None = None, **attributes
     if past:  # the first S − L keys as the past cache, the last L as the new keys
         arrays |= {"K": k[:, :, S - L :], "V": v[:, :, S - L :]}
         arrays |= {"past_key": k[:, :, : S - L], "past_value": v[:, :, : S - L]}
-    order = ("Q", "K", "V", "attn_mask", "past_key", "past_value")
-    names = [n if n in arrays else "" for n in order]
-    while not names[-1]:
-        names.pop()
-    outputs = ["Y", "present_key", "present_value"] if past else ["Y"]
-    node = helper.make_node("Attention", names, outputs, **attributes)
-
-    def info(name: str, a: NDArray[Any]) -> Any:
-        kind = TensorProto.BOOL if a.dtype == np.bool_ else TensorProto.DOUBLE
-        return helper.make_tensor_value_info(name, kind, list(a.shape))
-
-    graph = helper.make_graph(
-        [node],
-        "attention",
-        [info(n, arrays[n]) for n in names if n],
-        [helper.make_tensor_value_info(o, TensorProto.DOUBLE, None) for o in outputs],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    try:
-        session = ReferenceEvaluator(model)
-    except Exception as exc:  # an onnx without this opset's Attention
-        pytest.skip(f"onnx {onnx.__version__} has no Attention-{opset}: {exc}")
-    ran: Any = session.run(None, {n: arrays[n] for n in names if n})
-    return np.asarray(ran[0], dtype=np.float64)
+    return onnx_attention(opset, arrays, **attributes)
 
 
 def test_onnx_causal_sits_at_the_past_length() -> None:

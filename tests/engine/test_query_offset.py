@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from attention_cases import random_qkv
 from numpy.typing import NDArray
+from onnx_reference import onnx_attention
 from reference import attention
 
 from sdpa_cli.engine.options import Options
@@ -163,41 +164,6 @@ def test_torch_sdpa_with_the_per_item_mask_agrees(name: str) -> None:
 
 
 # --- ONNX's reference Attention --------------------------------------------------------
-
-
-def onnx_attention(opset: int, arrays: dict[str, NDArray[Any]], **attributes: Any) -> F64:
-    """Run one ONNX ``Attention`` node through ``onnx.reference.ReferenceEvaluator``."""
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper
-    from onnx.reference import ReferenceEvaluator
-
-    order = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
-    names = [n if n in arrays else "" for n in order]
-    while names and not names[-1]:
-        names.pop()
-    outputs = ["Y"]
-    if "past_key" in arrays:
-        outputs += ["present_key", "present_value"]
-    node = helper.make_node("Attention", names, outputs, **attributes)
-
-    def info(name: str, a: NDArray[Any]) -> Any:
-        kind = TensorProto.INT64 if a.dtype == np.int64 else TensorProto.DOUBLE
-        return helper.make_tensor_value_info(name, kind, list(a.shape))
-
-    graph = helper.make_graph(
-        [node],
-        "attention",
-        [info(n, arrays[n]) for n in names if n],
-        [helper.make_tensor_value_info(o, TensorProto.DOUBLE, None) for o in outputs],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    try:
-        session = ReferenceEvaluator(model)
-    except Exception as exc:  # an onnx without this opset's Attention
-        pytest.skip(f"onnx {onnx.__version__} has no Attention-{opset}: {exc}")
-    ran: Any = session.run(None, {n: arrays[n] for n in names if n})
-    result: F64 = np.asarray(ran[0], dtype=np.float64)
-    return result
 
 
 def test_onnx_attention_23_with_a_past_cache_per_item_agrees() -> None:
