@@ -32,7 +32,6 @@ into, before stdout.
 from __future__ import annotations
 
 import sys
-import traceback
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -117,6 +116,8 @@ class SdpaGroup(click.Group):
             )
         except Exception as exc:  # a bug: one line, the traceback only with --debug
             if "--debug" in argv:
+                import traceback  # imported here: only a bug with --debug needs it
+
                 traceback.print_exc()
             code = _fail(
                 f"internal error: {type(exc).__name__}: {exc} "

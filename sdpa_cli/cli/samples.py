@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import re
-import shutil
-import textwrap
-from pathlib import Path
-
 import click
 
 from sdpa_cli._version import __version__
 from sdpa_cli.cli.options import EXIT_CODES_HELP, format_option
 from sdpa_cli.errors import ExitCode, InputError
-from sdpa_cli.schemas import SCHEMA_VERSION
 
 NAME_WIDTH = 21
 """The name column: ``batched_{q,k,v}.npy`` and two spaces."""
 
-_UNBROKEN = re.compile(r"(?:\b\w+ )?\([^)]*\)|\[[^\]]*\]| = \S+")
+UNBROKEN = r"(?:\b\w+ )?\([^)]*\)|\[[^\]]*\]| = \S+"
 """``v (2, 2, 6, 4)``, lists and ``d_k = 2``: never split across lines."""
 
 
@@ -46,8 +39,14 @@ def samples(destination: str | None, force: bool, show_path: bool, fmt: str) -> 
       sdpa samples --copy .
       sdpa compute samples/scorecard.yaml
     """
-    # imported here: keeps sdpa --help fast (numpy, yaml)
+    # imported here: keeps sdpa --help fast (numpy, yaml, and the standard library's
+    # heavier modules)
+    import json
+    import shutil
+    from pathlib import Path
+
     from sdpa_cli.files.samples import catalog, copy_samples, samples_dir
+    from sdpa_cli.schemas import SCHEMA_VERSION
 
     if show_path:
         click.echo(str(samples_dir()))
@@ -89,6 +88,9 @@ def samples(destination: str | None, force: bool, show_path: bool, fmt: str) -> 
 
 def _wrap(text: str, width: int) -> list[str]:
     """``text`` in lines of ``width``, never breaking a shape, a list or ``x = 1``."""
-    kept = _UNBROKEN.sub(lambda m: m.group().replace(" ", "\0"), text)
+    import re  # imported here: keeps sdpa --help fast
+    import textwrap
+
+    kept = re.sub(UNBROKEN, lambda m: m.group().replace(" ", "\0"), text)
     lines = textwrap.wrap(kept, width, break_on_hyphens=False, break_long_words=False)
     return [line.replace("\0", " ") for line in lines] or [""]
