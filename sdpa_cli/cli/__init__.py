@@ -31,31 +31,36 @@ into, before stdout.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 import click
 
 from sdpa_cli._version import __version__
 from sdpa_cli.cli import streams
-from sdpa_cli.cli.capture import capture
-from sdpa_cli.cli.check import check
-from sdpa_cli.cli.completion import ACTIVATION_HELP, completion
-from sdpa_cli.cli.compute import compute
-from sdpa_cli.cli.explain import explain
-from sdpa_cli.cli.grad import grad
-from sdpa_cli.cli.inspect import inspect
+from sdpa_cli.cli.completion import ACTIVATION_HELP
 from sdpa_cli.cli.options import EXIT_CODES_HELP
-from sdpa_cli.cli.report import report
-from sdpa_cli.cli.samples import samples
 from sdpa_cli.errors import ExitCode, SdpaError
 from sdpa_cli.files.writers import staged
 
 
 class SdpaGroup(click.Group):
     """A group whose errors are one line on stderr with the right exit code."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their short help, from :data:`COMMANDS`: no command's module
+        is imported to list it (click's own listing would import all nine)."""
+        if not isinstance(self.commands, LazyCommands):
+            super().format_commands(ctx, formatter)
+            return
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(n, click.Command(n, help=COMMANDS[n]).get_short_help_str(limit)) for n in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         # click answers a broken pipe with exit 1 ("check failed"): it is told apart here.
@@ -181,15 +186,56 @@ def cli(debug: bool) -> None:
     """
 
 
-cli.add_command(compute)
-cli.add_command(explain)
-cli.add_command(check)
-cli.add_command(grad)
-cli.add_command(inspect)
-cli.add_command(report)
-cli.add_command(capture)
-cli.add_command(samples)
-cli.add_command(completion)
+COMMANDS = {
+    "capture": "Run a Python program and record every attention call it makes, for sdpa check.",
+    "check": "Validate exported attention tensors against a recomputed reference (for CI).",
+    "completion": "Print the script that completes sdpa's commands, options and files in SHELL.",
+    "compute": "Compute attention and show every stage: raw, scaled and masked scores, "
+    "weights, output.",
+    "explain": "Walk one (batch, head) slice through every stage, saying what each did.",
+    "grad": "Compute dQ, dK, dV (and d(bias)) of the loss Σ O ⊙ dO, and judge the "
+    "gradients' health.",
+    "inspect": "Show what tensor files hold: names, shapes, dtypes, min, max, mean, std, NaN "
+    "and inf counts, and float16/bfloat16 headroom (overflow, flush to zero, subnormal).",
+    "report": "Work with a manifest's runs: merge sharded reports, see a model at a glance.",
+    "samples": "List the sample inputs shipped with sdpa, or copy them out.",
+}
+"""Each command (``sdpa_cli.cli.NAME``, the click command of that name) and the first
+paragraph of its help, which ``sdpa --help`` lists without importing the command:
+a command's module is imported only when it runs (tests/cli/test_cli.py holds the
+two texts equal)."""
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """``cli.commands``: the commands of :data:`COMMANDS`, each module imported on
+    first use, so that ``sdpa --help`` and ``sdpa compute`` import one command, not
+    nine."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            module = importlib.import_module(f"sdpa_cli.cli.{name}")
+            self._loaded[name] = getattr(module, name)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted({*COMMANDS, *self._loaded}))
+
+    def __len__(self) -> int:
+        return len({*COMMANDS, *self._loaded})
+
+
+cli.commands = LazyCommands()
 
 
 def main(args: Sequence[str] | None = None, prog_name: str = "sdpa") -> None:

@@ -23,16 +23,17 @@ import contextlib
 import errno
 import fcntl
 import os
-import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.limits import FIFO_WAIT  # not opening's: it imports numpy
+
+if TYPE_CHECKING:  # sdpa --help imports this module (staged): pathlib, shutil and
+    # tempfile are imported where a file is written
+    from pathlib import Path
 
 Writer = Callable[[BinaryIO], object]
 
@@ -146,6 +147,8 @@ def resolve_output(label: str) -> tuple[Path, bool]:
     """
     if not label:
         raise InputError("''", "the file name is empty")
+    from pathlib import Path  # imported here: see the top of the module
+
     target = Path(label)
     try:
         st = os.stat(target)  # follows symbolic links
@@ -170,6 +173,9 @@ def resolve_output(label: str) -> tuple[Path, bool]:
 def _write_through(label: str, write: Writer) -> None:
     """Write into a device or FIFO as it is, without a rename: ``write`` fills an
     anonymous temporary file (it may seek), then its bytes are copied in."""
+    import shutil  # imported here: see the top of the module
+    import tempfile
+
     try:
         with tempfile.TemporaryFile() as spool:
             write(spool)
@@ -206,6 +212,9 @@ def _open_through(label: str) -> int:
 def _write_temporary(label: str, target: Path, write: Writer, stage: Stage) -> None:
     """Call ``write(fh)`` on a new temporary file beside ``target``, adding it to
     ``stage`` as soon as it exists so that it is removed on a failure."""
+    import tempfile  # imported here: see the top of the module
+    from pathlib import Path
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except FileNotFoundError:

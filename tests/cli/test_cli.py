@@ -32,7 +32,7 @@ from clirunner import (
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
-from sdpa_cli.cli import cli
+from sdpa_cli.cli import COMMANDS, cli
 from sdpa_cli.errors import ExitCode
 
 F64 = NDArray[np.float64]
@@ -764,6 +764,29 @@ def test_group_help_has_an_example() -> None:
     assert result.exit_code == 0
     assert "Example" in result.stdout
     assert "compute" in result.stdout
+
+
+def test_the_listing_of_sdpa_help_is_each_commands_own_first_paragraph() -> None:
+    """sdpa --help lists the commands from COMMANDS without importing them: the texts
+    there must be the commands' own (the first paragraph of each docstring)."""
+    for name, command in cli.commands.items():
+        assert command.name == name
+        first = (command.help or "").strip().split("\n\n")[0]
+        assert " ".join(first.split()) == COMMANDS[name], name
+
+
+def test_sdpa_help_imports_no_command() -> None:
+    """Each command's module is imported when it runs, not to list it."""
+    code = (
+        "import sys; from sdpa_cli.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sdpa_cli.cli.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    imported = out.stdout.strip().splitlines()[-1]
+    # cli/completion.py holds the completers every option uses too: always imported
+    commands = set(COMMANDS) - {"completion"}
+    assert not any(f"'sdpa_cli.cli.{name}'" in imported for name in commands), imported
 
 
 def test_every_command_has_help_with_an_example() -> None:
