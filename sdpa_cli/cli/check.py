@@ -217,7 +217,7 @@ def check(
       sdpa check q.npy k.npy v.npy --expect-partials partials.yaml
       sdpa check q.npy k.npy v.npy --fail-on overflow,nonfinite --format json
       sdpa check --manifest checks.yaml --junit report.xml
-      sdpa check --manifest checks.yaml --cluster tcp://10.0.0.5:8786 --report r.json
+      sdpa check --manifest checks.yaml --cluster tcp://10.0.0.5:8786
       sdpa check --manifest checks.yaml --shard 2/4 --report shard-2.json
     """
     threads = start_engine(jobs)

@@ -84,7 +84,8 @@ def compute(
     Examples:
       sdpa compute samples/scorecard.yaml
       sdpa compute samples/causal.yaml --stages masked,weights --format json
-      sdpa compute q.npy k.npy v.npy --causal --causal-align lower-right --save trace.npz
+      sdpa compute q.npy k.npy v.npy --causal --causal-align lower-right
+      sdpa compute q.npy k.npy v.npy --causal --save trace.npz
       sdpa compute q.npy k.npy v.npy --dtype float16
       sdpa compute samples/cross.yaml --causal --window 2,0 --frameworks
     """

@@ -133,7 +133,7 @@ def explain(
       sdpa explain samples/scorecard.yaml --query 0
       sdpa explain samples/scale_comparison.yaml --compare-scales
       sdpa explain samples/causal.yaml --backward --dout random
-      sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116 --format json
+      sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast

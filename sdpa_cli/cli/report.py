@@ -128,9 +128,11 @@ MODEL_EXIT_CODES_HELP = (
 @click.option(
     "--metric",
     type=click.Choice((*MODEL_METRICS, "all")),
+    metavar="METRIC",
     default="entropy",
     show_default=True,
-    help="The statistic the table shows, or all of them in turn: mean normalised "
+    help=f"The statistic the table shows ({', '.join(MODEL_METRICS)}), or all of them "
+    "in turn: mean normalised "
     "entropy, mean max weight, shares of saturated, near-uniform and fully masked "
     "rows, the mean weight on key 0 (sink_mass), the output's relative RMS error "
     "(cases with an expect-output).",
