@@ -63,7 +63,7 @@ golden: $(VENV)/.dev-installed
 		tests/render/test_render_explain.py tests/render/test_render_check.py \
 		tests/render/test_render_grad.py tests/render/test_render_inspect.py
 
-# The figures of issue 20, each beside its target, in one run: `sdpa check` vs PyTorch's
+# The performance figures, each beside its target, in one run: `sdpa check` vs PyTorch's
 # SDPA kernel, cost per score from L 1024 to 16384, peak RSS of every command, `sdpa grad`
 # vs torch autograd, start-up, a manifest on a local Dask cluster vs --jobs 2. Ends with
 # a Markdown table (figure | measured | target | verdict) for the README. A report, not a
@@ -103,7 +103,7 @@ bench-grad: $(VENV)/.dev-installed
 	$(BENCH_TORCH)
 	$(BIN)/python bench/bench.py --only grad $(BENCH_ARGS)
 
-# The verdict benchmark of issue 17: does `sdpa check`, with no tolerance flag, pass every
+# The verdict benchmark: does `sdpa check`, with no tolerance flag, pass every
 # faithful export of a real kernel and fail every real bug? Kernels: PyTorch's CPU SDPA
 # (fused and math), Hugging Face eager attention in tiny random Llama, Mistral and Gemma 2
 # models (built from configs, nothing downloaded), JAX's XLA attention; float16 and

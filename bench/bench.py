@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark sdpa against the figures of issue 20, each next to its target.
+"""Benchmark sdpa against its performance targets, each figure next to its target.
 
 A report, not a test: it prints tables, a Markdown table (figure | measured | target |
 verdict) for the README's performance section and every miss; it exits 0 unless the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The verdict benchmark of issue 17: `sdpa check` passes every faithful kernel and fails
+"""The verdict benchmark: `sdpa check` passes every faithful kernel and fails
 every real bug, by default.
 
 A benchmark of verdicts, not of time. Every export of bench/gate_kernels.py (PyTorch's CPU

@@ -1,4 +1,4 @@
-"""Faithful exports from real attention kernels, and the bugs of issue 17 injected into them.
+"""Faithful exports from real attention kernels, and the bugs the gate must catch injected into them.
 
 A *case* runs a real kernel on seeded inputs and returns an `Export`: the arrays
 `sdpa check` reads (q, k, v, out, and lse and mask where the kernel gives or takes them)
