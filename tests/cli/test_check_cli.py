@@ -184,9 +184,8 @@ def validate_case(doc: Any) -> None:
     assert {f["kind"] for f in doc["findings"]} <= set(counts)
 
 
-def validate_document(doc: Any) -> None:
-    """``sdpa check ... --format json`` for one case: the manifest's shape, its one
-    case the command line's."""
+def validate_head(doc: Any) -> None:
+    """What every check report starts with, for one case or a manifest."""
     assert isinstance(doc, dict)
     assert list(doc) == [
         "schema_version",
@@ -197,6 +196,12 @@ def validate_document(doc: Any) -> None:
         "cases",
     ]
     assert (doc["schema_version"], doc["sdpa_version"]) == (1, __version__)
+
+
+def validate_document(doc: Any) -> None:
+    """``sdpa check ... --format json`` for one case: the manifest's shape, its one
+    case the command line's."""
+    validate_head(doc)
     assert doc["exit_code"] in (0, 1)  # 2 and 3 never come with a document for one case
     case = only_case(doc)
     validate_case(case)
@@ -206,16 +211,7 @@ def validate_document(doc: Any) -> None:
 
 def validate_manifest_document(doc: Any) -> None:
     """``sdpa check --manifest ... --format json``."""
-    assert isinstance(doc, dict)
-    assert list(doc) == [
-        "schema_version",
-        "sdpa_version",
-        "manifest",
-        "passed",
-        "exit_code",
-        "cases",
-    ]
-    assert (doc["schema_version"], doc["sdpa_version"]) == (1, __version__)
+    validate_head(doc)
     assert isinstance(doc["manifest"], str)
     assert doc["exit_code"] in (0, 1, 2, 3)
     assert doc["passed"] is (doc["exit_code"] == 0)
