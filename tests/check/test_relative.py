@@ -3,9 +3,12 @@ plain computation in its format, element by element and slice by slice."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from sdpa_cli.check.compare import compare
 from sdpa_cli.check.error_stats import error_limit_check, error_stats
 from sdpa_cli.check.relative import Judgement, relative_check, ulp
 
@@ -160,3 +163,24 @@ def test_error_limits_fail_on_the_statistic_beyond_them() -> None:
     bad = error_limit_check("output", stats, (("abs_p99", 0.1), ("rel_max", 0.2)), "o")
     assert bad.status == "fail"
     assert bad.summary == "abs_p99 0.394 > 0.1"  # 0.2 + 0.97 · (0.4 − 0.2), linear
+
+
+def test_the_figures_the_rule_reads_first_are_those_of_a_plain_comparison() -> None:
+    # rtol 0, atol inf (the rule's own first look) takes a shorter path than any
+    # other tolerance: its figures must be the same ones
+    rng = np.random.default_rng(7)
+    r = rng.standard_normal((3, 5, 7))
+    r[1, 2, 3] = 0.0
+    a = r + rng.standard_normal(r.shape) * 1e-3
+    a[0, 0, 0] = np.nan
+    short = compare(a, r, 0.0, math.inf)
+    long = compare(a, r, 0.0, 1e300)
+    for field in ("total", "mismatched", "max_abs", "max_abs_at", "max_rel", "max_rel_at"):
+        assert getattr(short, field) == getattr(long, field), field
+    assert short.max_rel == math.inf  # the zero reference, missed
+    assert short.max_abs == float(np.nanmax(np.abs(a - r)))
+    assert short.nan_mismatches == 1
+    assert short.worst_at == (0, 0, 0)
+    assert short.passing_atol is None  # no tolerance passes a NaN
+    a[0, 0, 0] = r[0, 0, 0]
+    assert compare(a, r, 0.0, math.inf).passing_atol == short.max_abs
