@@ -15,6 +15,7 @@ import numpy as np
 
 from sdpa_cli.diagnosis.findings import Emulation, Finding, StageAccuracy, index_list
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.conventions import convention
 from sdpa_cli.engine.records import OVERFLOW_STAGES
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
@@ -118,6 +119,9 @@ def _mask_value_overflow(
     mv = spec.options.effective_mask_value
     if not (math.isfinite(mv) and _anything_hidden(stats)):
         return
+    framework = spec.options.framework
+    if framework is not None and convention(framework).float32_logits:
+        return  # its logits, and the mask value in them, are float32 or wider
     # Logits are not stored in float8 (FP8 kernels keep them in float32).
     for d in stats.records.mask_add_overflow:
         f = precision.fmt(d)

@@ -59,6 +59,9 @@ class Convention:
         window_counts_query: whether the framework's window size counts the query
             itself (Hugging Face's ``sliding_window``): LEFT keys before the query
             in its terms are LEFT − 1 in ``--window``'s.
+        float32_logits: whether the framework's logits are at least float32 whatever
+            the inputs' format (JAX's ``promote_types(query.dtype, float32)``): its
+            mask value is never stored in a 16-bit format.
     """
 
     name: str
@@ -66,6 +69,7 @@ class Convention:
     causal_align: str
     mask_value: str
     window_counts_query: bool = False
+    float32_logits: bool = False
 
     @property
     def empty_row(self) -> str:
@@ -100,7 +104,13 @@ CONVENTIONS: Mapping[str, Convention] = {
     for c in (
         Convention("torch", "PyTorch scaled_dot_product_attention", "upper-left", "-inf"),
         Convention("flash", "FlashAttention ≥ 2.1 flash_attn_func", "lower-right", "-inf"),
-        Convention("jax", "JAX nn.dot_product_attention", "upper-left", repr(JAX_MASK_VALUE)),
+        Convention(
+            "jax",
+            "JAX nn.dot_product_attention",
+            "upper-left",
+            repr(JAX_MASK_VALUE),
+            float32_logits=True,
+        ),
         Convention("onnx", "ONNX Attention (past cache)", "lower-right", "-inf"),
         Convention(
             "hf",

@@ -195,6 +195,24 @@ def test_fully_masked_row_with_a_finite_mask_value_says_mean_of_v() -> None:
     assert all("mean of V" in f.message for f in found)
 
 
+def test_a_mask_value_beyond_float16_in_float16_logits_is_an_error() -> None:
+    # masked_fill(-1e9) on float16 logits is -inf there
+    h = np.float16
+    q, k = np.ones((1, 1, 3, 2), dtype=h), np.ones((1, 1, 3, 2), dtype=h)
+    d = run(q, k, causal=True, mask_value="-1e9")
+    f = only(d, "overflow", stage="masked", dtype="float16")
+    assert f.severity == "error"
+    assert "-1e+09 is −inf in float16" in f.message
+
+
+def test_jax_keeps_its_mask_value_in_float32_logits_whatever_the_inputs() -> None:
+    # jax.nn.dot_product_attention promotes float16 logits to float32 before masking
+    h = np.float16
+    q, k = np.ones((1, 1, 3, 2), dtype=h), np.ones((1, 1, 3, 2), dtype=h)
+    d = run(q, k, causal=True, framework="jax")
+    assert not [f for f in d.findings if f.stage == "masked"]
+
+
 def test_key_length_zero_masks_every_row_of_that_batch_item() -> None:
     q = np.ones((2, 1, 3, 2))
     k = np.ones((2, 1, 4, 2))
