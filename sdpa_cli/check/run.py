@@ -51,9 +51,10 @@ from sdpa_cli.check.relative import Judgement, factor_for, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
-from sdpa_cli.engine.block import block_lse, native_dtype, visibility
+from sdpa_cli.engine.block import block_lse, native_dtype
 from sdpa_cli.engine.driver import Place, Progress, sweep
 from sdpa_cli.engine.forward import first_moments, forward, query_block
+from sdpa_cli.engine.online import weighed_keys
 from sdpa_cli.engine.positions import documents
 from sdpa_cli.engine.records import Moments, Records
 from sdpa_cli.engine.spec import AttentionSpec
@@ -144,7 +145,7 @@ def _judge_pass(
         else:
             bounds(
                 place,
-                visibility(ref_spec, place.lead, place.rows, place.keys),
+                weighed_keys(ref_spec, place.lead, place.rows, place.keys),
                 place.rows,
                 place.keys,
             )

@@ -19,7 +19,14 @@ The scale is folded into Q (one (rows, E) product instead of a pass over the
 scores), and two score-sized buffers per thread are reused from block to block.
 
 This covers the common computation: native arithmetic (float64, or float32
-throughout), scale, causal, window, key padding and boolean masks, finite K and V.
+throughout), scale, causal, window, key padding and boolean masks, finite K and V,
+and a finite mask value (``--as jax|hf``, ``finfo-min``, ``-1e9``). A hidden key's
+weight under a finite mask value is exp(mask value − m): 0 once below the
+denormal floor (as the one-shot softmax makes it), which the pass checks row by row
+(refusing the block otherwise); a row with no visible key is uniform over every
+key, its output V's mean and its LSE the mask value + log S; and what a kernel that
+*adds* the mask value would overflow in a narrow format is recorded from the hidden
+scores of every key block, even those no row sees.
 :func:`attend_online` returns None where it does not apply, and for a block whose
 scores leave every checked format's range or are not finite: the caller then runs
 the per-stage path (:func:`~sdpa_cli.engine.block.attend_block` and
@@ -44,6 +51,7 @@ from sdpa_cli.engine.block import (
     native_dtype,
     visibility,
 )
+from sdpa_cli.engine.positions import valid_queries
 from sdpa_cli.engine.records import Records, RowStats
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
@@ -60,7 +68,7 @@ stays flat: the matmuls keep their shape as S grows)."""
 def applies(spec: AttentionSpec) -> bool:
     """Whether the lean pass computes this spec: native arithmetic, no stage between
     the scaled scores and the mask (softcap, bias, ALiBi, score-mod, a float mask), no sinks, no
-    dropout, hidden keys at −inf, and a finite non-zero scale."""
+    dropout, and a finite non-zero scale."""
     o = spec.options
     factor = spec.factor
     return (
@@ -73,10 +81,18 @@ def applies(spec: AttentionSpec) -> bool:
         and (spec.mask is None or spec.mask_is_bool)
         and o.dropout == 0
         and not o.prescale
-        and math.isinf(o.effective_mask_value)
         and math.isfinite(factor)
         and factor != 0
     )
+
+
+def hidden_value(spec: AttentionSpec) -> float | None:
+    """The value a hidden key's logit takes in the computation's arithmetic, when it
+    is finite (None: −inf, the hidden key weighs nothing whatever the row)."""
+    dt = native_dtype(spec)
+    with np.errstate(over="ignore"):
+        value = float(dt.type(spec.options.effective_mask_value)) if dt is not None else -math.inf
+    return value if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -86,7 +102,8 @@ class Online:
     output: NDArray[Any]
     """(rows, Ev), in the computation's dtype."""
     lse: F64
-    """(rows,), float64: −inf for a row with no visible key."""
+    """(rows,), float64: −inf for a row with no visible key (the mask value + log S
+    under a finite one)."""
     rows: RowStats
     records: Records
     weights: NDArray[Any] | None = None
@@ -142,6 +159,8 @@ def attend_online(
     neg = dt.type(np.finfo(dt).min)  # hidden keys: exp gives 0, and 0 · it is 0 (not NaN)
     floor = DENORMAL_FLOOR[dt]
     common = common_keys(spec, lead, rows)
+    mask_value = hidden_value(spec)
+    added = {d: dt.type(spec.options.mask_value_in(d)) for d in narrow} if mask_value else {}
 
     m = np.full(n, -np.inf, dtype=dt)  # running row max
     top = np.zeros(n, dtype=np.int64)  # its key
@@ -166,7 +185,11 @@ def attend_online(
                 n_visible += width
                 chunk_lo = np.min(x, axis=1)
             else:
+                if added:
+                    _mask_add_overflow(records, x, vis, added, (*lead, rows.start, c0))
                 seen = vis.sum(axis=1)
+                if not seen.any() and not keep_weights:  # no row sees them: they add nothing
+                    continue
                 n_visible += seen
                 chunk_lo = np.min(x, axis=1, where=vis, initial=np.inf)
                 np.copyto(x, neg, where=~vis)
@@ -204,10 +227,24 @@ def attend_online(
             acc += e @ inputs.v[c0:c1]
 
         seen_any = total > 0
+        # a hidden key weighs exp(mask value − m): 0 only below the denormal floor
+        nearest = float(np.min(m[seen_any], initial=math.inf))
+        if mask_value is not None and nearest - mask_value < -floor + 1:
+            return None
         safe = np.where(seen_any, total, 1).astype(dt)
         output = acc / safe[:, None]
         log_total = np.log(safe.astype(np.float64))
         lse = np.where(seen_any, m.astype(np.float64) + log_total, -math.inf)
+        uniform = None
+        if mask_value is not None and k1 > k0:
+            # rows that see no key (and are present) spread evenly over every key
+            present = np.arange(rows.start, rows.stop) < valid_queries(spec, lead)
+            uniform = ~seen_any & present
+            if uniform.any():
+                if keep_weights:
+                    return None  # their weights are not e / ℓ: the per-stage path keeps them
+                output[uniform] = inputs.v[k0:k1].mean(axis=0, dtype=dt)
+                lse[uniform] = mask_value + math.log(k1 - k0)
         max_weight = np.where(seen_any, 1.0 / safe.astype(np.float64), 0.0)
         # entropy: −Σ w log w = log ℓ − Σ e·(x − m) / ℓ; terms ≤ 0 do not cancel
         entropy = np.where(seen_any, np.maximum(log_total - spread / safe, 0.0), 0.0)
@@ -242,6 +279,7 @@ def attend_online(
         entropy=entropy,
         underflow=underflow,
         lost=lost,
+        hidden_weight=None if uniform is None else uniform.astype(np.float64),
     )
     return Online(output.astype(dt, copy=False), lse, stats, records, weights)
 
@@ -253,6 +291,40 @@ def _exp_overflow(records: Records, x: NDArray[Any], base: Index, narrow: tuple[
     for d in narrow:
         hits = x > precision.fmt(d).exp_limit
         records.exp_overflow[d].add(hits, base, x, in_order=False)
+
+
+def weighed_keys(
+    spec: AttentionSpec, lead: Index, rows: slice, keys: slice
+) -> NDArray[np.bool_] | None:
+    """The keys each row of the lean pass's block weighs (None: every one): its
+    visible keys, and every key for a row that sees none under a finite mask value
+    (it is uniform), unless the row is absent (``--query-lengths``: zeros)."""
+    vis = visibility(spec, lead, rows, keys)
+    if vis is None or hidden_value(spec) is None:
+        return vis
+    spread = ~vis.any(axis=1) & (np.arange(rows.start, rows.stop) < valid_queries(spec, lead))
+    if not spread.any():
+        return vis
+    vis = vis.copy()
+    vis[spread] = True
+    return vis
+
+
+def _mask_add_overflow(
+    records: Records,
+    x: NDArray[Any],
+    visible: NDArray[np.bool_],
+    added: dict[str, Any],
+    base: Index,
+) -> None:
+    """Hidden scores a kernel that *adds* the mask value (in each narrow format's
+    own value, as HF's finfo.min is) would take beyond that format. Not in C order:
+    see :func:`_exp_overflow`."""
+    hidden = ~visible
+    for d, value in added.items():
+        total = x + value
+        hits = hidden & precision.fmt(d).overflows(total)
+        records.mask_add_overflow[d].add(hits, base, total, in_order=False)
 
 
 def _flushed(

@@ -74,13 +74,17 @@ class Format:
     def overflows(self, x: F64) -> NDArray[np.bool_]:
         """Which finite values would become inf (or NaN) when stored in this format.
 
-        Decided by the cast itself for magnitudes above ``max`` (ml_dtypes rounds
-        float64 to bfloat16 through float32, so a threshold alone could differ).
+        Decided by the cast itself for magnitudes between ``max`` and twice it
+        (ml_dtypes rounds float64 to bfloat16 through float32, so a threshold alone
+        could differ); twice ``max`` and above overflows every format (a finite mask
+        value added to every hidden score is all of them: no cast each).
         """
         with np.errstate(invalid="ignore"):
-            hit = np.isfinite(x) & (np.abs(x) > self.max)
-        if hit.any():
-            hit[hit] = ~np.isfinite(round_to(x[hit], self.name))
+            mag = np.abs(x)
+            hit = np.isfinite(x) & (mag > self.max)
+            near = hit & (mag < 2 * self.max)
+        if near.any():
+            hit[near] = ~np.isfinite(round_to(x[near], self.name))
         return hit
 
     def flushes(self, x: F64) -> NDArray[np.bool_]:

@@ -31,6 +31,8 @@ from sdpa_cli.engine.grad_block import (
     norm,
     row_norm,
 )
+from sdpa_cli.engine.options import FINFO_MIN
+from sdpa_cli.engine.positions import valid_queries
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
 
@@ -84,6 +86,34 @@ def test_every_lean_block_equals_the_per_stage_block(case: dict[str, Any], step:
         np.testing.assert_array_equal(lean_stats.underflow[d], stage_stats.underflow[d])
 
 
+@pytest.mark.parametrize("mask_value", [-1e9, FINFO_MIN], ids=["-1e9", "finfo-min"])
+@pytest.mark.parametrize("case", GRAD_CASES.values(), ids=GRAD_CASES.keys())
+def test_under_a_finite_mask_value_a_lean_block_equals_the_per_stage_block(
+    case: dict[str, Any], mask_value: float
+) -> None:
+    """Hidden keys weigh 0 where a row sees a key; a block with a row that sees none
+    (uniform over every key) is left to the per-stage block."""
+    spec = make_spec(3, **case, mask_value=mask_value)
+    dout = make_dout(spec, "random", 5, "--dout")
+    lean_stats, stage_stats = Stats.empty(spec), Stats.empty(spec)
+    for place in places(spec, 5):
+        inputs = operands(spec, place.lead, emulate=False)
+        g = dout[place.at]
+        want = backward_block(
+            spec, place.lead, place.rows, g, keys=place.keys, inputs=inputs, stats=stage_stats
+        )
+        got = lean_backward_block(spec, place, g, inputs, lean_stats)
+        if got is None:
+            assert (want.n_visible[: valid_queries(spec, place.lead) - place.rows.start] == 0).any()
+            got = backward_block(
+                spec, place.lead, place.rows, g, keys=place.keys, inputs=inputs, stats=lean_stats
+            )
+        assert_same_block(got, want)
+    np.testing.assert_array_equal(lean_stats.argmax, stage_stats.argmax)
+    np.testing.assert_allclose(lean_stats.entropy, stage_stats.entropy, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(lean_stats.hidden_weight, stage_stats.hidden_weight, atol=1e-12)
+
+
 def test_the_lean_blocks_make_the_same_gradients_as_the_per_stage_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -102,7 +132,8 @@ def test_the_lean_blocks_make_the_same_gradients_as_the_per_stage_ones(
 NOT_LEAN = {
     "softcap": {"softcap": 5.0},
     "dropout": {"dropout": 0.1},
-    "finite-mask-value": {"causal": True, "mask_value": -1e4},
+    # −1 leaves hidden keys weight (a finite mask value far below the scores does not)
+    "mask-value-near-the-scores": {"causal": True, "mask_value": -1.0},
     "float-mask": {"mask": "float"},
 }
 

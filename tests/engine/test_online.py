@@ -54,7 +54,7 @@ from sdpa_cli.engine.block import (
     visibility,
 )
 from sdpa_cli.engine.online import attend_online
-from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.options import FINFO_MIN, Options
 from sdpa_cli.engine.records import Moments, Records, StageError, Where
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.stats import Stats
@@ -269,6 +269,14 @@ def assert_block_matches_one_shot(
         np.testing.assert_allclose(
             got.rows.lost[d], stats.lost[d][at], rtol=tol.rtol, atol=0, err_msg=d
         )
+    hidden = got.rows.hidden_weight
+    np.testing.assert_allclose(
+        np.zeros(len(got.lse)) if hidden is None else hidden,
+        stats.hidden_weight[at],
+        rtol=tol.rtol,
+        atol=tol.atol,
+        err_msg=label,
+    )
     # errors: an emulated block against its float64 twin, which a block alone has not
     assert_same_records(got.records, want, tol, skip=("errors",))
     return got
@@ -285,6 +293,52 @@ def test_every_block_of_the_lean_pass_equals_the_one_shot_block(
         for step in (4, spec.L):  # row blocks that do not divide L, and the whole slice
             for rows in row_blocks(spec.L, step):
                 assert_block_matches_one_shot(spec, lead, rows, key_block)
+
+
+FINITE_MASK_VALUES = {"finfo-min": FINFO_MIN, "-1e9": -1e9}
+"""The finite mask values models use: HF's finfo.min (each format's own) and −1e9."""
+
+
+@pytest.mark.parametrize("key_block", KEY_BLOCKS)
+@pytest.mark.parametrize("mask_value", FINITE_MASK_VALUES.values(), ids=FINITE_MASK_VALUES.keys())
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_under_a_finite_mask_value_every_block_equals_the_one_shot_block(
+    case: dict[str, Any], mask_value: float, key_block: int
+) -> None:
+    """Hidden keys weigh 0 where a row sees a key, a row that sees none is uniform over
+    every key (V's mean, LSE = the mask value + log S), and the hidden scores a kernel
+    adding the mask value would overflow a narrow format with are recorded."""
+    spec = make_spec(3, **case, mask_value=mask_value)
+    assert online.applies(spec)
+    for lead in leads(spec):
+        for step in (4, spec.L):
+            for rows in row_blocks(spec.L, step):
+                assert_block_matches_one_shot(spec, lead, rows, key_block)
+
+
+def test_a_row_that_sees_no_key_under_a_finite_mask_value_is_uniform() -> None:
+    spec = make_spec(4, L=6, S=20, key_lengths=(0, 20), mask_value=-1e9)
+    got = assert_block_matches_one_shot(spec, (0, 1), slice(0, 6), 7)
+    v = spec.v[0, 1]  # item 0, head 1 (its own K and V: H = G)
+    np.testing.assert_allclose(got.output, np.broadcast_to(v.mean(axis=0), got.output.shape))
+    assert (got.lse == -1e9 + math.log(20)).all()
+    assert got.rows.hidden_weight is not None
+    assert got.rows.hidden_weight.tolist() == [1.0] * 6
+    added = got.records.mask_add_overflow["float16"]
+    assert added.count == 6 * 20  # -1e9 plus any score is beyond float16
+    assert added.first == (0, 1, 0, 0)
+
+
+def test_a_finite_mask_value_too_close_to_the_scores_takes_the_per_stage_path(
+    lean_calls: LeanCalls,
+) -> None:
+    """Mask value −1 leaves hidden keys real weight: the lean pass must not drop it."""
+    spec = make_spec(5, causal=True, mask_value=-1.0)
+    lean, staged = lean_and_per_stage(spec)
+    assert lean_calls.computed == 0
+    assert lean_calls.refused > 0
+    assert staged.stats.hidden_weight.max() > 0.01
+    assert_same_traces(lean, staged, FLOAT64)
 
 
 def test_the_float16_cases_flush_weights_or_not_as_they_say() -> None:
@@ -374,6 +428,19 @@ def test_the_lean_trace_equals_the_per_stage_trace(
     assert_same_traces(lean, staged, FLOAT64)
 
 
+@pytest.mark.parametrize("mask_value", FINITE_MASK_VALUES.values(), ids=FINITE_MASK_VALUES.keys())
+@pytest.mark.parametrize("case", TRACE_CASES.values(), ids=TRACE_CASES.keys())
+def test_the_lean_trace_under_a_finite_mask_value_equals_the_per_stage_trace(
+    case: dict[str, Any], mask_value: float, lean_calls: LeanCalls
+) -> None:
+    spec = make_spec(5, **case, mask_value=mask_value)
+    lean, staged = lean_and_per_stage(spec)
+    assert lean_calls.computed > 0
+    assert lean_calls.refused == 0
+    assert_same_traces(lean, staged, FLOAT64)
+    np.testing.assert_allclose(lean.stats.hidden_weight, staged.stats.hidden_weight, atol=1e-12)
+
+
 FLOAT32_CASES = {name: case for name, case in CASES.items() if case.get("float32")}
 
 
@@ -437,13 +504,6 @@ NOT_LEAN: dict[str, dict[str, Any]] = {
     "alibi": {"alibi": True, "causal": True},
     "dropout": {"dropout": 0.2, "seed": 3},
     "float-mask": {"mask": "float"},
-    "finite-mask-value": {
-        "mask_value": -1e9,
-        "causal": True,
-        "causal_align": "lower-right",
-        "L": 30,
-        "S": 13,
-    },
     "prescale": {"prescale": True},
     "float16-emulated": {"dtype": "float16", "causal": True},
     "bfloat16-emulated-float32-softmax": {"dtype": "bfloat16", "key_lengths": (0, 19)},

@@ -193,6 +193,12 @@ def test_flushes_agrees_with_a_cast_element_for_element(name: str) -> None:
         ("bfloat16", 3.4e38, True),
         ("float32", 3.4e38, False),
         ("float32", 3.5e38, True),
+        # twice the largest and beyond: decided without a cast, for every format
+        ("float16", 131008.0, True),
+        ("float16", -3.0e38, True),
+        ("float8_e4m3fn", 896.0, True),
+        ("bfloat16", -1.0e300, True),
+        ("float32", 1.0e300, True),
     ],
 )
 def test_overflow_at_known_points(name: str, value: float, overflows: bool) -> None:
