@@ -158,14 +158,26 @@ def diagnose_grad(
     )
 
 
+CHUNK = 1 << 20
+"""Elements of a gradient read at a time: the temporaries stay a few MiB whatever its size."""
+
+
+def _chunks(g: NDArray[Any]) -> Iterator[NDArray[Any]]:
+    flat = g.reshape(-1)
+    for i0 in range(0, flat.size, CHUNK):
+        yield flat[i0 : i0 + CHUNK]
+
+
 def _nonfinite(grads: Gradients) -> Iterator[Finding]:
     for name in grads.present():
+        values = grads.tensor(name)
+        assert values is not None
+        if all(np.isfinite(c).all() for c in _chunks(values)):
+            continue
         g = grads.loaded(name)
         assert g is not None
         bad = ~np.isfinite(g)
         n = int(np.count_nonzero(bad))
-        if not n:
-            continue
         nans = int(np.count_nonzero(np.isnan(g)))
         yield Finding(
             "gradient_nonfinite",
@@ -186,19 +198,21 @@ def _ranges(grads: Gradients, dtype: str) -> Iterator[GradRange]:
     for name in grads.present():
         g = grads.tensor(name)
         assert g is not None
-        mags = np.abs(g[np.isfinite(g)])
-        nonzero = mags[mags > 0]
+        top, count = 0.0, 0
+        tallies = {d: [0, 0, 0] for d in formats}  # overflow, subnormal, flush
+        for chunk in _chunks(g):
+            mags = np.abs(chunk[np.isfinite(chunk)])
+            nonzero = mags[mags > 0]
+            top = max(top, float(mags.max(initial=0.0)))
+            count += int(nonzero.size)
+            for d in formats:
+                f = precision.fmt(d)
+                t = tallies[d]
+                t[0] += int(np.count_nonzero(f.overflows(nonzero)))
+                t[1] += int(np.count_nonzero((nonzero < f.normal) & (nonzero >= f.tiny / 2)))
+                t[2] += int(np.count_nonzero(nonzero < f.tiny / 2))
         for d in formats:
-            f = precision.fmt(d)
-            yield GradRange(
-                name,
-                d,
-                float(mags.max(initial=0.0)),
-                int(nonzero.size),
-                int(np.count_nonzero(f.overflows(nonzero))),
-                int(np.count_nonzero((nonzero < f.normal) & (nonzero >= f.tiny / 2))),
-                int(np.count_nonzero(nonzero < f.tiny / 2)),
-            )
+            yield GradRange(name, d, top, count, *tallies[d])
 
 
 def _range_findings(ranges: tuple[GradRange, ...], dtype: str) -> Iterator[Finding]:

@@ -310,9 +310,20 @@ def _off_top(a: F64, top: NDArray[np.intp], max_weight: F64) -> tuple[F64, F64]:
     return rest, gain
 
 
+NORM_SLICES = 1 << 20
+"""Elements above which :func:`norm` of a tensor goes one (batch, head) slice at a time."""
+
+
 def norm(x: NDArray[Any], axis: int | tuple[int, ...] | None = None) -> Any:
     """The 2-norm along ``axis``, scaled by the largest magnitude first: the squares of
     a vanishing row's dS (~1e-200) would underflow to 0 and hide it."""
+    x = np.asarray(x)
+    if x.ndim > 2 and axis in (None, (-2, -1)) and x.size > NORM_SLICES:
+        # slice by slice: the temporaries are a slice's, not the whole tensor's
+        per = np.empty(x.shape[:-2])
+        for at in np.ndindex(*per.shape):
+            per[at] = norm(x[at])
+        return per if axis is not None else norm(per)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         mags = np.abs(x)
         top = np.max(mags, axis=axis, keepdims=True, initial=0.0)

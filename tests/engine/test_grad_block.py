@@ -196,3 +196,18 @@ def test_softmax_backward_leaves_da_as_it_was() -> None:
     # dS = A ⊙ (dA − Σ A dA): row 0 Σ = 0.7 + 0.4 + 0.3 = 1.4
     np.testing.assert_allclose(ds[0], [0.7 * -0.4, 0.2 * 0.6, 0.1 * 1.6], rtol=1e-14)
     np.testing.assert_array_equal(ds[1], [0.0, 0.0, 0.0])
+
+
+def test_the_norm_of_a_large_tensor_goes_slice_by_slice_to_the_same_value() -> None:
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, 3, 400, 1000))  # 2.4M elements: one slice at a time
+    assert x.size > grad_block.NORM_SLICES
+    assert norm(x) == pytest.approx(float(np.sqrt(np.sum(x * x))), rel=1e-13)
+    per_slice = norm(x, axis=(-2, -1))
+    np.testing.assert_allclose(per_slice, np.sqrt(np.sum(x * x, axis=(-2, -1))), rtol=1e-13)
+    # squares that underflow: scaled per slice and across slices, as in one piece
+    tiny = x * 1e-200
+    assert norm(tiny) == pytest.approx(norm(x) * 1e-200, rel=1e-12)
+    tiny[1, 2, 5, 7] = np.inf
+    assert norm(tiny) == np.inf
+    assert np.isinf(norm(tiny, axis=(-2, -1))[1, 2])
