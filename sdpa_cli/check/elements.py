@@ -252,7 +252,9 @@ def output_range(
     first_value = 0.0
     bounds = (0.0, 0.0)
     for lead in np.ndindex(*spec.lead):
-        lo, hi = bounds_lo[lead], bounds_hi[lead]
+        # in float64: the bounds are stored in V's own format, the slack is not
+        lo = np.asarray(bounds_lo[lead], dtype=np.float64)
+        hi = np.asarray(bounds_hi[lead], dtype=np.float64)
         o = out[lead]
         slack = tol.atol + tol.rtol * np.maximum(np.abs(lo), np.abs(hi))
         with np.errstate(invalid="ignore"):

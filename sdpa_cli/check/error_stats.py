@@ -2,14 +2,19 @@
 
 Mean, median, p90, p99 and max of the absolute and the relative error over the pairs
 finite on both sides, and per (batch, head) slice the cosine similarity. The arrays
-are read a block of slices at a time (:func:`slice_blocks`): what is kept whole is
-one float32 number per element for the quantiles, not the float64 temporaries.
+are read a block of slices at a time (:func:`slice_blocks`), and nothing the size of
+the arrays is kept: the quantiles are those of the errors rounded to float32, found
+exactly by their bits. A non-negative float32's bit pattern orders as its value, so a
+histogram of the top 16 bits (the first pass, with the sums) names the bin holding
+each order statistic, and a histogram of the low 16 bits of that bin's values (a
+second pass over the arrays) names the value itself; numpy's linear interpolation
+between the two order statistics around each quantile follows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -50,49 +55,135 @@ def slice_blocks(n_slices: int, slice_size: int) -> Iterator[slice]:
         yield slice(s0, min(s0 + step, n_slices))
 
 
+Blocks = Callable[[], Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]]
+"""Reads the arrays again, block by block: ``(slices, a, r, finite)`` as :meth:`ErrorFigures.add` takes them."""
+
+HIGH = 1 << 16
+"""Bins of the first histogram: the top 16 bits of a float32."""
+
+
+def _errors(a: F64, r: F64, finite: NDArray[np.bool_]) -> tuple[F64, F64]:
+    """The absolute and the relative error of the pairs finite on both sides."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        diff = np.abs(a - r)[finite]
+        mag = np.abs(r)[finite]
+        rel = np.divide(diff, mag, out=np.zeros_like(diff), where=mag > 0)
+        rel[(mag == 0) & (diff > 0)] = np.inf  # a zero reference missed by anything
+    return diff, rel
+
+
+PIECE = 1 << 18
+"""Elements whose errors are computed at a time: a few float64 temporaries of 2 MiB."""
+
+
+def _pieces(
+    a: F64, r: F64, finite: NDArray[np.bool_]
+) -> Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]:
+    """A block ``(k, ...)`` as ``(k', m)`` pieces of about :data:`PIECE` elements: the
+    slices ``k'`` they belong to, and those slices' elements, a range of them at a time."""
+    k = len(a)
+    a2, r2, f2 = a.reshape(k, -1), r.reshape(k, -1), finite.reshape(k, -1)
+    m = a2.shape[1]
+    rows = max(1, PIECE // max(m, 1))
+    step = PIECE if rows == 1 else max(m, 1)
+    for s0 in range(0, k, rows):
+        part = slice(s0, min(s0 + rows, k))
+        for c0 in range(0, max(m, 1), step):
+            cols = slice(c0, c0 + step)
+            yield part, a2[part, cols], r2[part, cols], f2[part, cols]
+
+
+def _bits(values: F64) -> NDArray[np.uint32]:
+    """Non-negative values rounded to float32, as bits that order as the values do."""
+    with np.errstate(over="ignore"):
+        return values.astype(np.float32).view(np.uint32)
+
+
+def _order_statistic(k: int, high: NDArray[np.int64], b: int, low: NDArray[np.int64]) -> float:
+    """The ``k``-th smallest float32 (from 0): ``high`` the cumulative counts of the top
+    16 bits, ``b`` its bin there, ``low`` the counts of the low 16 bits within it."""
+    before = int(high[b - 1]) if b else 0
+    bits = (b << 16) | int(np.searchsorted(np.cumsum(low), k - before, side="right"))
+    return float(np.array(bits, np.uint32).view(np.float32))
+
+
 class ErrorFigures:
     """The statistics gathered block by block (:meth:`add`), read at the end
-    (:meth:`figures`)."""
+    (:meth:`figures`, which reads the blocks once more for the quantiles)."""
 
-    def __init__(self, n_elements: int, n_slices: int) -> None:
-        self.abs_values = np.empty(n_elements, dtype=np.float32)
-        self.rel_values = np.empty(n_elements, dtype=np.float32)
+    def __init__(self, n_slices: int) -> None:
         self.count = 0
         self.sums = {"abs": 0.0, "rel": 0.0}
         self.maxima = {"abs": 0.0, "rel": 0.0}
+        self.high = {"abs": np.zeros(HIGH, np.int64), "rel": np.zeros(HIGH, np.int64)}
         self.dot = np.zeros(n_slices)
         self.norm_a = np.zeros(n_slices)
         self.norm_r = np.zeros(n_slices)
 
     def add(self, at: slice, a: F64, r: F64, finite: NDArray[np.bool_]) -> None:
-        """One block of slices ``at``: ``a`` and ``r`` in float64, ``(k, ...)``."""
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            diff = np.abs(a - r)[finite]
-            mag = np.abs(r)[finite]
-            rel = np.divide(diff, mag, out=np.zeros_like(diff), where=mag > 0)
-            rel[(mag == 0) & (diff > 0)] = np.inf  # a zero reference missed by anything
-            n = diff.size
-            self.abs_values[self.count : self.count + n] = diff
-            self.rel_values[self.count : self.count + n] = rel
-            self.count += n
+        """One block of slices ``at`` (each added once): ``a`` and ``r`` in float64,
+        ``(k, ...)``, read a piece of :data:`PIECE` elements at a time."""
+        for piece, pa, pr, pf in _pieces(a, r, finite):
+            diff, rel = _errors(pa, pr, pf)
+            self.count += diff.size
             for kind, values in (("abs", diff), ("rel", rel)):
                 self.sums[kind] += float(values.sum())
                 self.maxima[kind] = max(self.maxima[kind], float(np.max(values, initial=0.0)))
-            aa = np.where(finite, a, 0.0).reshape(len(a), -1)
-            rr = np.where(finite, r, 0.0).reshape(len(r), -1)
-            self.dot[at] = np.einsum("ij,ij->i", aa, rr)
-            self.norm_a[at] = np.einsum("ij,ij->i", aa, aa)
-            self.norm_r[at] = np.einsum("ij,ij->i", rr, rr)
+                self.high[kind] += np.bincount(_bits(values) >> 16, minlength=HIGH)
+            aa = np.where(pf, pa, 0.0)
+            rr = np.where(pf, pr, 0.0)
+            self.dot[at][piece] += np.einsum("ij,ij->i", aa, rr)
+            self.norm_a[at][piece] += np.einsum("ij,ij->i", aa, aa)
+            self.norm_r[at][piece] += np.einsum("ij,ij->i", rr, rr)
 
-    def figures(self, lead: tuple[int, ...]) -> dict[str, Any]:
-        """The statistics; ``lead`` the slices' shape (for the cosine's index)."""
+    def _quantiles(self, again: Blocks) -> dict[str, list[float]]:
+        """Per kind, :data:`STATS_QUANTILES` of the float32 errors, as ``np.quantile``
+        computes them (linear interpolation), from the histograms and one more read."""
+        where = {}  # kind → (cumulative counts of the top 16 bits, each rank's bin)
+        for kind in ("abs", "rel"):
+            cum = np.cumsum(self.high[kind])
+            ranks = []
+            for q in STATS_QUANTILES.values():
+                h = (self.count - 1) * q
+                ranks += [math.floor(h), min(math.floor(h) + 1, self.count - 1)]
+            bins = {k: int(np.searchsorted(cum, k, side="right")) for k in ranks}
+            where[kind] = (cum, bins)
+        low = {
+            kind: {b: np.zeros(HIGH, np.int64) for b in set(w[1].values())}
+            for kind, w in where.items()
+        }
+        for _, a, r, finite in again():
+            for _, pa, pr, pf in _pieces(a, r, finite):
+                for kind, values in zip(("abs", "rel"), _errors(pa, pr, pf), strict=True):
+                    bits = _bits(values)
+                    top = bits >> 16
+                    for b, hist in low[kind].items():
+                        hist += np.bincount(bits[top == b] & 0xFFFF, minlength=HIGH)
+        out: dict[str, list[float]] = {}
+        for kind, (cum, bins) in where.items():
+            qs = []
+            for q in STATS_QUANTILES.values():
+                h = (self.count - 1) * q
+                k = math.floor(h)
+                pair = [
+                    _order_statistic(j, cum, bins[j], low[kind][bins[j]])
+                    for j in (k, min(k + 1, self.count - 1))
+                ]
+                # a float64 array of one quantile, as numpy is given three: the same promotion
+                at = np.array([h - k])
+                qs.append(float(np.quantile(np.array(pair, np.float32), at)[0]))
+            out[kind] = qs
+        return out
+
+    def figures(self, lead: tuple[int, ...], again: Blocks) -> dict[str, Any]:
+        """The statistics; ``lead`` the slices' shape (for the cosine's index),
+        ``again`` the blocks read once more (for the quantiles)."""
         out: dict[str, Any] = {}
-        for kind, values in (("abs", self.abs_values), ("rel", self.rel_values)):
-            kept = values[: self.count]
+        quantiles = self._quantiles(again) if self.count else None
+        for kind in ("abs", "rel"):
             figures = {"mean": self.sums[kind] / self.count if self.count else 0.0}
-            qs = np.quantile(kept, list(STATS_QUANTILES.values())) if self.count else None
             for i, label in enumerate(STATS_QUANTILES):
-                figures[label] = float(qs[i]) if qs is not None else 0.0
+                figures[label] = quantiles[kind][i] if quantiles is not None else 0.0
             figures["max"] = self.maxima[kind]
             out[kind] = figures
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -101,8 +192,6 @@ class ErrorFigures:
         worst: list[int] = []
         if cos.size and lead:
             worst = [int(i) for i in np.unravel_index(int(np.argmin(cos)), lead)]
-        elif cos.size:
-            worst = []
         out["cosine"] = {"min": float(np.min(cos, initial=1.0)), "min_at": worst}
         return out
 
@@ -113,12 +202,17 @@ def error_stats(actual: NDArray[Any], reference: NDArray[Any], slices: int) -> d
     a_view, r_view = by_slice(actual, slices), by_slice(reference, slices)
     lead = np.shape(actual)[: max(np.ndim(actual) - slices, 0)]
     size = math.prod(a_view.shape[1:])
-    figures = ErrorFigures(a_view.size, len(a_view))
-    for at in slice_blocks(len(a_view), size):
-        a = np.asarray(a_view[at], dtype=np.float64)
-        r = np.asarray(r_view[at], dtype=np.float64)
-        figures.add(at, a, r, np.isfinite(a) & np.isfinite(r))
-    return figures.figures(tuple(lead))
+
+    def blocks() -> Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]:
+        for at in slice_blocks(len(a_view), size):
+            a = np.asarray(a_view[at], dtype=np.float64)
+            r = np.asarray(r_view[at], dtype=np.float64)
+            yield at, a, r, np.isfinite(a) & np.isfinite(r)
+
+    figures = ErrorFigures(len(a_view))
+    for at, a, r, finite in blocks():
+        figures.add(at, a, r, finite)
+    return figures.figures(tuple(lead), blocks)
 
 
 def stat_value(stats: dict[str, Any], name: str) -> float:

@@ -27,6 +27,7 @@ Pure numpy: arrays in, :class:`~sdpa_cli.check.records.Check` out.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -232,6 +233,14 @@ class _Tally:
     known: int = 0
 
 
+def _pairs(a_view: F64, r_view: F64) -> Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]:
+    """The two arrays' slices, a block at a time, in float64, with their finite pairs."""
+    for at in slice_blocks(len(a_view), math.prod(a_view.shape[1:])):
+        a = np.asarray(a_view[at], dtype=np.float64)
+        r = np.asarray(r_view[at], dtype=np.float64)
+        yield at, a, r, np.isfinite(a) & np.isfinite(r)
+
+
 def relative_check(
     name: str,
     actual: F64,
@@ -256,7 +265,7 @@ def relative_check(
     lead = tuple(np.shape(actual)[: max(np.ndim(actual) - slices, 0)])
     tail = a_view.shape[1:]
     n = len(a_view)
-    figures = ErrorFigures(a_view.size, n)
+    figures = ErrorFigures(n)
     tally = _Tally()
     shifted: list[tuple[tuple[int, ...], float, float]] = []
     slice_rms, slice_plain = np.zeros(n), np.zeros(n)
@@ -270,12 +279,18 @@ def relative_check(
     for at in slice_blocks(n, math.prod(tail)):
         a = np.asarray(a_view[at], dtype=np.float64)
         r = np.asarray(r_view[at], dtype=np.float64)
-        p = np.full(a.shape, np.nan) if p_view is None else np.asarray(p_view[at], np.float64)
+        finite = np.isfinite(a) & np.isfinite(r)
+        figures.add(at, a, r, finite)  # first: its pieces' temporaries come and go alone
         with np.errstate(invalid="ignore", over="ignore"):
-            finite = np.isfinite(a) & np.isfinite(r)
             err = np.where(finite, a - r, 0.0)
-            known = finite & np.isfinite(p)  # NaN: the plain computation was not needed
-            plain_err = np.where(known, p - r, 0.0)
+            if p_view is None:  # the plain computation was not needed anywhere
+                known = np.zeros(a.shape, dtype=np.bool_)
+                plain_err = np.zeros(a.shape)
+            else:
+                p = np.asarray(p_view[at], np.float64)
+                known = finite & np.isfinite(p)  # NaN: the plain computation was not needed
+                plain_err = np.where(known, p - r, 0.0)
+                del p
             floor = _floor(r, rows, judgement)
             # |err| / (factor · max(the slice's largest |plain err|, floor)); err is 0
             # where a side is not finite, so the ratio is 0 there
@@ -306,7 +321,6 @@ def relative_check(
         tally.plain_squares += float(flat_plain @ flat_plain)
         tally.finite += int(finite.sum())
         tally.known += int(known.sum())
-        figures.add(at, a, r, finite)
 
     need = tally.ratio * judgement.factor
     worst_at = m.worst_at
@@ -336,7 +350,7 @@ def relative_check(
     plain_rms = math.sqrt(tally.plain_squares / tally.known) if tally.known else None
     rms = math.sqrt(tally.squares / tally.finite) if tally.finite else 0.0
     details: dict[str, Any] = {
-        "error_stats": figures.figures(lead),
+        "error_stats": figures.figures(lead, lambda: _pairs(a_view, r_view)),
         "plain_rms_error": plain_rms,
         "rms_error": rms,
         "factor_needed": need,

@@ -93,8 +93,10 @@ def _judge_pass(
     at least as wide as the inputs'), and the reference's output, LSE and V range."""
     stats = Stats.empty(spec)
     ref_dtype = native_dtype(ref_spec) or np.dtype(np.float64)
-    # V's own values bound the output: float32 holds those of a float16 or float32 V.
-    bound_dtype = np.result_type(spec.v.dtype, np.float32)
+    # V's own values bound the output: its own format holds them (float16: half the
+    # memory of float32), else float32 holds those of a bfloat16 V.
+    v_dtype = np.dtype(ref_spec.v.dtype)
+    bound_dtype = v_dtype if v_dtype.kind == "f" else np.result_type(v_dtype, np.float32)
     found = _Pass(stats)
     runs = [(ref_spec, found.reference, ref_dtype)]
     if naive_spec is not None:

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from sdpa_cli.check import error_stats as error_stats_module
 from sdpa_cli.check.compare import compare
 from sdpa_cli.check.error_stats import error_limit_check, error_stats
 from sdpa_cli.check.relative import Judgement, relative_check, ulp
@@ -124,6 +125,51 @@ def test_error_stats_are_polygraphys_figures() -> None:
     cos = float(actual.ravel() @ ref.ravel() / np.linalg.norm(actual) / np.linalg.norm(ref))
     assert stats["cosine"]["min"] == pytest.approx(cos)
     assert stats["cosine"]["min_at"] == [0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_error_quantiles_read_by_their_bits_equal_numpys(seed: int) -> None:
+    # the quantiles are found from two histograms of the float32 errors' bits, never
+    # holding them all: exactly np.quantile of those float32 errors, on data with ties,
+    # exact matches (0), a zero reference missed (inf) and NaN pairs left out
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(size=(3, 5, 37, 11))
+    actual = ref + rng.normal(size=ref.shape) * 10.0 ** rng.integers(-9, -2, size=ref.shape)
+    actual[rng.random(ref.shape) < 0.2] = ref[rng.random(ref.shape) < 0.2][:1]
+    exact = rng.random(ref.shape) < 0.1
+    actual[exact] = ref[exact]
+    ref[0, 0, 0, :3] = 0.0
+    actual[1, 2, 3, 4] = np.nan
+    stats = error_stats(actual, ref, 2)
+    finite = np.isfinite(actual) & np.isfinite(ref)
+    diff = np.abs(actual - ref)[finite]
+    mag = np.abs(ref)[finite]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(mag > 0, diff / mag, np.where(diff > 0, np.inf, 0.0))
+    for kind, values in (("abs", diff), ("rel", rel)):
+        want = np.quantile(values.astype(np.float32), [0.5, 0.9, 0.99])
+        got = [stats[kind][q] for q in ("median", "p90", "p99")]
+        assert got == [float(x) for x in want], kind
+
+
+@pytest.mark.parametrize("piece", [5, 37 * 11, 3 * 37 * 11])
+def test_error_stats_read_in_pieces_equal_one_read(
+    piece: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pieces inside a slice, a slice's rows, several slices: the same figures
+    rng = np.random.default_rng(5)
+    ref = rng.normal(size=(3, 5, 37, 11))
+    actual = ref + rng.normal(size=ref.shape) * 1e-4
+    actual[2, 1] += rng.normal(size=(37, 11)) * 0.1  # one slice with a lower cosine
+    whole = error_stats(actual, ref, 2)
+    monkeypatch.setattr(error_stats_module, "PIECE", piece)
+    pieces = error_stats(actual, ref, 2)
+    for kind in ("abs", "rel"):
+        for stat in ("median", "p90", "p99", "max"):
+            assert pieces[kind][stat] == whole[kind][stat]
+        assert pieces[kind]["mean"] == pytest.approx(whole[kind]["mean"], rel=1e-12)
+    assert pieces["cosine"]["min"] == pytest.approx(whole["cosine"]["min"], rel=1e-12)
+    assert pieces["cosine"]["min_at"] == whole["cosine"]["min_at"] == [2, 1]
 
 
 def test_one_bad_row_is_named_not_its_slice() -> None:
