@@ -287,20 +287,18 @@ def _export_checks(
 ) -> list[Check]:
     """The checks of the exported tensors, in order: output, weights, LSE (``nan``:
     whether NaN on both sides counts as a match)."""
-    ref, tols = against.values, against.tolerances
+    tols = against.tolerances
     checks: list[Check] = []
     if "output" in fitted:
-        checks += _output_checks(spec, fitted["output"], ref["output"], tols["output"], found, nan)
-        _judged(checks, "output", fitted, against, nan)
+        checks += _output_checks(spec, fitted["output"], tols["output"], found)
+        checks.append(_close("output", fitted["output"], against, nan))
     if "weights" in fitted:
         assert against.support is not None
-        checks += _weights_checks(
-            spec, fitted["weights"], ref["weights"], tols["weights"], against.support, nan
-        )
-        _judged(checks, "weights", fitted, against, nan)
+        checks += _weights_checks(spec, fitted["weights"], tols["weights"], against.support)
+        checks.append(_close("weights", fitted["weights"], against, nan))
     if "lse" in fitted:
+        checks.append(_close("lse", fitted["lse"], against, nan))
         checks += _lse_checks(fitted, against, nan)
-        _judged(checks, "lse", fitted, against, nan)
     return checks
 
 
@@ -324,19 +322,16 @@ def _error_checks(
     return out
 
 
-def _judged(
-    checks: list[Check], name: str, fitted: Mapping[str, Fitted], against: _Against, nan: bool
-) -> None:
-    """Under the kernel-relative judgement, ``name.close`` judged against the plain
-    computation (in place of the fixed-tolerance comparison)."""
+def _close(name: str, f: Fitted, against: _Against, nan: bool) -> Check:
+    """``name.close``: under the kernel-relative judgement, against the plain
+    computation; else within the tolerance (``nan``: NaN on both sides matches)."""
+    ref = against.values[name]
     if against.judgement is None or against.plain is None:
-        return
-    f = fitted[name]
-    at = next(i for i, c in enumerate(checks) if c.name == f"{name}.close")
-    checks[at] = relative_check(
+        return close_check(name, f.values, ref, against.tolerances[name], f.exp.label, nan)
+    return relative_check(
         name,
         f.values,
-        against.values[name],
+        ref,
         against.plain[name],
         against.judgement,
         f.exp.label,
@@ -412,10 +407,8 @@ def _tolerance(settings: CheckSettings, export: str, ref: F64, naive: F64 | None
     return Tolerance(rtol, atol, f"{export} defaults")
 
 
-def _output_checks(
-    spec: AttentionSpec, f: Fitted, ref: F64, tol: Tolerance, found: _Pass, equal_nan: bool
-) -> list[Check]:
-    """The exported output: finite, inside V's range, close to the reference."""
+def _output_checks(spec: AttentionSpec, f: Fitted, tol: Tolerance, found: _Pass) -> list[Check]:
+    """The exported output: finite, inside V's range (its closeness: :func:`_close`)."""
     split = split_heads_of_output(spec, f.values) if f.merged else f.values
     assert found.lo is not None
     assert found.hi is not None
@@ -423,36 +416,29 @@ def _output_checks(
     return [
         finite_check("output", f.values, label),
         output_range(spec, split, found.lo, found.hi, tol, label, f.merged),
-        close_check("output", f.values, ref, tol, label, equal_nan),
     ]
 
 
 def _weights_checks(
-    spec: AttentionSpec,
-    f: Fitted,
-    ref: F64,
-    tol: Tolerance,
-    support: NDArray[np.bool_],
-    equal_nan: bool,
+    spec: AttentionSpec, f: Fitted, tol: Tolerance, support: NDArray[np.bool_]
 ) -> list[Check]:
     """The exported weights: finite, in [0, 1], rows summing to 1 over ``support``
-    (weight across packed documents named), close to the reference."""
+    (weight across packed documents named); their closeness: :func:`_close`."""
     label = f.exp.label
     return [
         finite_check("weights", f.values, label),
         weights_range(f.values, tol, label),
         weights_rows(f.values, support, tol, label, documents(spec)),
-        close_check("weights", f.values, ref, tol, label, equal_nan),
     ]
 
 
 def _lse_checks(fitted: Mapping[str, Fitted], against: _Against, equal_nan: bool) -> list[Check]:
-    """The exported LSE: close to the reference, and with exported weights, the
-    weights equal to exp(logit − LSE)."""
+    """With exported weights, the weights equal to exp(logit − the exported LSE)
+    (the LSE's closeness: :func:`_close`)."""
     f = fitted["lse"]
     label = f.exp.label
-    ref, tols = against.values, against.tolerances
-    checks = [close_check("lse", f.values, ref["lse"], tols["lse"], label, equal_nan)]
+    tols = against.tolerances
+    checks: list[Check] = []
     if "weights" in fitted:
         reference = against.trace
         assert reference is not None
