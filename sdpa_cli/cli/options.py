@@ -280,7 +280,7 @@ def start_engine(jobs: int | None) -> int:
     """The engine's thread count; BLAS kept to one thread per worker. Called before
     numpy is first imported (BLAS reads these at load); a variable the user set wins."""
     # imported here: the standard library only, and keeps sdpa --help fast
-    from sdpa_cli.files.limits import check_address_space
+    from sdpa_cli.files.limits import check_address_space, keep_freed_blocks
 
     n = jobs or cores()
     check_address_space(n)
@@ -289,7 +289,7 @@ def start_engine(jobs: int | None) -> int:
         os.environ.setdefault(name, "1")
     if not chosen and "numpy" in sys.modules:
         _one_blas_thread()
-    _keep_freed_blocks()
+    keep_freed_blocks()
     return n
 
 
@@ -303,22 +303,6 @@ def _one_blas_thread() -> None:
     except ImportError:  # installed with sdpa; without it BLAS keeps its threads
         return
     threadpool_limits(limits=1, user_api="blas")
-
-
-def _keep_freed_blocks() -> None:
-    """Have glibc keep freed block-sized arrays for reuse. By default it hands every
-    freed allocation above 128 KiB back to the system and maps the next one afresh,
-    a page fault per 4 KiB of every array of every block: a third of a run's time."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes  # imported here: only glibc needs it, and it keeps sdpa --help fast
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: map only allocations above 32 MiB
-        libc.mallopt(-1, 16 << 20)  # M_TRIM_THRESHOLD: keep up to 16 MiB of freed heap
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
 
 
 PROGRESS_SCORES = 1 << 27
