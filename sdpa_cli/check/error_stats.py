@@ -65,10 +65,12 @@ HIGH = 1 << 16
 def _errors(a: F64, r: F64, finite: NDArray[np.bool_]) -> tuple[F64, F64]:
     """The absolute and the relative error of the pairs finite on both sides."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        diff = np.abs(a - r)[finite]
-        mag = np.abs(r)[finite]
+        every = bool(finite.all())  # the common case: no copy through the mask
+        diff = np.abs(a - r).ravel() if every else np.abs(a - r)[finite]
+        mag = np.abs(r).ravel() if every else np.abs(r)[finite]
         rel = np.divide(diff, mag, out=np.zeros_like(diff), where=mag > 0)
-        rel[(mag == 0) & (diff > 0)] = np.inf  # a zero reference missed by anything
+        if not mag.all():
+            rel[(mag == 0) & (diff > 0)] = np.inf  # a zero reference missed by anything
     return diff, rel
 
 
@@ -152,13 +154,17 @@ class ErrorFigures:
             kind: {b: np.zeros(HIGH, np.int64) for b in set(w[1].values())}
             for kind, w in where.items()
         }
+        marked = {kind: np.zeros(HIGH, dtype=np.bool_) for kind in low}
+        for kind, bins_of in low.items():
+            marked[kind][list(bins_of)] = True
         for _, a, r, finite in again():
             for _, pa, pr, pf in _pieces(a, r, finite):
                 for kind, values in zip(("abs", "rel"), _errors(pa, pr, pf), strict=True):
                     bits = _bits(values)
-                    top = bits >> 16
+                    few = bits[marked[kind][bits >> 16]]  # one pass: the needed bins' values
+                    top = few >> 16
                     for b, hist in low[kind].items():
-                        hist += np.bincount(bits[top == b] & 0xFFFF, minlength=HIGH)
+                        hist += np.bincount(few[top == b] & 0xFFFF, minlength=HIGH)
         out: dict[str, list[float]] = {}
         for kind, (cum, bins) in where.items():
             qs = []
