@@ -273,7 +273,7 @@ def save_grad_npz(grads: Gradients, path: str) -> None:
     """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
     loaded, and the ``dout`` used, to ``path``, atomically."""
     arrays = {n: np.asarray(grads.loaded(n)) for n in grads.present()}
-    arrays["dout"] = merge_heads(grads.spec, grads.dout)
+    arrays["dout"] = merge_heads(grads.spec, grads.dout).astype(np.float64)  # as the gradients
 
     def write(fh: BinaryIO) -> None:
         np.savez(fh, **arrays)  # type: ignore[arg-type]

@@ -65,8 +65,12 @@ def random_stream(seed: int, purpose: int) -> np.random.Generator:
     return np.random.default_rng([seed, purpose])
 
 
-def make_dout(spec: AttentionSpec, given: str | NDArray[Any], seed: int, where: str) -> F64:
-    """The output's gradient dO in the engine's layout ``(*lead, L, Ev)``, float64.
+def make_dout(
+    spec: AttentionSpec, given: str | NDArray[Any], seed: int, where: str
+) -> NDArray[Any]:
+    """The output's gradient dO in the engine's layout ``(*lead, L, Ev)``: float64, or a
+    file's float16 or float32 as it is (every value exact; the products read it as
+    float64 block by block: a quarter of the memory for a float16 dO).
 
     Args:
         given: ``ones``, ``random`` (standard normal, from ``seed``) or an array
@@ -91,7 +95,8 @@ def make_dout(spec: AttentionSpec, given: str | NDArray[Any], seed: int, where: 
             where,
             f"dO should have the output's shape {shape}: but got {tuple(arr.shape)}",
         )
-    return split_heads_of_output(spec, np.asarray(arr, dtype=np.float64).reshape(shape))
+    kept = arr.dtype if arr.dtype in (np.float16, np.float32) else np.float64
+    return split_heads_of_output(spec, np.asarray(arr, dtype=kept).reshape(shape))
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -112,7 +117,8 @@ class Gradients:
     """
 
     spec: AttentionSpec
-    dout: F64
+    dout: NDArray[Any]
+    """dO as :func:`make_dout` gives it (float64, or a file's float16 or float32)."""
     dq: F64
     dk: F64
     dv: F64
@@ -153,7 +159,7 @@ class Gradients:
 
 def backward(
     spec: AttentionSpec,
-    dout: F64,
+    dout: NDArray[Any],
     *,
     rows: int | None = None,
     jobs: int = 1,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine.grad import DOUT_SOURCES, make_dout
@@ -102,8 +101,8 @@ def load_spec(
     return spec, description
 
 
-def load_dout(spec: AttentionSpec, dout: str) -> tuple[NDArray[np.float64], str, dict[str, Any]]:
-    """``--dout`` → dO in the engine's layout, float64; how it reads in a view (a
+def load_dout(spec: AttentionSpec, dout: str) -> tuple[NDArray[Any], str, dict[str, Any]]:
+    """``--dout`` → dO in the engine's layout (:func:`make_dout`); how it reads in a view (a
     label) and in a report (a JSON record).
 
     ``dout`` is ``ones``, ``random`` (standard normal from ``--seed``) or a file

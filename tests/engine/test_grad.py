@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from attention_cases import CASES as MASK_CASES
+from attention_cases import make_spec
 from grad_reference import (
     F64,
     Reference,
@@ -1089,3 +1091,16 @@ def test_nan_in_v_behind_a_causal_mask_reaches_the_rows_that_skip_it() -> None:
         grads = backward(spec, make_dout(spec, "random", 8, "--dout"), rows=rows)
         assert np.all(np.isnan(grads.dq)), rows
         assert np.all(np.isfinite(grads.dv)), rows
+
+
+def test_a_float16_dout_is_kept_as_it_is_and_gives_the_same_gradients() -> None:
+    # a quarter of the memory of float64; every float16 value is exact in float64
+    spec = make_spec(9, **MASK_CASES["causal-window-padding"])
+    wide = make_dout(spec, "random", 4, "--dout")
+    half = make_dout(spec, wide.astype(np.float16), 4, "dout.npy")
+    assert half.dtype == np.float16
+    exact = backward(spec, half.astype(np.float64))
+    kept = backward(spec, half)
+    for name in ("dq", "dk", "dv", "da_norm", "ds_norm"):
+        np.testing.assert_array_equal(getattr(kept, name), getattr(exact, name), err_msg=name)
+    assert make_dout(spec, wide.astype(np.int64), 4, "dout.npy").dtype == np.float64
