@@ -58,6 +58,10 @@ def slice_blocks(n_slices: int, slice_size: int) -> Iterator[slice]:
 Blocks = Callable[[], Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]]
 """Reads the arrays again, block by block: ``(slices, a, r, finite)`` as :meth:`ErrorFigures.add` takes them."""
 
+KEEP_ELEMENTS = 1 << 21
+"""Up to this many elements (16 MiB of float32 errors, two kinds) the errors are kept
+and their quantiles read directly; above, from the histograms, in bounded memory."""
+
 HIGH = 1 << 16
 """Bins of the first histogram: the top 16 bits of a float32."""
 
@@ -113,11 +117,14 @@ class ErrorFigures:
     """The statistics gathered block by block (:meth:`add`), read at the end
     (:meth:`figures`, which reads the blocks once more for the quantiles)."""
 
-    def __init__(self, n_slices: int) -> None:
+    def __init__(self, n_slices: int, n_elements: int) -> None:
         self.count = 0
         self.sums = {"abs": 0.0, "rel": 0.0}
         self.maxima = {"abs": 0.0, "rel": 0.0}
         self.high = {"abs": np.zeros(HIGH, np.int64), "rel": np.zeros(HIGH, np.int64)}
+        self.kept: dict[str, NDArray[np.float32]] | None = None
+        if n_elements <= KEEP_ELEMENTS:  # small: the errors themselves, no second read
+            self.kept = {k: np.empty(n_elements, np.float32) for k in ("abs", "rel")}
         self.dot = np.zeros(n_slices)
         self.norm_a = np.zeros(n_slices)
         self.norm_r = np.zeros(n_slices)
@@ -127,11 +134,14 @@ class ErrorFigures:
         ``(k, ...)``, read a piece of :data:`PIECE` elements at a time."""
         for piece, pa, pr, pf in _pieces(a, r, finite):
             diff, rel = _errors(pa, pr, pf)
-            self.count += diff.size
             for kind, values in (("abs", diff), ("rel", rel)):
                 self.sums[kind] += float(values.sum())
                 self.maxima[kind] = max(self.maxima[kind], float(np.max(values, initial=0.0)))
-                self.high[kind] += np.bincount(_bits(values) >> 16, minlength=HIGH)
+                if self.kept is not None:
+                    self.kept[kind][self.count : self.count + values.size] = values
+                else:
+                    self.high[kind] += np.bincount(_bits(values) >> 16, minlength=HIGH)
+            self.count += diff.size
             aa = np.where(pf, pa, 0.0)
             rr = np.where(pf, pr, 0.0)
             self.dot[at][piece] += np.einsum("ij,ij->i", aa, rr)
@@ -185,7 +195,15 @@ class ErrorFigures:
         """The statistics; ``lead`` the slices' shape (for the cosine's index),
         ``again`` the blocks read once more (for the quantiles)."""
         out: dict[str, Any] = {}
-        quantiles = self._quantiles(again) if self.count else None
+        quantiles = None
+        if self.count and self.kept is not None:
+            qs = list(STATS_QUANTILES.values())
+            quantiles = {
+                k: [float(x) for x in np.quantile(v[: self.count], qs)]
+                for k, v in self.kept.items()
+            }
+        elif self.count:
+            quantiles = self._quantiles(again)
         for kind in ("abs", "rel"):
             figures = {"mean": self.sums[kind] / self.count if self.count else 0.0}
             for i, label in enumerate(STATS_QUANTILES):
@@ -215,7 +233,7 @@ def error_stats(actual: NDArray[Any], reference: NDArray[Any], slices: int) -> d
             r = np.asarray(r_view[at], dtype=np.float64)
             yield at, a, r, np.isfinite(a) & np.isfinite(r)
 
-    figures = ErrorFigures(len(a_view))
+    figures = ErrorFigures(len(a_view), a_view.size)
     for at, a, r, finite in blocks():
         figures.add(at, a, r, finite)
     return figures.figures(tuple(lead), blocks)

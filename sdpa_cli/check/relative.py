@@ -265,7 +265,7 @@ def relative_check(
     lead = tuple(np.shape(actual)[: max(np.ndim(actual) - slices, 0)])
     tail = a_view.shape[1:]
     n = len(a_view)
-    figures = ErrorFigures(n)
+    figures = ErrorFigures(n, a_view.size)
     tally = _Tally()
     shifted: list[tuple[tuple[int, ...], float, float]] = []
     slice_rms, slice_plain = np.zeros(n), np.zeros(n)

@@ -127,11 +127,17 @@ def test_error_stats_are_polygraphys_figures() -> None:
     assert stats["cosine"]["min_at"] == [0]
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["errors-kept", "bits-histograms"])
 @pytest.mark.parametrize("seed", range(4))
-def test_error_quantiles_read_by_their_bits_equal_numpys(seed: int) -> None:
-    # the quantiles are found from two histograms of the float32 errors' bits, never
-    # holding them all: exactly np.quantile of those float32 errors, on data with ties,
-    # exact matches (0), a zero reference missed (inf) and NaN pairs left out
+def test_error_quantiles_read_by_their_bits_equal_numpys(
+    seed: int, kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # above KEEP_ELEMENTS the quantiles are found from two histograms of the float32
+    # errors' bits, never holding them all; below, from the errors kept: both exactly
+    # np.quantile of those float32 errors, on data with ties, exact matches (0), a zero
+    # reference missed (inf) and NaN pairs left out
+    if not kept:
+        monkeypatch.setattr(error_stats_module, "KEEP_ELEMENTS", 0)
     rng = np.random.default_rng(seed)
     ref = rng.normal(size=(3, 5, 37, 11))
     actual = ref + rng.normal(size=ref.shape) * 10.0 ** rng.integers(-9, -2, size=ref.shape)
@@ -161,6 +167,7 @@ def test_error_stats_read_in_pieces_equal_one_read(
     ref = rng.normal(size=(3, 5, 37, 11))
     actual = ref + rng.normal(size=ref.shape) * 1e-4
     actual[2, 1] += rng.normal(size=(37, 11)) * 0.1  # one slice with a lower cosine
+    monkeypatch.setattr(error_stats_module, "KEEP_ELEMENTS", 0)  # the histograms' path
     whole = error_stats(actual, ref, 2)
     monkeypatch.setattr(error_stats_module, "PIECE", piece)
     pieces = error_stats(actual, ref, 2)
