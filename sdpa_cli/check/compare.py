@@ -234,36 +234,48 @@ def _compare_chunk(a: F64, r: F64, rtol: float, atol: float, equal_nan: bool) ->
     )
 
 
+def relative_error(diff: F64, mag: F64) -> F64:
+    """|a − r| / |r| from ``diff`` = |a − r| and ``mag`` = |r| (finite pairs): inf where
+    a zero reference is missed by anything, 0 where it is met."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel: F64 = np.divide(diff, mag, out=np.zeros_like(diff), where=mag > 0)
+    if not mag.all():
+        rel[(mag == 0) & (diff > 0)] = math.inf
+    return rel
+
+
 def _compare_finite(a: F64, r: F64, rtol: float, atol: float) -> Mismatch:
-    """The figures of two all-finite arrays."""
+    """The figures of two all-finite arrays. With rtol 0 and atol inf (the
+    kernel-relative rule's first look) every pair passes and no tolerance is searched."""
     if not a.size:
         return Mismatch(0, 0, 0, 0, 0.0, None, 0.0, None, None, None, None, 0.0, 0.0)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         diff = np.abs(a - r)
         mag = np.abs(r)
-        if rtol == 0 and atol == math.inf:  # every pair passes: the figures only
-            return _figures_only(a, r, diff, mag)
-        allowed = mag * rtol
-        allowed += atol
-        bad = diff > allowed
-        mismatched = int(np.count_nonzero(bad))
         max_abs_at = argmax_index(diff)
         max_abs = float(diff[max_abs_at])
-        # x/0 → inf: a zero reference missed by anything
-        rel = np.divide(diff, mag, out=np.zeros_like(diff), where=diff > 0)
-        rel[(mag == 0) & (diff > 0)] = math.inf
+        rel = relative_error(diff, mag)
         max_rel_at = argmax_index(rel)
         max_rel = float(rel[max_rel_at])
-        excess = diff - mag * rtol
-        passing_atol = _enough(max(0.0, float(excess.max())), lambda t: diff <= t + allowed - atol)
-        need = np.divide(diff - atol, mag, out=np.zeros_like(diff), where=diff > atol)
-        need[(mag == 0) & (diff > atol)] = math.inf
-        passing_rtol = _enough(float(need.max()), lambda t: diff <= atol + t * mag)
         worst_at = None
-        if mismatched:
-            ratio = np.divide(diff, allowed, out=np.zeros_like(diff), where=bad & (allowed > 0))
-            ratio[bad & (allowed == 0)] = math.inf
-            worst_at = argmax_index(ratio)
+        if rtol == 0 and atol == math.inf:
+            mismatched, passing_atol, passing_rtol = 0, max_abs, 0.0
+        else:
+            allowed = mag * rtol
+            allowed += atol
+            bad = diff > allowed
+            mismatched = int(np.count_nonzero(bad))
+            excess = diff - mag * rtol
+            passing_atol = _enough(
+                max(0.0, float(excess.max())), lambda t: diff <= t + allowed - atol
+            )
+            need = np.divide(diff - atol, mag, out=np.zeros_like(diff), where=diff > atol)
+            need[(mag == 0) & (diff > atol)] = math.inf
+            passing_rtol = _enough(float(need.max()), lambda t: diff <= atol + t * mag)
+            if mismatched:
+                ratio = np.divide(diff, allowed, out=np.zeros_like(diff), where=bad & (allowed > 0))
+                ratio[bad & (allowed == 0)] = math.inf
+                worst_at = argmax_index(ratio)
     return Mismatch(
         total=int(a.size),
         mismatched=mismatched,
@@ -362,29 +374,3 @@ def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
 
 def _at(at: Index | None) -> str:
     return "-" if at is None else format_index(at)
-
-
-def _figures_only(a: F64, r: F64, diff: F64, mag: F64) -> Mismatch:
-    """:func:`_compare_finite` with rtol 0 and atol inf (what the kernel-relative rule
-    asks: its own judgement comes after): nothing fails, the loosest atol that passes
-    is the largest difference, and the passing rtol's search is skipped."""
-    max_abs_at = argmax_index(diff)
-    rel = np.divide(diff, mag, out=np.zeros_like(diff), where=diff > 0)
-    rel[(mag == 0) & (diff > 0)] = math.inf
-    max_rel_at = argmax_index(rel)
-    max_abs = float(diff[max_abs_at])
-    return Mismatch(
-        total=int(a.size),
-        mismatched=0,
-        nan_mismatches=0,
-        inf_mismatches=0,
-        max_abs=max_abs,
-        max_abs_at=max_abs_at,
-        max_rel=float(rel[max_rel_at]),
-        max_rel_at=max_rel_at,
-        worst_at=None,
-        worst_actual=None,
-        worst_reference=None,
-        passing_atol=max_abs,
-        passing_rtol=0.0,
-    )

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.check.compare import relative_error
 from sdpa_cli.check.records import Check
 from sdpa_cli.engine.types import F64
 from sdpa_cli.text import sig
@@ -68,14 +69,11 @@ HIGH = 1 << 16
 
 def _errors(a: F64, r: F64, finite: NDArray[np.bool_]) -> tuple[F64, F64]:
     """The absolute and the relative error of the pairs finite on both sides."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    with np.errstate(over="ignore"):
         every = bool(finite.all())  # the common case: no copy through the mask
         diff = np.abs(a - r).ravel() if every else np.abs(a - r)[finite]
         mag = np.abs(r).ravel() if every else np.abs(r)[finite]
-        rel = np.divide(diff, mag, out=np.zeros_like(diff), where=mag > 0)
-        if not mag.all():
-            rel[(mag == 0) & (diff > 0)] = np.inf  # a zero reference missed by anything
-    return diff, rel
+    return diff, relative_error(diff, mag)
 
 
 PIECE = 1 << 18

@@ -237,9 +237,7 @@ def attend_online(
         lse = np.where(seen_any, m.astype(np.float64) + log_total, -math.inf)
         uniform = None
         if mask_value is not None and k1 > k0:
-            # rows that see no key (and are present) spread evenly over every key
-            present = np.arange(rows.start, rows.stop) < valid_queries(spec, lead)
-            uniform = ~seen_any & present
+            uniform = uniform_rows(spec, lead, rows, seen_any)
             if uniform.any():
                 if keep_weights:
                     return None  # their weights are not e / ℓ: the per-stage path keeps them
@@ -293,6 +291,15 @@ def _exp_overflow(records: Records, x: NDArray[Any], base: Index, narrow: tuple[
         records.exp_overflow[d].add(hits, base, x, in_order=False)
 
 
+def uniform_rows(
+    spec: AttentionSpec, lead: Index, rows: slice, seen: NDArray[np.bool_]
+) -> NDArray[np.bool_]:
+    """Under a finite mask value, the rows that see no key (``seen`` False) and are
+    present: every logit of theirs is the mask value, so they spread evenly over every
+    key. Absent rows (past ``--query-lengths``) stay zeros."""
+    return ~seen & (np.arange(rows.start, rows.stop) < valid_queries(spec, lead))
+
+
 def weighed_keys(
     spec: AttentionSpec, lead: Index, rows: slice, keys: slice
 ) -> NDArray[np.bool_] | None:
@@ -302,7 +309,7 @@ def weighed_keys(
     vis = visibility(spec, lead, rows, keys)
     if vis is None or hidden_value(spec) is None:
         return vis
-    spread = ~vis.any(axis=1) & (np.arange(rows.start, rows.stop) < valid_queries(spec, lead))
+    spread = uniform_rows(spec, lead, rows, np.asarray(vis.any(axis=1)))
     if not spread.any():
         return vis
     vis = vis.copy()
