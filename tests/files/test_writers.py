@@ -74,16 +74,22 @@ def test_dev_null_stays_a_device() -> None:
     assert leftovers(Path(os.devnull).parent) == []
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
-def test_fifo_is_written_through(tmp_path: Path) -> None:
-    fifo = tmp_path / "pipe"
+def read_while_written(fifo: Path, write: Callable[[BinaryIO], None]) -> bytes:
+    """Make ``fifo`` and read it whole on a thread while ``write_atomic`` writes into it."""
     os.mkfifo(fifo)
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
     reader.start()
-    write_atomic(fifo, writes(b"through the pipe"))
+    write_atomic(fifo, write)
     reader.join(timeout=10)
-    assert got == [b"through the pipe"]
+    assert len(got) == 1, "the reader got nothing"
+    return got[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_is_written_through(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    assert read_while_written(fifo, writes(b"through the pipe")) == b"through the pipe"
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert leftovers(tmp_path) == []
 
@@ -110,14 +116,7 @@ def test_seeking_writer_into_dev_null() -> None:
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_seeking_writer_into_a_fifo_sends_a_whole_npz(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
-    reader.start()
-    write_atomic(fifo, writes_npz)
-    reader.join(timeout=10)
-    assert len(got) == 1
-    assert_npz(got[0])
+    assert_npz(read_while_written(fifo, writes_npz))
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
