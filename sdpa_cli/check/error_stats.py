@@ -111,6 +111,17 @@ def _order_statistic(k: int, high: NDArray[np.int64], b: int, low: NDArray[np.in
     return float(np.array(bits, np.uint32).view(np.float32))
 
 
+def pairs(
+    a_view: NDArray[Any], r_view: NDArray[Any]
+) -> Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]:
+    """Two arrays as slices (:func:`by_slice`), a block of them at a time
+    (:func:`slice_blocks`), in float64, with the pairs finite on both sides."""
+    for at in slice_blocks(len(a_view), math.prod(a_view.shape[1:])):
+        a = np.asarray(a_view[at], dtype=np.float64)
+        r = np.asarray(r_view[at], dtype=np.float64)
+        yield at, a, r, np.isfinite(a) & np.isfinite(r)
+
+
 class ErrorFigures:
     """The statistics gathered block by block (:meth:`add`), read at the end
     (:meth:`figures`, which reads the blocks once more for the quantiles)."""
@@ -223,18 +234,10 @@ def error_stats(actual: NDArray[Any], reference: NDArray[Any], slices: int) -> d
     the leading axes but the last ``slices``."""
     a_view, r_view = by_slice(actual, slices), by_slice(reference, slices)
     lead = np.shape(actual)[: max(np.ndim(actual) - slices, 0)]
-    size = math.prod(a_view.shape[1:])
-
-    def blocks() -> Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]:
-        for at in slice_blocks(len(a_view), size):
-            a = np.asarray(a_view[at], dtype=np.float64)
-            r = np.asarray(r_view[at], dtype=np.float64)
-            yield at, a, r, np.isfinite(a) & np.isfinite(r)
-
     figures = ErrorFigures(len(a_view), a_view.size)
-    for at, a, r, finite in blocks():
+    for at, a, r, finite in pairs(a_view, r_view):
         figures.add(at, a, r, finite)
-    return figures.figures(tuple(lead), blocks)
+    return figures.figures(tuple(lead), lambda: pairs(a_view, r_view))
 
 
 def stat_value(stats: dict[str, Any], name: str) -> float:

@@ -27,7 +27,6 @@ Pure numpy: arrays in, :class:`~sdpa_cli.check.records.Check` out.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import Tolerance, compare
-from sdpa_cli.check.error_stats import ErrorFigures, by_slice, slice_blocks
+from sdpa_cli.check.error_stats import ErrorFigures, by_slice, pairs
 from sdpa_cli.check.records import Check
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.types import F64
@@ -178,11 +177,8 @@ def needs_plain(
     a_view, r_view = by_slice(actual, slices), by_slice(reference, slices)
     shape = np.shape(actual)[:-1] if rows else np.shape(actual)
     need = np.zeros((len(a_view), *a_view.shape[1:][: -1 if rows else None]), dtype=np.bool_)
-    for at in slice_blocks(len(a_view), math.prod(a_view.shape[1:])):
-        a = np.asarray(a_view[at], dtype=np.float64)
-        r = np.asarray(r_view[at], dtype=np.float64)
+    for at, a, r, finite in pairs(a_view, r_view):
         with np.errstate(invalid="ignore", over="ignore"):
-            finite = np.isfinite(a) & np.isfinite(r)
             err = np.where(finite, a - r, 0.0)
             floor = _floor(r, rows, judgement)
             beyond = np.abs(err) > judgement.factor * floor
@@ -233,14 +229,6 @@ class _Tally:
     known: int = 0
 
 
-def _pairs(a_view: F64, r_view: F64) -> Iterator[tuple[slice, F64, F64, NDArray[np.bool_]]]:
-    """The two arrays' slices, a block at a time, in float64, with their finite pairs."""
-    for at in slice_blocks(len(a_view), math.prod(a_view.shape[1:])):
-        a = np.asarray(a_view[at], dtype=np.float64)
-        r = np.asarray(r_view[at], dtype=np.float64)
-        yield at, a, r, np.isfinite(a) & np.isfinite(r)
-
-
 def relative_check(
     name: str,
     actual: F64,
@@ -276,10 +264,7 @@ def relative_check(
         head = tuple(int(i) for i in np.unravel_index(k, lead)) if lead else ()
         return (*head, *within)
 
-    for at in slice_blocks(n, math.prod(tail)):
-        a = np.asarray(a_view[at], dtype=np.float64)
-        r = np.asarray(r_view[at], dtype=np.float64)
-        finite = np.isfinite(a) & np.isfinite(r)
+    for at, a, r, finite in pairs(a_view, r_view):
         figures.add(at, a, r, finite)  # first: its pieces' temporaries come and go alone
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.where(finite, a - r, 0.0)
@@ -350,7 +335,7 @@ def relative_check(
     plain_rms = math.sqrt(tally.plain_squares / tally.known) if tally.known else None
     rms = math.sqrt(tally.squares / tally.finite) if tally.finite else 0.0
     details: dict[str, Any] = {
-        "error_stats": figures.figures(lead, lambda: _pairs(a_view, r_view)),
+        "error_stats": figures.figures(lead, lambda: pairs(a_view, r_view)),
         "plain_rms_error": plain_rms,
         "rms_error": rms,
         "factor_needed": need,
