@@ -277,8 +277,9 @@ def cores() -> int:
 
 
 def start_engine(jobs: int | None) -> int:
-    """The engine's thread count; BLAS kept to one thread per worker. Called before
-    numpy is first imported (BLAS reads these at load); a variable the user set wins."""
+    """The engine's thread count; BLAS kept to one thread per engine thread: through
+    the environment when numpy has not loaded yet (BLAS reads it at load), else at run
+    time (:func:`_one_blas_thread`). A thread count the user set wins."""
     # imported here: the standard library only, and keeps sdpa --help fast
     from sdpa_cli.files.limits import check_address_space, keep_freed_blocks
 

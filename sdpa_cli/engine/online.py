@@ -160,7 +160,11 @@ def attend_online(
     floor = DENORMAL_FLOOR[dt]
     common = common_keys(spec, lead, rows)
     mask_value = hidden_value(spec)
-    added = {d: dt.type(spec.options.mask_value_in(d)) for d in narrow} if mask_value else {}
+    added = (
+        {d: dt.type(spec.options.mask_value_in(d)) for d in narrow}
+        if mask_value is not None
+        else {}
+    )
 
     m = np.full(n, -np.inf, dtype=dt)  # running row max
     top = np.zeros(n, dtype=np.int64)  # its key
