@@ -147,7 +147,7 @@ def backward_block(
         dk = draw.T @ q
         dbias = _dbias(spec, dlogits)
         attended = None if block.all_visible else block.attended
-        health = _row_health(a, da, ds, top, attended, block.keys.start)
+        health = _row_health(a, seen_norm(da, attended), ds, top, attended, block.keys.start)
     return BlockGrad(
         lead_index=lead_index,
         rows=rows,
@@ -190,20 +190,27 @@ def lean_backward_block(
     a, keys = found.weights, place.keys
     q = np.asarray(spec.q[spec.operand_index("q", place.lead)][place.rows], dtype=np.float64)
     top = np.clip(found.rows.argmax - keys.start, 0, None).astype(np.intp)
+    vis = visibility(spec, place.lead, place.rows, keys)
+    dout = np.asarray(dout, dtype=np.float64)  # a float16 dO read once, as float64
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        dv = a.T @ dout
-        da = dout @ inputs.v[keys].T
-        ds, _ = softmax_backward(a, da, top)  # hidden keys: A = 0, so dS = 0
-        dq = (ds @ inputs.k[keys]) * spec.factor
-        dk = (ds.T @ q) * spec.factor
-        vis = visibility(spec, place.lead, place.rows, keys)
-        health = _row_health(a, da, ds, top, vis, keys.start)
+        # Products over the block's rows are taken as (small · big)ᵀ: BLAS runs them a
+        # quarter faster with the long axis last (dV = (dOᵀ · A)ᵀ, dK = (Qᵀ · dS)ᵀ).
+        dv = (dout.T @ a).T
+        da = online.scratch("da", np.dtype(np.float64), a.size).reshape(a.shape)
+        np.matmul(dout, inputs.v[keys].T, out=da)
+        da_norm = seen_norm(da, vis)
+        ds, _ = softmax_backward(a, da, top, in_place=True)  # hidden keys: A = 0, so dS = 0
+        dq = ds @ inputs.k[keys]
+        dq *= spec.factor
+        dk = q.T @ ds
+        dk *= spec.factor
+        health = _row_health(a, da_norm, ds, top, vis, keys.start, found.rows.max_weight)
     return BlockGrad(
         lead_index=place.lead,
         rows=place.rows,
         keys=keys,
         dq=dq,
-        dk=dk,
+        dk=dk.T,
         dv=dv,
         dbias=None,
         **health,
@@ -212,24 +219,37 @@ def lean_backward_block(
     )
 
 
+CENTRE_ABOVE = 0.5
+"""Rows whose top weight is above this have dA centred on the top key's value."""
+
+
 def softmax_backward(
-    a: F64, da: F64, top: NDArray[np.intp] | None = None
+    a: F64, da: F64, top: NDArray[np.intp] | None = None, *, in_place: bool = False
 ) -> tuple[F64, NDArray[np.intp]]:
     """dS from the weights A and dA ``(rows, keys)``, and each row's top key (given,
-    or A's argmax). ``da`` is left as it was.
+    or A's argmax). dS is written over ``da`` with ``in_place`` (a block-sized array
+    saved), else ``da`` is left as it was.
 
     The softmax's Jacobian-vector product dS = A ⊙ (dA − Σ A ⊙ dA), without the
-    Jacobian. dA is first centred on the top key's value (exact, as the weights sum
-    to 1): a saturated row then gives its tiny dS to full relative precision instead
-    of the rounding noise of dA_top − Σ A ⊙ dA.
+    Jacobian. A row whose top weight is above :data:`CENTRE_ABOVE` has dA first
+    centred on the top key's value (exact, as the weights sum to 1): a saturated row
+    then gives its tiny dS to full relative precision instead of the rounding noise
+    of dA_top − Σ A ⊙ dA. Below it nothing cancels, and the pass is saved.
     """
     n_rows, n_keys = a.shape
     if top is None:
         top = a.argmax(axis=1) if n_keys else np.zeros(n_rows, np.intp)
     if not n_keys:
         return np.zeros_like(a), top
-    centre = da[np.arange(n_rows), top]
-    ds = da - np.where(np.isfinite(centre), centre, 0.0)[:, None]
+    at = (np.arange(n_rows), top)
+    centre = da[at]
+    with np.errstate(invalid="ignore"):
+        centred = (a[at] > CENTRE_ABOVE) & np.isfinite(centre)
+    out = da if in_place else None
+    if centred.any():
+        ds = np.subtract(da, np.where(centred, centre, 0.0)[:, None], out=out)
+    else:
+        ds = da if in_place else da.copy()
     ds -= np.einsum("ij,ij->i", ds, a)[:, None]
     ds *= a
     return ds, top
@@ -248,23 +268,29 @@ def _dbias(spec: AttentionSpec, dlogits: F64) -> F64 | None:
     return dbias
 
 
+def seen_norm(x: F64, attended: NDArray[np.bool_] | None) -> F64:
+    """:func:`row_norm` over the keys each row attends to (``attended`` None: every
+    key): a finite mask value gives a fully masked row uniform weights, yet its
+    logits were replaced and pass nothing back."""
+    return row_norm(x if attended is None else np.where(attended, x, 0.0))
+
+
 def _row_health(
     a: F64,
-    da: F64,
+    da_norm: F64,
     ds: F64,
     top: NDArray[np.intp],
     attended: NDArray[np.bool_] | None,
     key0: int,
+    max_weight: F64 | None = None,
 ) -> dict[str, NDArray[Any]]:
-    """The per-row and per-key records of :class:`BlockGrad`: norms of dA and dS,
-    the top weight and what the rest of the row holds, the gain 1 − Σ w², the
-    attended keys (``attended`` None: every key; ``key0`` the block's first key)."""
+    """The per-row and per-key records of :class:`BlockGrad`: norms of dA (given)
+    and dS, the top weight (given, or read from A) and what the rest of the row
+    holds, the gain 1 − Σ w², the attended keys (``attended`` None: every key;
+    ``key0`` the block's first key)."""
     n_rows, n_keys = a.shape
-    # Norms over the keys a row attends to: a finite mask value gives a fully masked
-    # row uniform weights, yet its logits were replaced and pass nothing back.
-    da_seen = da if attended is None else np.where(attended, da, 0.0)
-    ds_seen = ds if attended is None else np.where(attended, ds, 0.0)
-    max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
+    if max_weight is None:
+        max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
     rest, gain = _off_top(a, top, max_weight)
     if attended is None:
         n_visible = np.full(n_rows, n_keys, dtype=np.int64)
@@ -275,8 +301,8 @@ def _row_health(
     argmax = np.where(n_visible > 0, top + key0, -1)  # −1: no key to name
     a_seen = a if attended is None else np.where(attended, a, 0.0)
     return {
-        "da_norm": row_norm(da_seen),
-        "ds_norm": row_norm(ds_seen),
+        "da_norm": da_norm,
+        "ds_norm": seen_norm(ds, attended),
         "gain": np.where(n_visible > 0, gain, 0.0),
         "max_weight": max_weight,
         "rest": rest,

@@ -107,14 +107,17 @@ class Online:
     rows: RowStats
     records: Records
     weights: NDArray[Any] | None = None
-    """With ``keep_weights``: (rows, keys) the softmax's weights, hidden keys 0."""
+    """With ``keep_weights``: (rows, keys) the softmax's weights, hidden keys 0: this
+    thread's scratch array, valid until its next pass."""
 
 
 _buffers = threading.local()
 
 
-def _buffer(name: str, dtype: np.dtype[Any], n: int) -> NDArray[Any]:
-    """A flat scratch array of at least ``n`` elements, this thread's own, reused."""
+def scratch(name: str, dtype: np.dtype[Any], n: int) -> NDArray[Any]:
+    """A flat scratch array of at least ``n`` elements, this thread's own, reused: a
+    block's arrays are not allocated afresh (an engine thread's arena would hand them
+    back to the system, and every block would fault them in again)."""
     if not hasattr(_buffers, "pool"):
         _buffers.pool = {}
     pool: dict[tuple[str, np.dtype[Any]], NDArray[Any]] = _buffers.pool
@@ -180,7 +183,7 @@ def attend_online(
         for c0 in range(k0, k1, key_block):
             c1 = min(c0 + key_block, k1)
             width = c1 - c0
-            x = _buffer("x", dt, n * width).reshape(n, width)
+            x = scratch("x", dt, n * width).reshape(n, width)
             np.matmul(qf, inputs.k[c0:c1].T, out=x)
             # A key block every row sees (below a causal diagonal) needs no mask.
             inside = common.start <= c0 and c1 <= common.stop
@@ -224,7 +227,7 @@ def attend_online(
             np.subtract(x, shift[:, None], out=x)
             if np.min(chunk_lo - shift, initial=math.inf) < floor:
                 np.copyto(x, neg, where=x < floor)  # subnormal exp: see DENORMAL_FLOOR
-            e = _buffer("e", dt, n * width).reshape(n, width)
+            e = scratch("e", dt, n * width).reshape(n, width)
             np.exp(x, out=e)
             total += e.sum(axis=1)
             spread += np.einsum("ij,ij->i", e, x)
@@ -254,7 +257,7 @@ def attend_online(
         out_hi = float(np.max(np.abs(output), initial=0.0))
         weights = None
         if keep_weights:  # one key block: e holds every key's exp(x − m)
-            weights = e / safe[:, None] if k1 > k0 else np.zeros((n, 0), dtype=dt)
+            weights = np.divide(e, safe[:, None], out=e) if k1 > k0 else np.zeros((n, 0), dt)
     if not math.isfinite(out_hi):
         return None
 

@@ -14,6 +14,7 @@ statistics. Where the lean block does not apply it says so (None), and
 from __future__ import annotations
 
 from collections.abc import Iterator
+from decimal import Decimal, getcontext
 from typing import Any
 
 import numpy as np
@@ -196,6 +197,37 @@ def test_softmax_backward_leaves_da_as_it_was() -> None:
     # dS = A ⊙ (dA − Σ A dA): row 0 Σ = 0.7 + 0.4 + 0.3 = 1.4
     np.testing.assert_allclose(ds[0], [0.7 * -0.4, 0.2 * 0.6, 0.1 * 1.6], rtol=1e-14)
     np.testing.assert_array_equal(ds[1], [0.0, 0.0, 0.0])
+
+
+def _decimal_ds(logits: list[float], da: list[float]) -> list[Decimal]:
+    """dS = A ⊙ (dA − Σ A dA) to 50 digits, the weights from the logits."""
+    getcontext().prec = 50
+    top = max(logits)
+    e = [(Decimal(x) - Decimal(top)).exp() for x in logits]
+    a = [x / sum(e) for x in e]
+    mean = sum(w * Decimal(d) for w, d in zip(a, da, strict=True))
+    return [w * (Decimal(d) - mean) for w, d in zip(a, da, strict=True)]
+
+
+def test_softmax_backward_gives_a_saturated_rows_tiny_ds_to_full_precision() -> None:
+    """Row 0 is saturated (its top logit 40 above the rest: 1 − A_top ≈ 10⁻¹⁸), so
+    dA_top − Σ A dA cancels: centred on the top key, its dS keeps every digit, the
+    top key's included. Row 1 (no weight above a half) is not centred, and its dS is
+    as precise."""
+    logits = np.array([[40.0, 0.5, -0.25, 0.0], [0.3, 0.1, -0.2, 0.25]])
+    da = np.array([[1.25, -0.75, 2.0, 0.5], [1.25, -0.75, 2.0, 0.5]])
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    a = e / e.sum(axis=1, keepdims=True)
+    ds, top = grad_block.softmax_backward(a, da)
+    np.testing.assert_array_equal(top, [0, 0])
+    for i in range(2):
+        want = np.array([float(x) for x in _decimal_ds(list(logits[i]), list(da[i]))])
+        np.testing.assert_allclose(ds[i], want, rtol=1e-13, err_msg=f"row {i}")
+    assert 1e-19 < abs(ds[0, 0]) < 1e-16  # the top key's dS: what plain rounding loses
+    in_place = da.copy()
+    again, _ = grad_block.softmax_backward(a, in_place, in_place=True)
+    assert again is in_place
+    np.testing.assert_array_equal(again, ds)
 
 
 def test_the_norm_of_a_large_tensor_goes_slice_by_slice_to_the_same_value() -> None:
