@@ -40,9 +40,9 @@ Progress = Callable[[int], None]
 """Told the number of scores done after each block."""
 
 
-def block_rows(spec: AttentionSpec) -> int:
-    """Query rows per block: about :data:`BLOCK_ELEMENTS` scores, at least one row."""
-    return max(1, BLOCK_ELEMENTS // max(spec.S, 1))
+def block_rows(spec: AttentionSpec, elements: int = BLOCK_ELEMENTS) -> int:
+    """Query rows per block: about ``elements`` scores, at least one row."""
+    return max(1, elements // max(spec.S, 1))
 
 
 def iter_blocks(

@@ -196,7 +196,8 @@ def lean_backward_block(
         # Products over the block's rows are taken as (small · big)ᵀ: BLAS runs them a
         # quarter faster with the long axis last (dV = (dOᵀ · A)ᵀ, dK = (Qᵀ · dS)ᵀ).
         dv = (dout.T @ a).T
-        da = online.scratch("da", np.dtype(np.float64), a.size).reshape(a.shape)
+        # the forward pass's logits are spent: dA and dS take their scratch array
+        da = online.scratch("x", np.dtype(np.float64), a.size).reshape(a.shape)
         np.matmul(dout, inputs.v[keys].T, out=da)
         da_norm = seen_norm(da, vis)
         ds, _ = softmax_backward(a, da, top, in_place=True)  # hidden keys: A = 0, so dS = 0
