@@ -40,9 +40,10 @@ Progress = Callable[[int], None]
 """Told the number of scores done after each block."""
 
 
-def block_rows(spec: AttentionSpec, elements: int = BLOCK_ELEMENTS) -> int:
-    """Query rows per block: about ``elements`` scores, at least one row."""
-    return max(1, elements // max(spec.S, 1))
+def block_rows(spec: AttentionSpec, elements: int | None = None) -> int:
+    """Query rows per block: about ``elements`` scores (default :data:`BLOCK_ELEMENTS`),
+    at least one row."""
+    return max(1, (elements or BLOCK_ELEMENTS) // max(spec.S, 1))
 
 
 def iter_blocks(
