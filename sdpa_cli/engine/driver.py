@@ -141,11 +141,12 @@ def sweep(
     leads: Iterable[Index] | None = None,
     keys: KeyMode = "visible",
     progress: Progress | None = None,
+    ahead: int | None = None,
 ) -> Iterator[T]:
     """``visit(place)`` for every block, on ``jobs`` threads, results in block order.
 
     numpy releases the GIL in matmuls and ufuncs, so threads share the work; at most
-    two blocks per thread are in flight, which bounds the memory. With ``jobs`` = 1
+    ``ahead`` blocks are in flight, which bounds the memory. With ``jobs`` = 1
     everything runs in the calling thread.
 
     Args:
@@ -157,7 +158,10 @@ def sweep(
         leads: the slices to walk (default every one, in C order).
         keys: which keys each block computes (:data:`KeyMode`).
         progress: told the scores done after each block.
+        ahead: blocks in flight, computed or being computed, at most (default two per
+            thread; fewer where each block's result is large).
     """
+    in_flight = max(ahead or 2 * jobs, jobs)
     inputs = SliceInputs(keep=jobs + 1)
     places = (
         Place(lead, r, _keys(spec, lead, r, keys, inputs), inputs)
@@ -178,7 +182,7 @@ def sweep(
         try:
             for place in places:
                 pending.append((place, pool.submit(visit, place)))
-                if len(pending) >= 2 * jobs:
+                if len(pending) >= in_flight:
                     first, future = pending.popleft()
                     yield done(first, future.result())
             while pending:

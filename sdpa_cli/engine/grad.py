@@ -209,7 +209,11 @@ def backward(
     # 0 · NaN: such blocks compute every key.
     sweep_keys: KeyMode = "all-if-v-nonfinite"
     rows = rows or block_rows(spec, BACKWARD_ELEMENTS)
-    for g in sweep(spec, visit, jobs=jobs, rows=rows, keys=sweep_keys, progress=progress):
+    # a block's result holds dK and dV over its keys (S × E each): one block waits
+    blocks = sweep(
+        spec, visit, jobs=jobs, rows=rows, keys=sweep_keys, progress=progress, ahead=jobs + 1
+    )
+    for g in blocks:
         li, r, ks = g.lead_index, g.rows, g.keys
         if stats is not None and g.records is not None:
             stats.merge(g.records)
