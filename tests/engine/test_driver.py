@@ -65,7 +65,7 @@ def test_at_most_ahead_blocks_are_in_flight(jobs: int, ahead: int | None, most: 
             started[0] += 1
             peak[0] = max(peak[0], started[0] - taken)
         time.sleep(0.002)
-        return p.rows.start
+        return int(p.rows.start)
 
     for _ in sweep(spec, visit, rows=2, jobs=jobs, ahead=ahead):
         time.sleep(0.004)  # a slow caller: the threads run as far ahead as they may
