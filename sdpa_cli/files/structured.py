@@ -105,6 +105,8 @@ def parse_yaml(text: str, label: str) -> Any:
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
+        if "nesting depth" in str(exc.problem):  # PyYAML ≥ 6.0.4 stops where we recursed
+            raise InputError(label, "is nested too deeply") from None
         mark = exc.problem_mark
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         raise InputError(label, f"invalid YAML{where}: {one_line(exc.problem or exc)}") from None
