@@ -248,23 +248,24 @@ def _explain_slice(
     if backward:
         values, dout_label, _ = load_dout(spec, dout)
     run = None  # with --backward: the gradients and their diagnosis
+    lead = slice_at(spec, *at)  # the slice explained: the only gradients kept
     with progress_bar(spec, "diagnosing") as progress:
         if values is not None and not spec.options.emulated:
             # One pass gives the gradients and the forward statistics both.
             stats = Stats.empty(spec)
             run = backward_health(
-                spec, values, limits, jobs=threads, stats=stats, progress=progress
+                spec, values, limits, jobs=threads, stats=stats, progress=progress, keep={lead}
             )
         else:
             stats = trace(spec, stages=(), jobs=threads, progress=progress).stats
             if values is not None:  # the emulated forward pass's statistics, the float64 gradients
-                run = backward_health(spec, values, limits, jobs=threads)
+                run = backward_health(spec, values, limits, jobs=threads, keep={lead})
     diagnosis = diagnose(stats, limits)
     ex = build(
         spec,
         stats,
         diagnosis,
-        slice_at(spec, *at),
+        lead,
         shown,
         query=query,
         scales=compare_scales,

@@ -35,6 +35,8 @@ from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import ExitCode
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from rich.console import RenderableType
 
     from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from sdpa_cli.engine.grad import Gradients
     from sdpa_cli.engine.numeric import NumericCheck
     from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.engine.types import Index
     from sdpa_cli.render.common import View
 
 
@@ -144,7 +147,7 @@ def grad(
     from sdpa_cli.engine.inputs import load_spec
     from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.files.writers import write_all_atomic
-    from sdpa_cli.render.common import View
+    from sdpa_cli.render.common import View, layout
     from sdpa_cli.report import save_grad_npz
 
     limits = thresholds({**given_thresholds, "vanishing": vanishing})
@@ -155,27 +158,31 @@ def grad(
     check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
     row_slice = parse_rows(rows, spec.L)
     key_slice = parse_rows(keys, spec.S, "--keys", "keys")
-    run = _run(spec, dout, limits, samples if check_numeric else None, jobs=threads)
+    console = make_console(color)
+    view = View(
+        stages=(),
+        batch=batch,
+        head=head,
+        rows=row_slice,
+        keys=key_slice,
+        max_rows=max_rows,
+        max_slices=max_slices,
+        precision=precision,
+        width=console.width,
+    )
+    # tables alone show a few slices: the pass keeps those and judges every other
+    # as it finishes it; documents, --save and the numeric check read every slice
+    whole = fmt in ("json", "yaml") or save is not None or check_numeric
+    keep = None if whole else layout(spec, view).positions
+    run = _run(spec, dout, limits, samples if check_numeric else None, jobs=threads, keep=keep)
     failed = run.numeric is not None and not all(c.passed(tolerance) for c in run.numeric)
     decided(ExitCode.CHECK_FAILED if failed else ExitCode.OK)  # kept if the reader leaves (| head)
 
-    console = make_console(color)
     text: str | None = None
     renderables: list[RenderableType] = []
     if fmt in ("json", "yaml"):
         text = _document(run, spec.options.dtype, tolerance, fmt)
     if text is None or export_svg or export_html:
-        view = View(
-            stages=(),
-            batch=batch,
-            head=head,
-            rows=row_slice,
-            keys=key_slice,
-            max_rows=max_rows,
-            max_slices=max_slices,
-            precision=precision,
-            width=console.width,
-        )
         renderables = _renderables(run, view, description, spec.options.dtype, tolerance)
     write_all_atomic(exports(renderables, console.width, export_svg, export_html, "sdpa grad"))
     if save is not None:
@@ -201,10 +208,17 @@ class _Run:
 
 
 def _run(
-    spec: AttentionSpec, dout: str, limits: Thresholds, samples: int | None, *, jobs: int
+    spec: AttentionSpec,
+    dout: str,
+    limits: Thresholds,
+    samples: int | None,
+    *,
+    jobs: int,
+    keep: Collection[Index] | None,
 ) -> _Run:
     """The backward pass (which gathers the forward statistics too), the findings of
-    both, and with ``samples`` the numeric check of that many entries per gradient."""
+    both, and with ``samples`` the numeric check of that many entries per gradient;
+    ``keep``: the query slices whose gradients are kept (None: all)."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.diagnosis.grad import backward_health, combined
     from sdpa_cli.diagnosis.rules import diagnose
@@ -216,7 +230,7 @@ def _run(
     stats = Stats.empty(spec.in_float64())
     with progress_bar(spec, "gradients") as progress:
         grads, health = backward_health(
-            spec, values, limits, jobs=jobs, stats=stats, progress=progress
+            spec, values, limits, jobs=jobs, stats=stats, progress=progress, keep=keep
         )
     diagnosis = combined(diagnose(stats, limits), health)
     numeric = numeric_check(grads, samples, spec.options.seed) if samples is not None else None

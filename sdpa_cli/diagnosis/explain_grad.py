@@ -45,8 +45,8 @@ def explain_backward(
         "d_weights": steps["d_weights"],
         "d_scores": steps["d_scores"],
         "d_query": block.dq,
-        "d_key": grads.dk[spec.operand_index("k", lead)],
-        "d_value": grads.dv[spec.operand_index("v", lead)],
+        "d_key": grads.at("dk", lead),
+        "d_value": grads.at("dv", lead),
     }
     if spec.options.softcap is not None:
         values["d_scaled"] = steps["d_scaled"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,19 +20,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Tally, Thresholds
+from sdpa_cli.diagnosis.grad_summary import (
+    GradRange,
+    GradSummary,
+    add_summed,
+    summarise,
+)
 from sdpa_cli.diagnosis.rows import saturation_hint
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.driver import Progress
 from sdpa_cli.engine.grad import Gradients, backward
-from sdpa_cli.engine.grad_block import norm
-from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
 from sdpa_cli.engine.types import Index
 from sdpa_cli.text import finite_or_none, format_index, plural, sig
-
-RANGE_FORMATS = ("float16", "bfloat16")
-"""Formats every gradient's range is measured against (training keeps gradients in one)."""
 
 WEAK_HEAD = 1e-3
 """A query head whose ‖dQ‖ is below this fraction of the median head's learns little."""
@@ -41,31 +42,6 @@ FLUSH_WARNING = 1e-3
 """Fraction of a gradient's nonzero values flushing to zero above which it warns."""
 
 LABEL = {"dq": "dQ", "dk": "dK", "dv": "dV", "dbias": "d(bias)", "dsinks": "d(sinks)"}
-
-
-@dataclass(frozen=True)
-class GradRange:
-    """One gradient's magnitudes against a format: what overflows, what goes subnormal
-    (losing precision), what flushes to zero."""
-
-    name: str
-    dtype: str
-    max_abs: float
-    nonzero: int
-    overflow: int
-    subnormal: int
-    flush: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "gradient": self.name,
-            "dtype": self.dtype,
-            "max_abs": self.max_abs,
-            "nonzero": self.nonzero,
-            "overflow": self.overflow,
-            "subnormal": self.subnormal,
-            "flush_to_zero": self.flush,
-        }
 
 
 @dataclass(frozen=True)
@@ -133,86 +109,54 @@ class GradDiagnosis:
 
 
 def diagnose_grad(
-    grads: Gradients, thresholds: Thresholds | None = None, dtype: str = "float64"
+    grads: Gradients,
+    thresholds: Thresholds | None = None,
+    dtype: str = "float64",
+    summary: GradSummary | None = None,
 ) -> GradDiagnosis:
     """Read the gradients and their records; ``dtype`` is the training format the
-    gradients are judged against (``--dtype``; float64 judges float16 at info level)."""
+    gradients are judged against (``--dtype``; float64 judges float16 at info level).
+
+    ``summary`` is what the backward pass gathered slice by slice (needed when it kept
+    some slices only); without one, the whole gradients are read here."""
     th = thresholds or Thresholds()
+    summary = summary or summarise(grads, dtype)
     tally = Tally(GRADIENT_KINDS)
-    tally.add(_nonfinite(grads))
-    ranges = tuple(_ranges(grads, dtype))
+    tally.add(_nonfinite(summary))
+    ranges = tuple(summary.ranges())
     tally.add(_range_findings(ranges, dtype))
     tally.rows("vanishing_gradient", list(_vanishing(grads, th)), th.max_findings)
-    query_heads = _query_heads(grads, th)
+    query_heads = _query_heads(grads, summary, th)
     tally.add(_weak_heads(query_heads, th))
-    kv_heads, kv_findings = _kv_heads(grads)
+    kv_heads, kv_findings = _kv_heads(grads, summary)
     tally.add(kv_findings)
     return GradDiagnosis(
         findings=tally.findings,
         counts=tally.counts,
         query_heads=query_heads,
         kv_heads=kv_heads,
-        norms={n: float(norm(np.asarray(grads.tensor(n)))) for n in grads.present()},
+        norms={n: summary.norm(n) for n in grads.present()},
         ranges=ranges,
         vanishing=th.vanishing,
     )
 
 
-CHUNK = 1 << 20
-"""Elements of a gradient read at a time: the temporaries stay a few MiB whatever its size."""
-
-
-def _chunks(g: NDArray[Any]) -> Iterator[NDArray[Any]]:
-    flat = g.reshape(-1)
-    for i0 in range(0, flat.size, CHUNK):
-        yield flat[i0 : i0 + CHUNK]
-
-
-def _nonfinite(grads: Gradients) -> Iterator[Finding]:
-    for name in grads.present():
-        values = grads.tensor(name)
-        assert values is not None
-        if all(np.isfinite(c).all() for c in _chunks(values)):
+def _nonfinite(summary: GradSummary) -> Iterator[Finding]:
+    for t in summary.tallies.values():
+        if not t.nonfinite:
             continue
-        g = grads.loaded(name)
-        assert g is not None
-        bad = ~np.isfinite(g)
-        n = int(np.count_nonzero(bad))
-        nans = int(np.count_nonzero(np.isnan(g)))
+        n, nans = t.nonfinite, t.nans
         yield Finding(
             "gradient_nonfinite",
             "error",
-            f"{LABEL[name]} has {plural(n, 'non-finite value')} ({nans} NaN, {n - nans} inf), "
-            f"first at {format_index(argmax_index(bad))}",
+            f"{LABEL[t.name]} has {plural(n, 'non-finite value')} ({nans} NaN, {n - nans} inf), "
+            f"first at {format_index(t.first_bad)}",
             hint="a NaN or inf in Q, K, V, the bias or dO reaches every gradient it "
             "touches: see the forward findings for where it enters",
-            index=argmax_index(bad),
-            stage=name,
+            index=t.first_bad,
+            stage=t.name,
             count=n,
         )
-
-
-def _ranges(grads: Gradients, dtype: str) -> Iterator[GradRange]:
-    narrow = dtype not in ("float64", "float32", *RANGE_FORMATS)
-    formats = (dtype, *RANGE_FORMATS) if narrow else RANGE_FORMATS
-    for name in grads.present():
-        g = grads.tensor(name)
-        assert g is not None
-        top, count = 0.0, 0
-        tallies = {d: [0, 0, 0] for d in formats}  # overflow, subnormal, flush
-        for chunk in _chunks(g):
-            mags = np.abs(chunk[np.isfinite(chunk)])
-            nonzero = mags[mags > 0]
-            top = max(top, float(mags.max(initial=0.0)))
-            count += int(nonzero.size)
-            for d in formats:
-                f = precision.fmt(d)
-                t = tallies[d]
-                t[0] += int(np.count_nonzero(f.overflows(nonzero)))
-                t[1] += int(np.count_nonzero((nonzero < f.normal) & (nonzero >= f.tiny / 2)))
-                t[2] += int(np.count_nonzero(nonzero < f.tiny / 2))
-        for d in formats:
-            yield GradRange(name, d, top, count, *tallies[d])
 
 
 def _range_findings(ranges: tuple[GradRange, ...], dtype: str) -> Iterator[Finding]:
@@ -292,9 +236,10 @@ def _vanishing(grads: Gradients, th: Thresholds) -> Iterator[Finding]:
         )
 
 
-def _query_heads(grads: Gradients, th: Thresholds) -> tuple[QueryHeadGrad, ...]:
+def _query_heads(
+    grads: Gradients, summary: GradSummary, th: Thresholds
+) -> tuple[QueryHeadGrad, ...]:
     spec = grads.spec
-    dq_norms = norm(grads.dq, axis=(-2, -1))
     flagged = grads.vanishing(th.vanishing)
     heads = []
     for lead in np.ndindex(*spec.lead):
@@ -305,7 +250,7 @@ def _query_heads(grads: Gradients, th: Thresholds) -> tuple[QueryHeadGrad, ...]:
         heads.append(
             QueryHeadGrad(
                 li,
-                float(dq_norms[spec.operand_index("q", li)]),
+                summary.slice_norm("dq", spec.operand_index("q", li)),
                 int(eligible.sum()),
                 vanishing,
                 float(gains.mean()) if gains.size else math.nan,
@@ -351,7 +296,9 @@ def _keys_text(keys: NDArray[Any], limit: int = 6) -> str:
     return ("key " if keys.size == 1 else "keys ") + shown + (" …" if keys.size > limit else "")
 
 
-def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
+def _kv_heads(
+    grads: Gradients, summary: GradSummary
+) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
     """Each key/value head's norms; its keys hidden from every query reading it, and
     those visible to some query but weighted 0 by every one (both get no gradient)."""
     spec = grads.spec
@@ -365,8 +312,6 @@ def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
         v_of.setdefault(ki, spec.operand_index("v", li))
         np.fmax(weight[ki], grads.key_weight[li], out=weight[ki])
         seen[ki] |= grads.key_seen[li]
-    dk_norms = norm(grads.dk, axis=(-2, -1))
-    dv_norms = norm(grads.dv, axis=(-2, -1))
     heads, findings = [], []
     for lead in np.ndindex(*k_lead):
         ki = tuple(int(i) for i in lead)
@@ -376,8 +321,8 @@ def _kv_heads(grads: Gradients) -> tuple[tuple[KVHeadGrad, ...], list[Finding]]:
         heads.append(
             KVHeadGrad(
                 ki,
-                float(dk_norms[ki]),
-                float(dv_norms[vi]),
+                summary.slice_norm("dk", ki),
+                summary.slice_norm("dv", vi),
                 spec.S,
                 int(hidden.size),
                 int(starved.size),
@@ -434,14 +379,21 @@ def backward_health(
     jobs: int = 1,
     stats: Stats | None = None,
     progress: Progress | None = None,
+    keep: Collection[Index] | None = None,
 ) -> tuple[Gradients, GradDiagnosis]:
     """The backward pass of ``Σ O ⊙ dO`` in float64 and its health: the gradients and
     their diagnosis, their range judged against ``spec``'s ``--dtype``.
 
     ``dout`` is dO in the engine's layout (:func:`~sdpa_cli.engine.inputs.load_dout`);
     ``stats`` gathers the forward statistics in the same pass (``Stats.empty`` of the
-    float64 spec), ``progress`` is told the scores done.
+    float64 spec), ``progress`` is told the scores done; ``keep`` names the query
+    slices whose dQ, dK and dV to keep (None: all). Every slice is judged as the pass
+    finishes it, kept or not.
     """
     wide = spec.in_float64()  # the backward pass is float64; --dtype judges the range
-    grads = backward(wide, dout, jobs=jobs, progress=progress, stats=stats)
-    return grads, diagnose_grad(grads, thresholds, spec.options.dtype)
+    summary = GradSummary(wide, spec.options.dtype)
+    grads = backward(
+        wide, dout, jobs=jobs, progress=progress, stats=stats, keep=keep, on_slice=summary.add
+    )
+    add_summed(summary, grads)
+    return grads, diagnose_grad(grads, thresholds, spec.options.dtype, summary)

@@ -27,6 +27,7 @@ trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,7 @@ from sdpa_cli.engine.grad_block import (
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import split_heads_of_output
-from sdpa_cli.engine.types import F64
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
 """The gradient tensors, named as in ``--save``: of Q, K, V, the bias and the sinks."""
 
 OPERAND = {"dq": "q", "dk": "k", "dv": "v", "dbias": "bias", "dsinks": "sinks"}
+
+SLICED = ("dq", "dk", "dv")
+"""The gradients finished slice by slice (the others are summed to the end)."""
 
 BACKWARD_ELEMENTS = 1 << 20
 """Scores per block of the backward pass: twice the forward pass's
@@ -142,6 +146,10 @@ class Gradients:
     dsinks: F64 | None = None
     """With ``--sinks``: d(sink logit) per head, shaped like ``spec.sinks``:
     Σ over the head's rows of p_sink · (0 − Σ_j A_j dA_j)."""
+    kept: frozenset[Index] | None = None
+    """The query slices (positions of the lead) whose dQ, dK and dV were kept; None:
+    every one. The others are zeros never written (pages never touched): read kept
+    slices with :meth:`at`."""
 
     def vanishing(self, threshold: float) -> NDArray[np.bool_]:
         """``(*lead, L)``: the rows whose softmax passes back less than ``threshold`` of
@@ -151,8 +159,22 @@ class Gradients:
             return (self.n_visible >= 2) & np.isfinite(self.gain) & (self.gain < threshold)
 
     def tensor(self, name: str) -> F64 | None:
-        """``dq``, ``dk``, ``dv`` or ``dbias`` in the engine's layout."""
+        """``dq``, ``dk``, ``dv`` or ``dbias`` in the engine's layout, whole.
+
+        Raises:
+            ValueError: when the pass kept some slices only (:attr:`kept`).
+        """
+        if self.kept is not None and name in SLICED:
+            raise ValueError(f"{name} was kept for some slices only; read them with at()")
         return getattr(self, name)  # type: ignore[no-any-return]
+
+    def at(self, name: str, lead: Index) -> F64:
+        """The slice of ``dq``, ``dk`` or ``dv`` that the query slice ``lead`` reads
+        (under grouped-query attention, a key/value head its group shares)."""
+        if self.kept is not None and lead not in self.kept:
+            raise ValueError(f"{name} was not kept for the slice at {lead}")
+        part: F64 = getattr(self, name)[self.spec.operand_index(OPERAND[name], lead)]
+        return part
 
     def loaded(self, name: str) -> F64 | None:
         """A gradient in the shape its operand was loaded in (heads merged back)."""
@@ -161,7 +183,12 @@ class Gradients:
 
     def present(self) -> tuple[str, ...]:
         """The gradients this computation has (``dbias`` only with a bias)."""
-        return tuple(n for n in GRADIENTS if self.tensor(n) is not None)
+        return tuple(n for n in GRADIENTS if getattr(self, n) is not None)
+
+
+SliceSink = Callable[[str, Index, F64], object]
+"""Told each finished slice of dQ, dK and dV: the gradient's name, the slice's index in
+its operand's leading axes, its values ``(L or S, E)``, valid during the call."""
 
 
 def backward(
@@ -172,8 +199,16 @@ def backward(
     jobs: int = 1,
     progress: Progress | None = None,
     stats: Stats | None = None,
+    keep: Collection[Index] | None = None,
+    on_slice: SliceSink | None = None,
 ) -> Gradients:
     """dQ, dK, dV and d(bias) of ``Σ O ⊙ dO``, over every block of the computation.
+
+    dQ, dK and dV are summed slice by slice: a slice is finished after the last query
+    slice that reads it (a key/value head after its group's last query head) and
+    handed to ``on_slice``, so a reader can judge the whole gradient while the pass
+    keeps only the slices asked for. Each slice's sums run in block order whatever is
+    kept: a kept slice is bit for bit the same.
 
     Args:
         spec: the validated computation.
@@ -183,12 +218,14 @@ def backward(
         progress: told the scores done after each block.
         stats: gathers the forward pass's statistics (``Stats.empty(spec)``), so that
             one pass gives the forward findings too; ``spec`` must then be float64.
+        keep: the query slices (positions of ``spec.lead``) whose dQ, dK and dV to
+            keep; None keeps every one (:attr:`Gradients.kept`).
+        on_slice: told every finished slice of dQ, dK and dV, in no promised order.
     """
     if spec.options.score_mod is not None:  # its derivative would need autodiff
         raise SpecError("--score-mod", "has no backward pass here; use it with compute")
-    dq = np.zeros(spec.q.shape)
-    dk = np.zeros(spec.k.shape)
-    dv = np.zeros(spec.v.shape)
+    kept = None if keep is None else frozenset(keep)
+    sums = _SliceSums(spec, kept, on_slice)
     dbias = np.zeros(spec.bias.shape) if spec.bias is not None else None
     dsinks: F64 | None = np.zeros(spec.sinks.shape) if spec.sinks is not None else None
     per_row = {n: np.zeros((*spec.lead, spec.L), dt) for n, dt in ROW_RECORDS.items()}
@@ -217,9 +254,9 @@ def backward(
         li, r, ks = g.lead_index, g.rows, g.keys
         if stats is not None and g.records is not None:
             stats.merge(g.records)
-        dq[spec.operand_index("q", li)][r] += g.dq
-        dk[spec.operand_index("k", li)][ks] += g.dk
-        dv[spec.operand_index("v", li)][ks] += g.dv
+        sums.at("dq", li)[r] += g.dq
+        sums.at("dk", li)[ks] += g.dk
+        sums.at("dv", li)[ks] += g.dv
         if dbias is not None and g.dbias is not None:
             target = dbias[spec.operand_index("bias", li)]
             at_rows = r if target.shape[0] > 1 else slice(0, 1)
@@ -234,17 +271,85 @@ def backward(
             values[at] = getattr(g, name)
         np.maximum(key_weight[li][ks], g.key_weight, out=key_weight[li][ks])
         key_seen[li][ks] |= g.key_seen
+    sums.finish_all()
     if stats is not None:
         stats.add_all_moments()
     return Gradients(
         spec=spec,
         dout=dout,
-        dq=dq,
-        dk=dk,
-        dv=dv,
+        dq=sums.whole["dq"],
+        dk=sums.whole["dk"],
+        dv=sums.whole["dv"],
         dbias=dbias,
         dsinks=dsinks,
         key_weight=key_weight,
         key_seen=key_seen,
+        kept=kept,
         **per_row,
     )
+
+
+class _SliceSums:
+    """dQ, dK and dV summed slice by slice: a kept slice in its place in the whole
+    array (``np.zeros``: the pages of a slice never kept are never touched), any other
+    in an array of its own, dropped once finished."""
+
+    def __init__(
+        self, spec: AttentionSpec, kept: frozenset[Index] | None, on_slice: SliceSink | None
+    ) -> None:
+        self.spec, self.on_slice = spec, on_slice
+        self.whole = {n: np.zeros(getattr(spec, OPERAND[n]).shape) for n in SLICED}
+        self.last: dict[str, dict[Index, Index]] = {n: {} for n in SLICED}
+        self.kept: dict[str, set[Index] | None] = {
+            n: None if kept is None else set() for n in SLICED
+        }
+        for lead in np.ndindex(*spec.lead):
+            li = tuple(int(i) for i in lead)
+            for n in SLICED:
+                oi = spec.operand_index(OPERAND[n], li)
+                self.last[n][oi] = li  # the last query slice to read it, in block order
+                wanted = self.kept[n]
+                if wanted is not None and kept is not None and li in kept:
+                    wanted.add(oi)
+        self.open: dict[str, dict[Index, F64]] = {n: {} for n in SLICED}
+        self.done: dict[str, set[Index]] = {n: set() for n in SLICED}
+        self.lead: Index | None = None
+
+    def at(self, name: str, lead: Index) -> F64:
+        """Where query slice ``lead`` sums its part of gradient ``name``."""
+        if lead != self.lead:
+            if self.lead is not None:
+                self._finish(self.lead)
+            self.lead = lead
+        oi = self.spec.operand_index(OPERAND[name], lead)
+        target = self.open[name].get(oi)
+        if target is None:
+            wanted = self.kept[name]
+            whole = self.whole[name]
+            kept = wanted is None or oi in wanted
+            target = whole[oi] if kept else np.zeros(whole.shape[-2:])
+            self.open[name][oi] = target
+        return target
+
+    def _finish(self, lead: Index) -> None:
+        for n in SLICED:
+            oi = self.spec.operand_index(OPERAND[n], lead)
+            if self.last[n][oi] == lead and oi in self.open[n]:
+                self._hand(n, oi, self.open[n].pop(oi))
+
+    def _hand(self, name: str, oi: Index, values: F64) -> None:
+        self.done[name].add(oi)
+        if self.on_slice is not None:
+            self.on_slice(name, oi, values)
+
+    def finish_all(self) -> None:
+        """Finish the last slice, then every slice no block reached (zeros)."""
+        if self.lead is not None:
+            self._finish(self.lead)
+        for n in SLICED:
+            for oi, values in list(self.open[n].items()):  # read after their last lead
+                self._hand(n, oi, values)
+            for index in np.ndindex(*self.whole[n].shape[:-2]):
+                oi = tuple(int(i) for i in index)
+                if oi not in self.done[n]:
+                    self._hand(n, oi, self.whole[n][oi])

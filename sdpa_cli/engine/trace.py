@@ -84,6 +84,27 @@ def split_heads_of_output(spec: AttentionSpec, values: NDArray[Any]) -> NDArray[
     return values.reshape(spec.output_shape)
 
 
+def loaded_index(spec: AttentionSpec, name: str, index: tuple[int, ...]) -> tuple[int, ...]:
+    """Where the element at ``index`` of operand ``name`` (or of its gradient) in the
+    engine's layout sits in the array :meth:`AttentionSpec.as_loaded` gives: one
+    element's index, for what is read slice by slice and still names the file's."""
+    *lead, row, col = index
+    shape = tuple(getattr(spec, name).shape)
+    at, arranged = (*lead, row, col), shape
+    if name in ("q", "k", "v") and len(shape) >= 3:
+        *outer, heads, length, depth = shape
+        if spec.options.heads is not None:  # (…, L, heads · D), as the file has it
+            at = (*lead[:-1], row, lead[-1] * depth + col)
+            arranged = (*outer, length, heads * depth)
+        elif spec.options.layout == "bshd" and len(spec.shapes.get(name, ())) >= 3:
+            at, arranged = (*lead[:-1], row, lead[-1], col), (*outer, length, heads, depth)
+    loaded = spec.shapes.get(name)
+    if loaded is None or math.prod(loaded) != math.prod(arranged):
+        return at
+    flat = int(np.ravel_multi_index(at, arranged))
+    return tuple(int(i) for i in np.unravel_index(flat, loaded))
+
+
 ROW_STATS_BYTES = 64
 """What the statistics keep per query row (a few float64 and int64 arrays)."""
 

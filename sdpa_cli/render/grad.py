@@ -90,7 +90,7 @@ def render_grad(
         label = slice_label(spec, lead)
         if label:
             parts.append(rule(label, view.width))
-        dq = grads.dq[spec.operand_index("q", lead)]
+        dq = grads.at("dq", lead)
         parts.append(titled("dQ", FORMULAS["dq"]))
         parts.append(
             matrix_table(
@@ -106,11 +106,8 @@ def render_grad(
         parts.append(Text(""))
         group = _group_note(spec.group, lead)
         for name, cols, prefix in (("dk", spec.E, "e"), ("dv", spec.Ev, "v")):
-            values = grads.tensor(name)
-            assert values is not None
             parts.append(titled(LABEL[name], FORMULAS[name] + group))
-            at = spec.operand_index(name[1], lead)
-            parts.append(matrix_table(values[at], keys, range(cols), "k", prefix, view))
+            parts.append(matrix_table(grads.at(name, lead), keys, range(cols), "k", prefix, view))
             parts.append(Text(""))
         if grads.dsinks is not None:
             sums = "p_sink · (0 − Σ_j A_j dA_j), summed over every row of the head"

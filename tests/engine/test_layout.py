@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from reference import attention
 from sdpa_cli.engine.grad import backward, make_dout
 from sdpa_cli.engine.options import Options, parse_options
 from sdpa_cli.engine.spec import build_spec
-from sdpa_cli.engine.trace import split_heads_of_output, trace
+from sdpa_cli.engine.trace import loaded_index, split_heads_of_output, trace
 from sdpa_cli.errors import ExitCode, SpecError
 
 F64 = NDArray[np.float64]
@@ -276,3 +277,27 @@ def test_cli_every_command_takes_the_layout(files: Path) -> None:
         assert "layout     bshd" in result.stdout or "layout bshd" in result.stdout.replace(
             "  ", " "
         )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: build_spec(Q, K, V),
+        lambda: build_spec(bshd(Q), bshd(K), bshd(V), options=Options(layout="bshd")),
+        lambda: build_spec(
+            normal(1, 2, 5, 32),
+            normal(2, 2, 7, 16),
+            normal(3, 2, 7, 8),
+            options=Options(heads=4, kv_heads=2),
+        ),
+        lambda: build_spec(Q[0, 0], K[0, 0], V[0, 0]),  # the leading 1s the spec adds
+    ],
+)
+def test_loaded_index_finds_an_element_where_the_file_has_it(make: Any) -> None:
+    spec = make()
+    for name in ("q", "k", "v"):
+        values = getattr(spec, name)
+        labels = np.arange(values.size, dtype=np.float64).reshape(values.shape)
+        loaded = spec.as_loaded(name, labels)
+        for index in np.ndindex(*values.shape):
+            assert loaded[loaded_index(spec, name, index)] == labels[index]
