@@ -27,8 +27,9 @@ from sdpa_cli.engine.types import Index
 RANGE_FORMATS = ("float16", "bfloat16")
 """Formats every gradient's range is measured against (training keeps gradients in one)."""
 
-CHUNK = 1 << 20
-"""Elements of a slice read at a time: the temporaries stay a few MiB whatever its size."""
+CHUNK = 1 << 17
+"""Elements of a slice read at a time: each temporary 1 MiB, whatever the slice's size
+(they are made while the pass holds its blocks, at its peak)."""
 
 
 @dataclass(frozen=True)

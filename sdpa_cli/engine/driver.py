@@ -162,7 +162,10 @@ def sweep(
             thread; fewer where each block's result is large).
     """
     in_flight = max(ahead or 2 * jobs, jobs)
-    inputs = SliceInputs(keep=jobs + 1)
+    per_lead = max(1, -(-spec.L // (rows or block_rows(spec))))  # blocks in a slice
+    # the slices whose K and V stay converted: as many as the blocks in flight can
+    # span (two for long sequences: 16 MiB each of float64 K and V at S = 16384)
+    inputs = SliceInputs(keep=min(jobs + 1, 1 + -(-(in_flight - 1) // per_lead)))
     places = (
         Place(lead, r, _keys(spec, lead, r, keys, inputs), inputs)
         for lead, r in iter_blocks(spec, rows, leads)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from sdpa_cli.engine import driver
 from sdpa_cli.engine.block import attend_block
 from sdpa_cli.engine.driver import Place, iter_blocks, sweep
 from sdpa_cli.engine.options import parse_options
@@ -72,6 +73,42 @@ def test_at_most_ahead_blocks_are_in_flight(jobs: int, ahead: int | None, most: 
         with lock:
             taken += 1
     assert peak[0] == most
+
+
+@pytest.mark.parametrize(
+    ("L", "rows", "jobs", "ahead"), [(40, 4, 2, None), (40, 4, 2, 3), (2, 1, 3, None)]
+)
+def test_each_slice_is_converted_once_and_few_stay_converted(
+    monkeypatch: pytest.MonkeyPatch, L: int, rows: int, jobs: int, ahead: int | None
+) -> None:
+    """K and V are converted once per slice, however many blocks read them, and no
+    more slices stay converted than the blocks in flight can span (two for a slice of
+    many blocks: the memory of long sequences)."""
+    spec = build_spec(*(np.zeros((2, 3, L, 4), np.float16) for _ in range(3)))
+    converted: list[tuple[int, ...]] = []
+    alive: set[tuple[int, ...]] = set()
+    most = [0]
+    lock = threading.Lock()
+    real = driver.operands  # type: ignore[attr-defined]
+
+    def counting(spec: AttentionSpec, lead: tuple[int, ...], emulate: bool = True) -> object:
+        with lock:
+            converted.append(lead)
+        return real(spec, lead, emulate)
+
+    monkeypatch.setattr(driver, "operands", counting)
+
+    def visit(p: Place) -> None:
+        p.inputs.get(spec, p.lead)
+        cached = p.inputs._cache  # the slices converted and kept
+        with lock:
+            alive.update(cached)
+            most[0] = max(most[0], len(cached))
+
+    list(sweep(spec, visit, rows=rows, jobs=jobs, ahead=ahead))
+    assert sorted(converted) == sorted(set(converted)) == sorted(alive)
+    assert len(converted) == 6
+    assert most[0] == (2 if L // rows > jobs else jobs + 1)
 
 
 def test_visible_keys_skip_what_a_causal_mask_hides_from_the_whole_block() -> None:
