@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -85,12 +86,14 @@ class SliceInputs:
 @dataclass(frozen=True)
 class Place:
     """Where a block sits: query rows ``rows`` of the slice at ``lead``, over the keys
-    ``keys``; ``inputs`` is the sweep's cache of converted K and V."""
+    ``keys``; ``inputs`` is the sweep's cache of converted K and V; ``number`` its
+    place in the sweep's order (0, 1, …)."""
 
     lead: Index
     rows: slice
     keys: slice
     inputs: SliceInputs
+    number: int = 0
 
     @property
     def at(self) -> tuple[int | slice, ...]:
@@ -111,7 +114,7 @@ class Place:
         keys = self.keys
         if (keys.start, keys.stop) != (0, spec.S):
             keys = key_range(spec, self.lead, rows)
-        return Place(self.lead, rows, keys, self.inputs)
+        return Place(self.lead, rows, keys, self.inputs, self.number)
 
     def twin(self, spec: AttentionSpec, block: Block) -> Block:
         """The float64 block an emulated block's statistics are read against: what
@@ -167,8 +170,8 @@ def sweep(
     # span (two for long sequences: 16 MiB each of float64 K and V at S = 16384)
     inputs = SliceInputs(keep=min(jobs + 1, 1 + -(-(in_flight - 1) // per_lead)))
     places = (
-        Place(lead, r, _keys(spec, lead, r, keys, inputs), inputs)
-        for lead, r in iter_blocks(spec, rows, leads)
+        Place(lead, r, _keys(spec, lead, r, keys, inputs), inputs, n)
+        for n, (lead, r) in enumerate(iter_blocks(spec, rows, leads))
     )
 
     def done(place: Place, result: T) -> T:
@@ -194,6 +197,43 @@ def sweep(
         finally:
             for _, future in pending:
                 future.cancel()
+
+
+class InOrder:
+    """Blocks' turns, in the sweep's order: a thread that computed block ``n`` merges
+    its result into the whole with ``with order.turn(place.number):``, once every
+    earlier block has merged. Sums then run in block order whatever ``jobs`` is, and
+    a result is dropped once merged rather than held until the caller reaches it.
+
+    The sweep's threads start blocks in order, so a thread waits only on blocks being
+    computed; a block that fails (:meth:`failed`) releases every thread waiting."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Condition()
+        self._next = 0
+        self._broken = False
+
+    @contextmanager
+    def turn(self, number: int) -> Iterator[None]:
+        """Wait for block ``number``'s turn; the next block's comes when this ends."""
+        with self._turn:
+            self._turn.wait_for(lambda: self._next == number or self._broken)
+            if self._broken:
+                raise RuntimeError("an earlier block failed")
+            try:
+                yield
+            except BaseException:
+                self._broken = True
+                raise
+            finally:
+                self._next += 1
+                self._turn.notify_all()
+
+    def failed(self) -> None:
+        """A block failed before its turn: no later block will get one."""
+        with self._turn:
+            self._broken = True
+            self._turn.notify_all()
 
 
 def slice_blocks(spec: AttentionSpec, lead: Index) -> Iterator[Block]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.driver import KeyMode, Place, Progress, block_rows, sweep
+from sdpa_cli.engine.driver import InOrder, KeyMode, Place, Progress, block_rows, sweep
 from sdpa_cli.engine.grad_block import (
     ROW_RECORDS,
     BlockGrad,
@@ -232,25 +232,7 @@ def backward(
     key_weight = np.zeros((*spec.lead, spec.S))
     key_seen = np.zeros((*spec.lead, spec.S), np.bool_)
 
-    def visit(place: Place) -> BlockGrad:
-        inputs = place.inputs.get(spec, place.lead, emulate=False)
-        g = dout[place.at]
-        lean = lean_backward_block(spec, place, g, inputs, stats)
-        if lean is not None:
-            return lean
-        return backward_block(
-            spec, place.lead, place.rows, g, keys=place.keys, inputs=inputs, stats=stats
-        )
-
-    # NaN or inf in V outside a block's keys would poison a dense kernel's dS through
-    # 0 · NaN: such blocks compute every key.
-    sweep_keys: KeyMode = "all-if-v-nonfinite"
-    rows = rows or block_rows(spec, BACKWARD_ELEMENTS)
-    # a block's result holds dK and dV over its keys (S × E each): one block waits
-    blocks = sweep(
-        spec, visit, jobs=jobs, rows=rows, keys=sweep_keys, progress=progress, ahead=jobs + 1
-    )
-    for g in blocks:
+    def merge(g: BlockGrad) -> None:
         li, r, ks = g.lead_index, g.rows, g.keys
         if stats is not None and g.records is not None:
             stats.merge(g.records)
@@ -271,6 +253,30 @@ def backward(
             values[at] = getattr(g, name)
         np.maximum(key_weight[li][ks], g.key_weight, out=key_weight[li][ks])
         key_seen[li][ks] |= g.key_seen
+
+    order = InOrder()
+
+    def visit(place: Place) -> None:
+        """One block, merged in its turn by the thread that computed it: its dK and
+        dV (S × E each) are dropped at once, and the merges run beside the blocks."""
+        try:
+            inputs = place.inputs.get(spec, place.lead, emulate=False)
+            g = dout[place.at]
+            block = lean_backward_block(spec, place, g, inputs, stats) or backward_block(
+                spec, place.lead, place.rows, g, keys=place.keys, inputs=inputs, stats=stats
+            )
+        except BaseException:
+            order.failed()
+            raise
+        with order.turn(place.number):
+            merge(block)
+
+    # NaN or inf in V outside a block's keys would poison a dense kernel's dS through
+    # 0 · NaN: such blocks compute every key.
+    sweep_keys: KeyMode = "all-if-v-nonfinite"
+    rows = rows or block_rows(spec, BACKWARD_ELEMENTS)
+    for _ in sweep(spec, visit, jobs=jobs, rows=rows, keys=sweep_keys, progress=progress):
+        pass
     sums.finish_all()
     if stats is not None:
         stats.add_all_moments()

@@ -11,7 +11,7 @@ import pytest
 
 from sdpa_cli.engine import driver
 from sdpa_cli.engine.block import attend_block
-from sdpa_cli.engine.driver import Place, iter_blocks, sweep
+from sdpa_cli.engine.driver import InOrder, Place, iter_blocks, sweep
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 
@@ -209,3 +209,35 @@ def test_slice_blocks_are_every_row_of_one_slice_with_every_key() -> None:
     assert {b.lead_index for b in blocks} == {(1, 2)}
     assert sum(b.rows.stop - b.rows.start for b in blocks) == 9
     assert all((b.keys.start, b.keys.stop) == (0, 9) for b in blocks)
+
+
+def test_in_order_merges_blocks_in_the_sweeps_order_whatever_finishes_first() -> None:
+    spec = build_spec(*(np.zeros((2, 3, 13, 4)) for _ in range(3)))
+    order, merged = InOrder(), []
+
+    def visit(p: Place) -> None:
+        time.sleep(0.001 * (p.number * 7 % 5))  # later blocks often finish first
+        with order.turn(p.number):
+            merged.append((p.lead, p.rows.start))
+
+    list(sweep(spec, visit, rows=3, jobs=3))
+    assert merged == [(lead, r.start) for lead, r in iter_blocks(spec, 3)]
+
+
+def test_a_failed_block_releases_the_blocks_waiting_for_their_turn() -> None:
+    spec = build_spec(*(np.zeros((1, 2, 12, 4)) for _ in range(3)))
+    order = InOrder()
+
+    def visit(p: Place) -> None:
+        try:
+            if p.number == 2:
+                time.sleep(0.01)  # the later blocks are waiting by now
+                raise ValueError("block 2")
+        except BaseException:
+            order.failed()
+            raise
+        with order.turn(p.number):
+            pass
+
+    with pytest.raises(ValueError, match="block 2"):
+        list(sweep(spec, visit, rows=2, jobs=3))
