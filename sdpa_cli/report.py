@@ -28,7 +28,7 @@ from sdpa_cli.check.records import CaseResult, Check, CheckReport, failure_lines
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
 from sdpa_cli.engine.block import STAGES, applicable_stages
-from sdpa_cli.engine.trace import Trace, merge_heads
+from sdpa_cli.engine.trace import Trace
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.files.writers import write_atomic
 from sdpa_cli.schemas import SCHEMA_VERSION
@@ -218,7 +218,7 @@ def to_yaml(data: dict[str, Any]) -> str:
 def save_npz(trace: Trace, path: str) -> None:
     """Write every computed stage (full shape) and ``visible`` to ``path``, atomically,
     from a trace that kept them (``sdpa compute --save`` streams the same members with
-    :func:`sdpa_cli.stream.save_npz`)."""
+    :func:`sdpa_cli.stream_save.save_npz`)."""
     arrays: dict[str, NDArray[Any]] = {}
     for name in STAGES:
         arr = trace.merged_output if name == "output" else trace.stage(name)
@@ -246,15 +246,22 @@ def grad_payload(
     tolerance: float,
     dtype: str,
     for_json: bool,
+    with_gradients: bool = True,
 ) -> dict[str, Any]:
     """``sdpa grad --format json|yaml``: the setup, dO's source, every gradient (full,
     in its operand's shape as loaded), norms, ranges, the numeric check, findings.
+    Without ``with_gradients``, ``gradients`` is None, for a writer that streams them
+    (:func:`~sdpa_cli.stream.write_with_arrays`).
     ``options.dtype`` is the format the gradients were judged against (``--dtype``);
     the backward pass itself is float64."""
     data = setup_payload(grads.spec, for_json=for_json)
     data["options"]["dtype"] = dtype
     data["dout"] = dout
-    data["gradients"] = {n: _nested(np.asarray(grads.loaded(n)), for_json) for n in grads.present()}
+    data["gradients"] = (
+        {n: _nested(np.asarray(grads.loaded(n)), for_json) for n in grads.present()}
+        if with_gradients
+        else None
+    )
     data.update(_clean(health.to_dict(), for_json))
     data["numeric_check"] = (
         None
@@ -267,18 +274,6 @@ def grad_payload(
     )
     data.update(diagnosis_payload(diagnosis, for_json=for_json))
     return data
-
-
-def save_grad_npz(grads: Gradients, path: str) -> None:
-    """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
-    loaded, and the ``dout`` used, to ``path``, atomically."""
-    arrays = {n: np.asarray(grads.loaded(n)) for n in grads.present()}
-    arrays["dout"] = merge_heads(grads.spec, grads.dout).astype(np.float64)  # as the gradients
-
-    def write(fh: BinaryIO) -> None:
-        np.savez(fh, **arrays)  # type: ignore[arg-type]
-
-    write_atomic(path, write)
 
 
 # --- sdpa inspect -----------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Trace documents written as they are computed: ``sdpa compute --format json|yaml``
-and ``--save FILE.npz``, stage by stage and block by block.
+"""Documents written as they are computed: ``sdpa compute --format json|yaml`` stage
+by stage and block by block, and ``sdpa grad``'s with its gradients a piece at a time.
 
 :func:`~sdpa_cli.report.payload` builds the document in memory, every number a Python
 object (about 90 bytes each). Here the statistics come from a trace that kept nothing
@@ -9,24 +9,18 @@ output's size. The text is byte for byte ``to_json(payload(...))`` or
 ``to_yaml(payload(...))``: JSON's rows are ``json.dumps`` of each block; YAML's arrays
 are laid out as PyYAML's emitter lays them out (block sequences down to the rows, each
 row a flow sequence wrapped past column 100), the head and tail dumped by PyYAML.
-
-The .npz holds what ``np.savez`` writes, one ``.npy`` member per stage: one sweep writes
-every stage's blocks into temporary files, then each is copied into its member.
+``--save`` is :mod:`sdpa_cli.stream_save`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
-import shutil
 import stat
-import tempfile
-import zipfile
 from collections.abc import Callable, Iterator
-from typing import IO, Any, BinaryIO
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,8 +32,8 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import Trace
 from sdpa_cli.engine.types import Index
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.writers import write_atomic
 from sdpa_cli.report import diagnosis_payload, setup_payload, to_json, to_yaml
+from sdpa_cli.stream_save import stage_shape
 
 Write = Callable[[str], object]
 """Where text goes (``sys.stdout.write``, ``click.echo``...)."""
@@ -122,12 +116,12 @@ def write_document(
     tail = diagnosis_payload(diagnosis, for_json=for_json) if diagnosis else {"findings": []}
     out = _Out(write)
     swept = [
-        n for n in arrays if math.prod(_shape(spec, n)) > 0 and (n != "output" or kept is None)
+        n for n in arrays if math.prod(stage_shape(spec, n)) > 0 and (n != "output" or kept is None)
     ]
     tell = _shared(progress, len(swept))
     out(to_json(head)[:-1] if for_json else to_yaml(head))
     for name in arrays:
-        shape = _shape(spec, name)
+        shape = stage_shape(spec, name)
         if name == "output" and kept is not None:
             rows = _pieces(kept)
         else:
@@ -141,6 +135,60 @@ def write_document(
     out.flush()
 
 
+def write_with_arrays(
+    data: dict[str, Any],
+    key: str,
+    arrays: dict[str, NDArray[Any]],
+    write: Write,
+    *,
+    fmt: str,
+) -> None:
+    """Write ``data`` with ``data[key]`` set to ``arrays`` (name → array), as
+    ``to_json(...) + "\n"`` or ``to_yaml(...)`` would, the arrays' rows formatted a
+    piece at a time: a few MiB of text in hand, where nested lists of Python floats
+    cost about 80 bytes a number for JSON and 400 for PyYAML.
+
+    ``data`` holds the other keys (``data[key]`` itself is not read).
+    """
+    names = list(data)
+    at = names.index(key)
+    head = {n: data[n] for n in names[:at]}
+    tail = {n: data[n] for n in names[at + 1 :]}
+    out = _Out(write)
+    if fmt == "json":
+        out(to_json(head)[:-1] + ", " if head else "{")
+        out(f"{json.dumps(key)}: {{")
+        for i, (name, values) in enumerate(arrays.items()):
+            out(f"{', ' if i else ''}{json.dumps(name)}: ")
+            if values.ndim < 2:  # one row: [...], non-finite numbers as strings
+                out(_json_rows(values.reshape(1, -1)))
+            else:
+                _json_array(values.shape, _pieces(values), out)
+        out("}" + (", " + to_json(tail)[1:] if tail else "}") + "\n")
+    else:
+        # dumped beside a stand-in for the arrays: a mapping of scalars alone would
+        # be written in flow style, {a: 1}, where the whole document's is block
+        stand_in = f"{key}:\n- [0]\n"
+        text = to_yaml({**head, key: [[0]]})
+        assert text.endswith(stand_in)
+        out(text[: -len(stand_in)] + f"{key}:\n")
+        for name, values in arrays.items():
+            if values.ndim < 2:
+                out(_indented(to_yaml({name: values.tolist()}), 2))
+            else:
+                _yaml_array(name, values.shape, _pieces(values), out, margin=2)
+        text = to_yaml({key: [[0]], **tail})
+        assert text.startswith(stand_in)
+        out(text[len(stand_in) :])
+    out.flush()
+
+
+def _indented(text: str, margin: int) -> str:
+    """Every line of ``text`` moved ``margin`` columns right."""
+    pad = " " * margin
+    return "".join(pad + line for line in text.splitlines(keepends=True))
+
+
 def trace_stages(spec: AttentionSpec, stages: tuple[str, ...]) -> tuple[str, ...]:
     """What the trace given to :func:`write_document` should keep whole for
     ``stages``: the output when it is the only stage written (output-sized: the
@@ -148,12 +196,6 @@ def trace_stages(spec: AttentionSpec, stages: tuple[str, ...]) -> tuple[str, ...
     trace keeping it would); nothing otherwise, every stage being computed again."""
     names = [s for s in applicable_stages(spec) if s in stages]
     return ("output",) if names == ["output"] else ()
-
-
-def _shape(spec: AttentionSpec, name: str) -> tuple[int, ...]:
-    """A stage's shape as written: the output's as returned (heads merged under
-    ``--heads``, ``(..., L, H, Ev)`` under ``--layout bshd``)."""
-    return spec.merged_output_shape if name == "output" else spec.weights_shape
 
 
 def _shared(progress: Progress | None, sweeps: int) -> Progress | None:
@@ -181,7 +223,7 @@ def _stage_rows(
     block at a time; nothing when the stage is empty. The output comes a slice at a
     time under ``--heads`` and ``--layout bshd``, its heads merged (its rows need
     every head)."""
-    if math.prod(_shape(spec, name)) == 0:
+    if math.prod(stage_shape(spec, name)) == 0:
         return iter(())
 
     def visit(place: Place) -> Rows:
@@ -264,24 +306,28 @@ def _trailing_zeros(lead: Index) -> int:
     return n
 
 
-def _yaml_array(name: str, shape: tuple[int, ...], rows: Iterator[Rows], out: _Out) -> None:
-    """``name:`` and its array as PyYAML writes a top-level key's nested lists: block
-    sequences (``- - -`` opening a slice's first row, two spaces per axis), each row a
-    flow sequence ``[a, b, ...]`` whose lines wrap at :data:`YAML_WIDTH`."""
+def _yaml_array(
+    name: str, shape: tuple[int, ...], rows: Iterator[Rows], out: _Out, *, margin: int = 0
+) -> None:
+    """``name:`` and its array as PyYAML writes a key's nested lists: block sequences
+    (``- - -`` opening a slice's first row, two spaces per axis), each row a flow
+    sequence ``[a, b, ...]`` whose lines wrap at :data:`YAML_WIDTH`; ``margin`` columns
+    to the right for a key of a nested mapping."""
     if math.prod(shape) == 0:
-        out(to_yaml({name: np.zeros(shape).tolist()}))
+        out(_indented(to_yaml({name: np.zeros(shape).tolist()}), margin))
         return
     depth = len(shape) - 2
-    indent = 2 * (depth + 1)  # the rows' flow sequences: where continued lines start
-    later = " " * (2 * depth) + "- "  # every row but a slice's first
-    out(f"{name}:\n")
+    indent = margin + 2 * (depth + 1)  # the rows' flow sequences: where lines go on
+    pad = " " * margin
+    later = pad + " " * (2 * depth) + "- "  # every row but a slice's first
+    out(f"{pad}{name}:\n")
     for lead, start, values in rows:
         lines = []
         for i, row in enumerate(_yaml_rows(values)):
             prefix = later
             if i == 0 and start == 0:  # the slice's first row opens the axes that moved on
                 moved = max((d for d, x in enumerate(lead) if x != 0), default=0)
-                prefix = " " * (2 * moved) + "- " * (depth + 1 - moved)
+                prefix = pad + " " * (2 * moved) + "- " * (depth + 1 - moved)
             lines.append(prefix + _flow(row, indent))
         out("\n".join(lines) + "\n")
 
@@ -320,63 +366,6 @@ def _flow(items: str, indent: int) -> str:
     return opening + (",\n" + " " * indent).join(lines) + "]"
 
 
-# --- --save -------------------------------------------------------------------------------
-
-_MEMBER_BYTES = 512
-"""A bound on what a member adds to its values: the .npy header (64-byte aligned), the
-zip's local header and central directory entry with their zip64 fields."""
-
-_COPY_BYTES = 1 << 20
-"""Bytes copied at a time from a temporary file into the .npz."""
-
-
-def _npz_members(spec: AttentionSpec) -> list[tuple[str, tuple[int, ...], np.dtype[Any]]]:
-    """What ``--save`` writes, in order: every stage the options bring about, then
-    ``visible``; each name, shape and dtype."""
-    f8, b1 = np.dtype(np.float64), np.dtype(np.bool_)
-    stages = [(s, _shape(spec, s), f8) for s in applicable_stages(spec)]
-    return [*stages, ("visible", spec.weights_shape, b1)]
-
-
-def npz_bytes(spec: AttentionSpec) -> int:
-    """The size of the ``--save`` file, to a few hundred bytes: 8 bytes per value of
-    each stage, 1 per score of ``visible``, and the headers."""
-    return sum(
-        math.prod(shape) * dt.itemsize + _MEMBER_BYTES for _, shape, dt in _npz_members(spec)
-    )
-
-
-def save_room(spec: AttentionSpec) -> int:
-    """The disk ``--save`` needs while it writes: the file, and its largest member
-    still in a temporary file (each is freed once copied into the file)."""
-    largest = max(math.prod(shape) * dt.itemsize for _, shape, dt in _npz_members(spec))
-    return npz_bytes(spec) + largest
-
-
-def check_room(spec: AttentionSpec, path: str) -> None:
-    """Refuse, before computing, an ``--save`` file the disk it goes to cannot hold.
-
-    Raises:
-        InputError: naming ``path``, with the size needed and the space free.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return  # a missing folder: the write names it
-    need = save_room(spec)
-    if need > free:
-        gib = 2.0**30
-        scores = len(_npz_members(spec)) - 2  # less the output and the visibility
-        raise InputError(
-            os.fspath(path),
-            f"needs {need / gib:.1f} GiB of disk while it is written ({scores} stages of "
-            f"{spec.weights_shape} in float64, the output and the visibility, one of them "
-            f"twice), but {free / gib:.1f} GiB is free on its disk; save it elsewhere, "
-            "or slice the inputs",
-        )
-
-
 DOCUMENT_BYTES_PER_NUMBER = 5
 """The least text a number of a document takes: ``0.0`` and its separator ``, ``."""
 
@@ -398,7 +387,7 @@ def check_document_room(spec: AttentionSpec, stages: tuple[str, ...], fmt: str, 
         return
     free = disk.f_bavail * disk.f_frsize
     names = [s for s in applicable_stages(spec) if s in stages]
-    need = DOCUMENT_BYTES_PER_NUMBER * sum(math.prod(_shape(spec, s)) for s in names)
+    need = DOCUMENT_BYTES_PER_NUMBER * sum(math.prod(stage_shape(spec, s)) for s in names)
     if need > free:
         gib = 2.0**30
         raise InputError(
@@ -407,90 +396,3 @@ def check_document_room(spec: AttentionSpec, stages: tuple[str, ...], fmt: str, 
             f"stage(s) of {spec.weights_shape}), but {free / gib:.1f} GiB is free on the "
             "disk of the file it goes to; ask for fewer --stages, or slice the inputs",
         )
-
-
-def save_npz(
-    spec: AttentionSpec, path: str, *, jobs: int = 1, progress: Progress | None = None
-) -> None:
-    """Write every stage (full shape) and ``visible`` to ``path``, atomically, as
-    :func:`~sdpa_cli.report.save_npz` writes a trace kept whole.
-
-    One sweep computes every stage of each block and writes its rows at their place
-    in the stage's temporary file beside ``path`` (anonymous: nothing is left, even
-    if the process is killed); the temporary files are then copied, one by one, into
-    the .npz's members. Writing twice costs less than computing each stage again.
-
-    Args:
-        spec: the computation.
-        path: the .npz file; it appears whole or not at all.
-        jobs: threads computing blocks.
-        progress: told the scores done after each block.
-    """
-    members = _npz_members(spec)
-    folder = os.path.dirname(os.path.abspath(path))
-
-    def write(fh: BinaryIO) -> None:
-        with contextlib.ExitStack() as stack:
-            temps = {
-                name: stack.enter_context(tempfile.TemporaryFile(dir=folder))
-                for name, shape, _ in members
-                if math.prod(shape) > 0
-            }
-            _fill(spec, {name: t.fileno() for name, t in temps.items()}, jobs, progress)
-            # np.savez's layout: stored (uncompressed) members, zip64 forced on each.
-            with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for name, shape, dt in members:
-                    with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
-                        header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False}
-                        np.lib.format.write_array_header_1_0(member, {**header, "shape": shape})
-                        temp = temps.pop(name, None)
-                        if temp is not None:
-                            _copy(spec, name, temp, member)
-                            temp.close()  # its disk is freed as the .npz grows
-
-    write_atomic(path, write)
-
-
-def _fill(spec: AttentionSpec, fds: dict[str, int], jobs: int, progress: Progress | None) -> None:
-    """One sweep over every key: each block's rows of each stage (and ``visible``) at
-    their offset in the file ``fds[name]``, in the engine's layout ``(*lead, L, ...)``.
-    The threads write their own blocks, so nothing waits for the order."""
-    if not fds:
-        return
-
-    def visit(place: Place) -> None:
-        block = place.attend(spec)
-        first = 0  # the block's first row, counted over every slice before it
-        for i, n in zip(place.lead, spec.lead, strict=True):
-            first = first * n + i
-        first = first * spec.L + place.rows.start
-        for name, fd in fds.items():
-            values = block.visible if name == "visible" else getattr(block, name)
-            dt = np.bool_ if name == "visible" else np.float64
-            data: NDArray[Any] = np.ascontiguousarray(values, dtype=dt)
-            _pwrite_all(fd, data.data.cast("B"), first * data[0].nbytes)
-
-    for _ in sweep(spec, visit, jobs=jobs, keys="all", progress=progress):
-        pass
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
-
-
-def _copy(spec: AttentionSpec, name: str, temp: IO[bytes], member: IO[bytes]) -> None:
-    """A stage's temporary file into its member; the output with its heads merged,
-    ``(..., L, heads · Ev)`` under ``--heads``, ``(..., L, H, Ev)`` under ``--layout
-    bshd`` (the same bytes; a slice of the leading axes at a time)."""
-    temp.seek(0)
-    if name != "output" or not spec.output_rearranged:
-        shutil.copyfileobj(temp, member, _COPY_BYTES)
-        return
-    heads = spec.lead[-1]
-    per_slice = heads * spec.L * spec.Ev
-    for _ in range(math.prod(spec.lead[:-1])):
-        parts = np.frombuffer(temp.read(8 * per_slice), np.float64)
-        merged = np.moveaxis(parts.reshape(heads, spec.L, spec.Ev), 0, 1)
-        member.write(np.ascontiguousarray(merged).data)

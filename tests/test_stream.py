@@ -24,7 +24,7 @@ import yaml
 from clirunner import assert_one_error_line, invoke
 from numpy.typing import NDArray
 
-from sdpa_cli import stream
+from sdpa_cli import stream, stream_save
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.rules import diagnose
 from sdpa_cli.engine import driver
@@ -309,7 +309,7 @@ def test_streamed_npz_holds_what_savez_wrote(
 ) -> None:
     spec, _ = _case(name)
     save_npz(trace(spec), str(tmp_path / "old.npz"))
-    stream.save_npz(spec, str(tmp_path / "new.npz"), jobs=2)
+    stream_save.save_npz(spec, str(tmp_path / "new.npz"), jobs=2)
     with np.load(tmp_path / "old.npz") as old, np.load(tmp_path / "new.npz") as new:
         assert new.files == old.files
         for member in old.files:
@@ -318,7 +318,7 @@ def test_streamed_npz_holds_what_savez_wrote(
             assert new[member].tobytes() == old[member].tobytes(), member
     # The same .npy members, header and all: only the zip's timestamps differ.
     assert os.path.getsize(tmp_path / "new.npz") == os.path.getsize(tmp_path / "old.npz")
-    assert os.path.getsize(tmp_path / "new.npz") <= stream.npz_bytes(spec)
+    assert os.path.getsize(tmp_path / "new.npz") <= stream_save.npz_bytes(spec)
 
 
 def _fails_on_call(n: int, real: Callable[..., Any], exc: BaseException) -> Callable[..., Any]:
@@ -356,26 +356,28 @@ def test_failed_save_leaves_nothing_and_keeps_the_old_file(
     for path in ("kept.npz", "new.npz"):
         monkeypatch.setattr(target, name, _fails_on_call(3, getattr(target, name), exc))
         with pytest.raises(raised):
-            stream.save_npz(spec, str(tmp_path / path))
+            stream_save.save_npz(spec, str(tmp_path / path))
         monkeypatch.undo()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.npz"]
         assert (tmp_path / "kept.npz").read_bytes() == b"old"
     if raised is InputError:  # the disk error names the file, as every write error does
         monkeypatch.setattr(os, "pwrite", _fails_on_call(1, os.pwrite, exc))
         with pytest.raises(InputError, match=r"new\.npz: cannot be written: No space left"):
-            stream.save_npz(spec, str(tmp_path / "new.npz"))
+            stream_save.save_npz(spec, str(tmp_path / "new.npz"))
 
 
 def test_save_room_holds_the_file_and_its_largest_member_twice() -> None:
     spec, _ = _case("every-optional-stage")
-    assert stream.save_room(spec) == stream.npz_bytes(spec) + 8 * math.prod(spec.weights_shape)
+    assert stream_save.save_room(spec) == stream_save.npz_bytes(spec) + 8 * math.prod(
+        spec.weights_shape
+    )
 
 
 def test_npz_bytes_counts_every_stage_and_the_visibility() -> None:
     spec, _ = _case("every-optional-stage")
     scores, out = math.prod(spec.weights_shape), math.prod(spec.merged_output_shape)
     values = 8 * scores * (len(STAGES) - 1) + 8 * out + scores
-    assert values < stream.npz_bytes(spec) <= values + len(STAGES) * 4096 + 4096
+    assert values < stream_save.npz_bytes(spec) <= values + len(STAGES) * 4096 + 4096
 
 
 def _tiny_disk(free: int) -> Callable[[str], Any]:
@@ -529,7 +531,7 @@ def test_memory_does_not_grow_with_the_output(
     small fraction of a document of 10 MB (held in memory, its numbers cost about 90
     bytes each); the .npz likewise."""
     monkeypatch.setattr(driver, "BLOCK_ELEMENTS", 4096)
-    monkeypatch.setattr(stream, "_COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(stream_save, "_COPY_BYTES", 1 << 16)
     peaks: dict[tuple[str, int], int] = {}
     sizes: dict[tuple[str, int], int] = {}
     for n in (128, 256):
@@ -548,7 +550,7 @@ def test_memory_does_not_grow_with_the_output(
             peaks[fmt, n] = _peak(write)
             sizes[fmt, n] = size
         path = str(tmp_path / f"{n}.npz")
-        peaks["npz", n] = _peak(partial(stream.save_npz, spec, path))
+        peaks["npz", n] = _peak(partial(stream_save.save_npz, spec, path))
         sizes["npz", n] = os.path.getsize(path)
     for fmt in ("json", "yaml", "npz"):
         assert sizes[fmt, 256] > 4 * sizes[fmt, 128] * 0.9
@@ -563,5 +565,5 @@ def test_progress_counts_every_score_once_over_all_sweeps(tmp_path: Path) -> Non
     stream.write_document(stats, stages, None, lambda _: None, fmt="json", progress=told.append)
     assert sum(told) == math.prod(spec.weights_shape)
     told.clear()
-    stream.save_npz(spec, str(tmp_path / "t.npz"), progress=told.append)
+    stream_save.save_npz(spec, str(tmp_path / "t.npz"), progress=told.append)
     assert sum(told) == math.prod(spec.weights_shape)

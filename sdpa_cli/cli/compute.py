@@ -99,13 +99,8 @@ def compute(
     from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.files.writers import write_all_atomic
     from sdpa_cli.render.common import View
-    from sdpa_cli.stream import (
-        check_document_room,
-        check_room,
-        save_npz,
-        trace_stages,
-        write_document,
-    )
+    from sdpa_cli.stream import check_document_room, trace_stages, write_document
+    from sdpa_cli.stream_save import check_room, save_npz
 
     limits = thresholds(given_thresholds)
     outputs = [("--save", save), *export_outputs(export_svg, export_html)]

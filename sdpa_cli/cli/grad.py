@@ -148,7 +148,7 @@ def grad(
     from sdpa_cli.files.outputs import check_outputs, inputs_of
     from sdpa_cli.files.writers import write_all_atomic
     from sdpa_cli.render.common import View, layout
-    from sdpa_cli.report import save_grad_npz
+    from sdpa_cli.stream_save import save_grad_npz
 
     limits = thresholds({**given_thresholds, "vanishing": vanishing})
     outputs = [("--save", save), *export_outputs(export_svg, export_html)]
@@ -178,17 +178,15 @@ def grad(
     failed = run.numeric is not None and not all(c.passed(tolerance) for c in run.numeric)
     decided(ExitCode.CHECK_FAILED if failed else ExitCode.OK)  # kept if the reader leaves (| head)
 
-    text: str | None = None
+    document = fmt in ("json", "yaml")
     renderables: list[RenderableType] = []
-    if fmt in ("json", "yaml"):
-        text = _document(run, spec.options.dtype, tolerance, fmt)
-    if text is None or export_svg or export_html:
+    if not document or export_svg or export_html:
         renderables = _renderables(run, view, description, spec.options.dtype, tolerance)
     write_all_atomic(exports(renderables, console.width, export_svg, export_html, "sdpa grad"))
     if save is not None:
         save_grad_npz(run.grads, save)
-    if text is not None:
-        click.echo(text, nl=False)
+    if document:
+        _write_document(run, spec.options.dtype, tolerance, fmt)
     else:
         print_all(console, renderables)
     return ExitCode.CHECK_FAILED if failed else ExitCode.OK
@@ -237,10 +235,14 @@ def _run(
     return _Run(grads, health, diagnosis, dout_label, dout_info, numeric)
 
 
-def _document(run: _Run, dtype: str, tolerance: float, fmt: str) -> str:
-    """The run as one JSON or YAML document; ``dtype`` the format the range is judged in."""
+def _write_document(run: _Run, dtype: str, tolerance: float, fmt: str) -> None:
+    """The run as one JSON or YAML document on stdout, the gradients' rows formatted a
+    piece at a time; ``dtype`` the format their range is judged in."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.report import grad_payload, to_json, to_yaml
+    import numpy as np
+
+    from sdpa_cli.report import grad_payload
+    from sdpa_cli.stream import write_with_arrays
 
     data = grad_payload(
         run.grads,
@@ -251,8 +253,14 @@ def _document(run: _Run, dtype: str, tolerance: float, fmt: str) -> str:
         tolerance=tolerance,
         dtype=dtype,
         for_json=fmt == "json",
+        with_gradients=False,
     )
-    return to_json(data) + "\n" if fmt == "json" else to_yaml(data)
+    arrays = {n: np.asarray(run.grads.loaded(n)) for n in run.grads.present()}
+
+    def echo(text: str) -> None:
+        click.echo(text, nl=False)
+
+    write_with_arrays(data, "gradients", arrays, echo, fmt=fmt)
 
 
 def _renderables(

@@ -27,6 +27,7 @@ trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import split_heads_of_output
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
+from sdpa_cli.files import limits
 
 if TYPE_CHECKING:
     from sdpa_cli.engine.stats import Stats
@@ -225,6 +227,7 @@ def backward(
     if spec.options.score_mod is not None:  # its derivative would need autodiff
         raise SpecError("--score-mod", "has no backward pass here; use it with compute")
     kept = None if keep is None else frozenset(keep)
+    check_fits(spec, kept)
     sums = _SliceSums(spec, kept, on_slice)
     dbias = np.zeros(spec.bias.shape) if spec.bias is not None else None
     dsinks: F64 | None = np.zeros(spec.sinks.shape) if spec.sinks is not None else None
@@ -293,6 +296,41 @@ def backward(
         kept=kept,
         **per_row,
     )
+
+
+def check_fits(spec: AttentionSpec, kept: frozenset[Index] | None = None) -> None:
+    """Refuse, before allocating, a backward pass whose gradients cannot fit in memory
+    (rather than be killed): 8 bytes a value of dQ, dK and dV kept (every one with
+    ``kept`` None, else the slices kept and one being summed), of d(bias), and the
+    records of every row and key.
+
+    Raises:
+        SpecError: with the memory needed and available.
+    """
+    sizes = [math.prod(getattr(spec, OPERAND[n]).shape[-2:]) for n in SLICED]
+    if kept is None:
+        values = sum(math.prod(getattr(spec, OPERAND[n]).shape) for n in SLICED)
+    else:
+        values = (len(kept) + 1) * sum(sizes)
+    values += math.prod(spec.bias.shape) if spec.bias is not None else 0
+    rows = math.prod((*spec.lead, spec.L)) * sum(np.dtype(t).itemsize for t in ROW_RECORDS.values())
+    need = 8 * values + rows + 9 * math.prod((*spec.lead, spec.S))
+    available = limits.available_memory()
+    if available is not None and need > available:
+        raise SpecError(
+            f"gradients of Q {spec.shapes.get('q', spec.q.shape)}",
+            f"keeping {'every gradient' if kept is None else 'the gradients shown'} in "
+            f"float64 needs {_bytes(need)}, but {_bytes(available)} of memory is "
+            "available; slice the inputs",
+        )
+
+
+def _bytes(n: int) -> str:
+    """``3.2 GiB``, ``12.5 MiB``, ``900 KiB``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{max(n, 1) / 2**10:.0f} KiB"
 
 
 class _SliceSums:

@@ -922,3 +922,24 @@ def test_explain_backward_writes_an_infinite_norm_as_the_forward_notes_do(workdi
     data = explain_json("q.npy", "k.npy", "v.npy", "--scale", "none", "--backward")
     assert data["backward"]["norms"]["dq"] is None  # JSON holds no infinity: null
     assert backward_stages(data)["d_query"]["note"].endswith("‖dQ‖ of this head: ∞.")
+
+
+def test_gradients_that_cannot_fit_in_memory_are_refused_before_the_pass(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document keeps every gradient whole: refused in one line when memory cannot
+    hold them; the tables keep the slice they show (of 8 heads), and run."""
+    from sdpa_cli.files import limits
+
+    rng = np.random.default_rng(5)
+    for name in "qkv":
+        np.save(f"{name}8.npy", rng.standard_normal((8, 16, 4)))
+    files = ("q8.npy", "k8.npy", "v8.npy")
+    whole = 8 * 3 * 8 * 16 * 4  # dQ, dK and dV in float64
+    monkeypatch.setattr(limits, "available_memory", lambda: whole)
+    line = assert_one_error_line(invoke("grad", *files, "--format", "json"))
+    assert line.startswith("sdpa: error: gradients of Q (8, 16, 4): keeping every gradient")
+    assert "slice the inputs" in line
+    assert "dQ" in ok("grad", *files).stdout
+    monkeypatch.setattr(limits, "available_memory", lambda: 2 * whole)
+    grad_json(*files)
