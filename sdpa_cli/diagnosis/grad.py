@@ -142,7 +142,7 @@ def diagnose_grad(
 
 
 def _nonfinite(summary: GradSummary) -> Iterator[Finding]:
-    for t in summary.tallies.values():
+    for t in summary.in_order():
         if not t.nonfinite:
             continue
         n, nans = t.nonfinite, t.nans

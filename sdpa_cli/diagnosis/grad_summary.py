@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.grad import OPERAND, SLICED, Gradients
+from sdpa_cli.engine.grad import GRADIENTS, OPERAND, SLICED, Gradients
 from sdpa_cli.engine.grad_block import norm
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import loaded_index
@@ -132,9 +132,14 @@ class GradSummary:
         if t.first_bad is None or where < t.first_bad:
             t.first_bad = where
 
+    def in_order(self) -> Iterator[GradTally]:
+        """Each gradient read, in :data:`~sdpa_cli.engine.grad.GRADIENTS`' order (the
+        pass finishes them in an order the shapes decide)."""
+        return (self.tallies[n] for n in GRADIENTS if n in self.tallies)
+
     def ranges(self) -> Iterator[GradRange]:
-        """Each gradient's magnitudes against each format, in the order read."""
-        for t in self.tallies.values():
+        """Each gradient's magnitudes against each format."""
+        for t in self.in_order():
             for d in self.formats:
                 yield GradRange(t.name, d, t.max_abs, t.nonzero, *t.tallies[d])
 

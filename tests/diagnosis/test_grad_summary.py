@@ -134,3 +134,20 @@ def test_a_non_finite_gradient_is_named_by_its_index_in_the_file() -> None:
         assert loaded is not None
         assert bad[name].index == tuple(np.argwhere(~np.isfinite(loaded))[0])
         assert bad[name].count == np.count_nonzero(~np.isfinite(loaded))
+
+
+def test_gradients_are_reported_in_their_order_whatever_the_pass_finishes_first() -> None:
+    """Q broadcast over the batch: dK and dV of batch 0 are finished before dQ, which
+    every batch item reads; the ranges and findings still list dQ, dK, dV."""
+    rng = np.random.default_rng(2)
+    q = rng.normal(size=(1, 2, 5, 4))
+    k, v = rng.normal(size=(2, 2, 6, 4)), rng.normal(size=(2, 2, 6, 4))
+    k[:, :, 0] = np.nan  # every gradient non-finite: one finding each
+    spec = build_spec(q, k, v)
+    order: list[str] = []
+    backward(spec, make_dout(spec, "ones", 0, "--dout"), on_slice=lambda n, i, x: order.append(n))
+    assert order.index("dk") < order.index("dq")
+    _, health = backward_health(spec, make_dout(spec, "ones", 0, "--dout"), Thresholds())
+    assert [r.name for r in health.ranges][::2] == ["dq", "dk", "dv"]
+    bad = [f.stage for f in health.findings if f.kind == "gradient_nonfinite"]
+    assert bad == ["dq", "dk", "dv"]
