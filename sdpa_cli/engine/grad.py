@@ -44,10 +44,9 @@ from sdpa_cli.engine.grad_block import (
 )
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.trace import split_heads_of_output
+from sdpa_cli.engine.trace import check_memory, split_heads_of_output
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
-from sdpa_cli.files import limits
 
 if TYPE_CHECKING:
     from sdpa_cli.engine.stats import Stats
@@ -315,22 +314,12 @@ def check_fits(spec: AttentionSpec, kept: frozenset[Index] | None = None) -> Non
     values += math.prod(spec.bias.shape) if spec.bias is not None else 0
     rows = math.prod((*spec.lead, spec.L)) * sum(np.dtype(t).itemsize for t in ROW_RECORDS.values())
     need = 8 * values + rows + 9 * math.prod((*spec.lead, spec.S))
-    available = limits.available_memory()
-    if available is not None and need > available:
-        raise SpecError(
-            f"gradients of Q {spec.shapes.get('q', spec.q.shape)}",
-            f"keeping {'every gradient' if kept is None else 'the gradients shown'} in "
-            f"float64 needs {_bytes(need)}, but {_bytes(available)} of memory is "
-            "available; slice the inputs",
-        )
-
-
-def _bytes(n: int) -> str:
-    """``3.2 GiB``, ``12.5 MiB``, ``900 KiB``."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{max(n, 1) / 2**10:.0f} KiB"
+    check_memory(
+        need,
+        f"gradients of Q {spec.shapes.get('q', spec.q.shape)}",
+        f"keeping {'every gradient' if kept is None else 'the gradients shown'} in float64",
+        "slice the inputs",
+    )
 
 
 class _SliceSums:
@@ -343,18 +332,17 @@ class _SliceSums:
     ) -> None:
         self.spec, self.on_slice = spec, on_slice
         self.whole = {n: np.zeros(getattr(spec, OPERAND[n]).shape) for n in SLICED}
-        self.last: dict[str, dict[Index, Index]] = {n: {} for n in SLICED}
-        self.kept: dict[str, set[Index] | None] = {
-            n: None if kept is None else set() for n in SLICED
+        # each operand slice: the slices kept (None: all), the last query slice to read
+        # it in block order (it is finished after that one), those handed over
+        self.kept = {
+            n: None if kept is None else {spec.operand_index(OPERAND[n], li) for li in kept}
+            for n in SLICED
         }
+        self.last: dict[str, dict[Index, Index]] = {n: {} for n in SLICED}
         for lead in np.ndindex(*spec.lead):
             li = tuple(int(i) for i in lead)
             for n in SLICED:
-                oi = spec.operand_index(OPERAND[n], li)
-                self.last[n][oi] = li  # the last query slice to read it, in block order
-                wanted = self.kept[n]
-                if wanted is not None and kept is not None and li in kept:
-                    wanted.add(oi)
+                self.last[n][spec.operand_index(OPERAND[n], li)] = li
         self.open: dict[str, dict[Index, F64]] = {n: {} for n in SLICED}
         self.done: dict[str, set[Index]] = {n: set() for n in SLICED}
         self.lead: Index | None = None
@@ -368,10 +356,8 @@ class _SliceSums:
         oi = self.spec.operand_index(OPERAND[name], lead)
         target = self.open[name].get(oi)
         if target is None:
-            wanted = self.kept[name]
-            whole = self.whole[name]
-            kept = wanted is None or oi in wanted
-            target = whole[oi] if kept else np.zeros(whole.shape[-2:])
+            kept, whole = self.kept[name], self.whole[name]
+            target = whole[oi] if kept is None or oi in kept else np.zeros(whole.shape[-2:])
             self.open[name][oi] = target
         return target
 
@@ -387,12 +373,10 @@ class _SliceSums:
             self.on_slice(name, oi, values)
 
     def finish_all(self) -> None:
-        """Finish the last slice, then every slice no block reached (zeros)."""
+        """Finish the last slice, then every slice no block reached (zeros: L = 0)."""
         if self.lead is not None:
             self._finish(self.lead)
         for n in SLICED:
-            for oi, values in list(self.open[n].items()):  # read after their last lead
-                self._hand(n, oi, values)
             for index in np.ndindex(*self.whole[n].shape[:-2]):
                 oi = tuple(int(i) for i in index)
                 if oi not in self.done[n]:

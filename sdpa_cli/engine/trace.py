@@ -117,14 +117,28 @@ def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
     need += ROW_STATS_BYTES * math.prod((*spec.lead, spec.L))  # always gathered
     values = sum(math.prod(spec.output_shape) if s == "output" else scores for s in keep)
     need += 8 * values
+    check_memory(
+        need,
+        f"scores {spec.weights_shape}",
+        f"keeping {len(keep)} stage(s) whole in float64, with the per-row statistics,",
+        "ask for fewer --stages, or slice the inputs",
+    )
+
+
+def check_memory(need: int, where: str, what: str, advice: str) -> None:
+    """Refuse ``need`` bytes the machine's memory cannot hold, before allocating them.
+
+    Raises:
+        SpecError: at ``where``: "``what`` needs X GiB, but Y GiB of memory is
+            available; ``advice``".
+    """
     available = limits.available_memory()
     if available is not None and need > available:
         gib = 2.0**30
         raise SpecError(
-            f"scores {spec.weights_shape}",
-            f"keeping {len(keep)} stage(s) whole in float64, with the per-row statistics, "
-            f"needs {need / gib:.1f} GiB, but {available / gib:.1f} GiB of memory is "
-            "available; ask for fewer --stages, or slice the inputs",
+            where,
+            f"{what} needs {need / gib:.1f} GiB, but {available / gib:.1f} GiB of memory is "
+            f"available; {advice}",
         )
 
 
