@@ -246,22 +246,16 @@ def grad_payload(
     tolerance: float,
     dtype: str,
     for_json: bool,
-    with_gradients: bool = True,
 ) -> dict[str, Any]:
-    """``sdpa grad --format json|yaml``: the setup, dO's source, every gradient (full,
-    in its operand's shape as loaded), norms, ranges, the numeric check, findings.
-    Without ``with_gradients``, ``gradients`` is None, for a writer that streams them
-    (:func:`~sdpa_cli.stream.write_with_arrays`).
-    ``options.dtype`` is the format the gradients were judged against (``--dtype``);
-    the backward pass itself is float64."""
+    """``sdpa grad --format json|yaml``: the setup, dO's source, the gradients, norms,
+    ranges, the numeric check, findings. ``gradients`` is None here: its arrays
+    (:func:`grad_arrays`) are written a piece at a time, in its place, by
+    :func:`~sdpa_cli.stream.write_with_arrays`. ``options.dtype`` is the format the
+    gradients were judged against (``--dtype``); the backward pass itself is float64."""
     data = setup_payload(grads.spec, for_json=for_json)
     data["options"]["dtype"] = dtype
     data["dout"] = dout
-    data["gradients"] = (
-        {n: _nested(np.asarray(grads.loaded(n)), for_json) for n in grads.present()}
-        if with_gradients
-        else None
-    )
+    data["gradients"] = None
     data.update(_clean(health.to_dict(), for_json))
     data["numeric_check"] = (
         None
@@ -274,6 +268,12 @@ def grad_payload(
     )
     data.update(diagnosis_payload(diagnosis, for_json=for_json))
     return data
+
+
+def grad_arrays(grads: Gradients) -> dict[str, NDArray[np.float64]]:
+    """Every gradient, in its operand's shape as loaded (heads merged back): what the
+    document's ``gradients`` and ``--save`` hold."""
+    return {n: np.asarray(grads.loaded(n)) for n in grads.present()}
 
 
 # --- sdpa inspect -----------------------------------------------------------------------

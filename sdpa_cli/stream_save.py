@@ -25,6 +25,7 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import merge_heads
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.writers import write_atomic
+from sdpa_cli.report import grad_arrays
 
 
 def stage_shape(spec: AttentionSpec, name: str) -> tuple[int, ...]:
@@ -178,7 +179,7 @@ def _copy(spec: AttentionSpec, name: str, temp: IO[bytes], member: IO[bytes]) ->
 def save_grad_npz(grads: Gradients, path: str) -> None:
     """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
     loaded, and the ``dout`` used, to ``path``, atomically."""
-    arrays = {n: np.asarray(grads.loaded(n)) for n in grads.present()}
+    arrays = grad_arrays(grads)
     arrays["dout"] = merge_heads(grads.spec, grads.dout).astype(np.float64)  # as the gradients
 
     def write(fh: BinaryIO) -> None:

@@ -172,13 +172,13 @@ def grad(
     )
     # tables alone show a few slices: the pass keeps those and judges every other
     # as it finishes it; documents, --save and the numeric check read every slice
-    whole = fmt in ("json", "yaml") or save is not None or check_numeric
+    document = fmt in ("json", "yaml")
+    whole = document or save is not None or check_numeric
     keep = None if whole else layout(spec, view).positions
     run = _run(spec, dout, limits, samples if check_numeric else None, jobs=threads, keep=keep)
     failed = run.numeric is not None and not all(c.passed(tolerance) for c in run.numeric)
     decided(ExitCode.CHECK_FAILED if failed else ExitCode.OK)  # kept if the reader leaves (| head)
 
-    document = fmt in ("json", "yaml")
     renderables: list[RenderableType] = []
     if not document or export_svg or export_html:
         renderables = _renderables(run, view, description, spec.options.dtype, tolerance)
@@ -239,9 +239,7 @@ def _write_document(run: _Run, dtype: str, tolerance: float, fmt: str) -> None:
     """The run as one JSON or YAML document on stdout, the gradients' rows formatted a
     piece at a time; ``dtype`` the format their range is judged in."""
     # imported here: keeps sdpa --help fast
-    import numpy as np
-
-    from sdpa_cli.report import grad_payload
+    from sdpa_cli.report import grad_arrays, grad_payload
     from sdpa_cli.stream import write_with_arrays
 
     data = grad_payload(
@@ -253,14 +251,12 @@ def _write_document(run: _Run, dtype: str, tolerance: float, fmt: str) -> None:
         tolerance=tolerance,
         dtype=dtype,
         for_json=fmt == "json",
-        with_gradients=False,
     )
-    arrays = {n: np.asarray(run.grads.loaded(n)) for n in run.grads.present()}
 
     def echo(text: str) -> None:
         click.echo(text, nl=False)
 
-    write_with_arrays(data, "gradients", arrays, echo, fmt=fmt)
+    write_with_arrays(data, "gradients", grad_arrays(run.grads), echo, fmt=fmt)
 
 
 def _renderables(
