@@ -27,10 +27,11 @@ from sdpa_cli._version import __version__
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, failure_lines
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
-from sdpa_cli.engine.block import STAGES, applicable_stages
+from sdpa_cli.engine.block import applicable_stages
 from sdpa_cli.engine.trace import Trace
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.files.writers import write_atomic
+from sdpa_cli.names import STAGES
 from sdpa_cli.schemas import SCHEMA_VERSION
 from sdpa_cli.text import json_number, printable
 

@@ -43,12 +43,12 @@ from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
 from sdpa_cli.engine.types import Index
 from sdpa_cli.errors import ExitCode, InputError, shortened
 from sdpa_cli.files.structured import parse_text
+from sdpa_cli.names import STATUSES
 from sdpa_cli.report import check_exit_code, document_head
 from sdpa_cli.schemas import SCHEMA_VERSION
 from sdpa_cli.text import NON_FINITE_JSON, one_line, printable, shown
 
 SHARD_KEY = "shard"
-STATUSES = ("pass", "warn", "fail")
 """Non-finite numbers as sdpa's JSON writes them."""
 NOT_READ = Diagnosis(
     findings=(), counts={}, heads=(), headroom={}, emulation=None, thresholds=Thresholds()

@@ -22,12 +22,12 @@ from clirunner import (
     validate_output,
 )
 
-from sdpa_cli import __version__
-from sdpa_cli.diagnosis.findings import ALL_KINDS, SEVERITIES
+from sdpa_cli import __version__, names
+from sdpa_cli.diagnosis.frameworks import OTHER
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.files.samples import samples_dir
-from sdpa_cli.report_merge import STATUSES
 from sdpa_cli.schemas import NAMES, SCHEMA_VERSION, schema
+from sdpa_cli.text import NON_FINITE_JSON
 
 SAMPLES = samples_dir()
 CHECK = SAMPLES / "check"
@@ -113,14 +113,67 @@ def test_an_unknown_schema_is_refused() -> None:
         schema("checks")
 
 
+OPTIONS = "/$defs/options/properties"
+ENUMS: dict[tuple[str, str], tuple[Any, ...]] = {
+    ("defs", "/$defs/kind"): names.ALL_KINDS,
+    ("defs", "/$defs/severity"): names.SEVERITIES,
+    ("defs", "/$defs/status"): names.STATUSES,
+    ("defs", "/$defs/non_finite"): tuple(NON_FINITE_JSON),
+    ("defs", f"{OPTIONS}/framework/anyOf/0"): names.FRAMEWORKS,
+    ("defs", f"{OPTIONS}/causal_align"): names.ALIGNMENTS,
+    ("defs", f"{OPTIONS}/mask_true_means"): names.MASK_TRUE_MEANS,
+    ("defs", f"{OPTIONS}/layout"): names.LAYOUTS,
+    ("defs", f"{OPTIONS}/dtype"): names.FORMATS,
+    ("defs", f"{OPTIONS}/accumulate"): names.FORMATS,
+    ("defs", f"{OPTIONS}/softmax_dtype"): names.FORMATS,
+    ("defs", f"{OPTIONS}/logits_dtype"): names.FORMATS,
+    ("check", "/properties/exit_code"): tuple(c for c in ExitCode if c != ExitCode.INTERRUPTED),
+    ("compute", "/properties/stages/items"): names.STAGES,
+    ("frameworks", "/properties/frameworks/properties/answers/items/properties/as"): (
+        names.FRAMEWORKS
+    ),
+    ("frameworks", "/properties/frameworks/properties/disagreements/items/properties/kind"): (
+        *names.FRAMEWORK_DIFFERENCES,
+        OTHER,
+    ),
+    ("grad", "/properties/gradients/propertyNames"): names.GRADIENTS,
+    ("grad", "/properties/dout/properties/source"): (*names.DOUT_SOURCES, "file"),
+    ("report-model", "/properties/metrics/propertyNames"): names.MODEL_METRICS,
+    ("report-model", "/properties/notable/items/properties/kind"): names.NOTABLE_HEADS,
+}
+"""Every enum of every schema file (its file and JSON pointer) → the list of names it
+must equal: the schemas cannot drift from :mod:`sdpa_cli.names`."""
+
+
+def _enums(node: Any, pointer: str = "") -> dict[str, list[Any]]:
+    """Every ``enum`` under ``node``, by the JSON pointer of the object holding it."""
+    found: dict[str, list[Any]] = {}
+    if isinstance(node, dict):
+        if "enum" in node:
+            found[pointer] = node["enum"]
+        for key, value in node.items():
+            found |= _enums(value, f"{pointer}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found |= _enums(value, f"{pointer}/{i}")
+    return found
+
+
+def test_every_enum_of_every_schema_is_a_list_of_the_names_table() -> None:
+    folder = Path(__file__).parent.parent / "sdpa_cli" / "schemas"
+    found = {
+        (path.stem, pointer): enum
+        for path in sorted(folder.glob("*.json"))
+        for pointer, enum in _enums(json.loads(path.read_text())).items()
+    }
+    assert sorted(found) == sorted(ENUMS)
+    for key, enum in found.items():
+        assert enum == list(ENUMS[key]), key
+
+
 def test_the_schemas_list_what_the_code_lists() -> None:
     defs = schema("check")["$defs"]
     assert defs["schema_version"] == {"const": SCHEMA_VERSION, "description": ANY_TEXT}
-    assert defs["kind"]["enum"] == list(ALL_KINDS)
-    assert defs["severity"]["enum"] == list(SEVERITIES)
-    assert defs["status"]["enum"] == list(STATUSES)
-    exit_codes = schema("check")["properties"]["exit_code"]["enum"]
-    assert exit_codes == [c for c in ExitCode if c != ExitCode.INTERRUPTED]
 
 
 class _AnyText(str):
@@ -143,6 +196,8 @@ ANY_TEXT = _AnyText()
         ("padded_nan.yaml", []),  # NaN inputs: "NaN" strings in the stages
         ("fp16_overflow.yaml", ["--dtype", "float16"]),  # overflow findings, emulation
         ("kv_cache.yaml", []),
+        # the schema once listed "ignore", which no option is
+        ("causal.yaml", ["--mask-true-means", "masked", "--as", "jax", "--layout", "bhsd"]),
     ],
 )
 def test_compute_json_and_yaml(jsonschema: Any, sample: str, flags: list[str]) -> None:

@@ -27,16 +27,6 @@ from sdpa_cli.text import sig
 
 STATS_QUANTILES = {"median": 0.5, "p90": 0.9, "p99": 0.99}
 
-ERROR_STATS = (
-    *(
-        f"{kind}_{stat}"
-        for kind in ("abs", "rel")
-        for stat in ("mean", "median", "p90", "p99", "max")
-    ),
-    "cosine_min",
-)
-"""What ``--max-error`` may limit: each at most its value, ``cosine_min`` at least."""
-
 BLOCK_ELEMENTS = 1 << 20
 """Elements read at a time: a few float64 temporaries of 8 MiB."""
 
@@ -241,7 +231,7 @@ def error_stats(actual: NDArray[Any], reference: NDArray[Any], slices: int) -> d
 
 
 def stat_value(stats: dict[str, Any], name: str) -> float:
-    """One of :data:`ERROR_STATS` read from :func:`error_stats`' figures."""
+    """One of :data:`~sdpa_cli.names.ERROR_STATS` read from :func:`error_stats`' figures."""
     kind, stat = name.split("_", 1)
     return float(stats[kind][stat])
 

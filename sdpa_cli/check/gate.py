@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import DEFAULT_GATE, CheckSettings
-from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES, Diagnosis, Finding
+from sdpa_cli.diagnosis.findings import Diagnosis, Finding
+from sdpa_cli.names import KINDS, SEVERITIES
 from sdpa_cli.text import plural
 
 

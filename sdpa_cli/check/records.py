@@ -16,9 +16,6 @@ from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.engine.types import Index
 from sdpa_cli.text import format_index, plural
 
-TENSORS = ("output", "weights", "lse")
-"""What an export may hold: the output, the attention weights, the logsumexp per row."""
-
 
 @dataclass(frozen=True)
 class Expected:

@@ -46,7 +46,7 @@ from sdpa_cli.check.exports import (
 from sdpa_cli.check.gate import finding_checks, gated_kinds
 from sdpa_cli.check.hints import with_hints
 from sdpa_cli.check.plain import needed_rows, plain_values
-from sdpa_cli.check.records import TENSORS, Check, CheckReport, Expected
+from sdpa_cli.check.records import Check, CheckReport, Expected
 from sdpa_cli.check.relative import Judgement, factor_for, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
@@ -62,6 +62,7 @@ from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.trace import Trace, merge_heads, split_heads_of_output, trace
 from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import EXPORTS
 
 # --- the pass ---------------------------------------------------------------------------
 
@@ -207,8 +208,8 @@ def run_checks(
     settings = settings or CheckSettings()
     names = [e.name for e in expected]
     for name in names:
-        if name not in TENSORS:
-            raise SpecError(name, f"unknown export; expected one of {', '.join(TENSORS)}")
+        if name not in EXPORTS:
+            raise SpecError(name, f"unknown export; expected one of {', '.join(EXPORTS)}")
     fitted = {e.name: fit_expected(spec, e) for e in expected}
 
     export = export_dtype(spec, expected)

@@ -12,15 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sdpa_cli.check.error_stats import ERROR_STATS
-from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES, Thresholds
+from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.engine.options import parse_bool, parse_number
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.files.config import ConfigFile, read_config
+from sdpa_cli.names import ERROR_STATS, KINDS, REFERENCE_FORMATS, SEVERITIES, TOLERANCE_RULES
 from sdpa_cli.text import as_typed, printable, shown
-
-REFERENCE_FORMATS = ("float32", "float64")
-"""Formats a check's reference may be computed in."""
 
 CHECK_NAMES = (
     "rtol",
@@ -78,7 +75,7 @@ def _fudge(value: Any, where: str) -> float:
 
 def _error_limits(value: Any, where: str) -> tuple[tuple[str, float], ...]:
     """``abs_p99=1e-3,cosine_min=0.999``, a list of such, or a mapping: limits on the
-    error statistics (:data:`~sdpa_cli.check.relative.ERROR_STATS`)."""
+    error statistics (:data:`~sdpa_cli.names.ERROR_STATS`)."""
     if isinstance(value, Mapping):
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (list, tuple)) and all(
@@ -119,7 +116,7 @@ _CHECK_PARSERS: dict[str, Any] = {
     "rtol": _tolerance,
     "atol": _tolerance,
     "reference": _one_of(REFERENCE_FORMATS),
-    "tolerance": _one_of(("kernel", "dtype", "measured")),
+    "tolerance": _one_of(TOLERANCE_RULES),
     "fudge": _fudge,
     "fail_on": _kinds,
     "fail_on_severity": _one_of(SEVERITIES),

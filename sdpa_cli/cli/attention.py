@@ -8,15 +8,47 @@ from typing import Any, TypeVar
 
 import click
 
-from sdpa_cli.cli.completion import FORMATS, files, words
+from sdpa_cli.cli.completion import files, words
+from sdpa_cli.engine.conventions import CONVENTIONS
+from sdpa_cli.names import (
+    ALIGNMENTS,
+    FORMATS,
+    FRAMEWORKS,
+    LAYOUTS,
+    MASK_TRUE_MEANS,
+    MASK_VALUE_NAMES,
+    SCALE_NAMES,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _conventions_help() -> str:
+    """``--as``'s help, read off the conventions: who aligns the causal diagonal where,
+    who masks with what, whose window counts the query."""
+
+    def who(names: list[str]) -> str:
+        return ", ".join(names)
+
+    aligned = "; ".join(
+        f"{who([n for n, c in CONVENTIONS.items() if c.causal_align == a])} {a}" for a in ALIGNMENTS
+    )
+    finite = [c for c in CONVENTIONS.values() if c.mask_value != "-inf"]
+    values = ", ".join(f"{c.name} {c.mask_label}" for c in finite)
+    counting = who([n for n, c in CONVENTIONS.items() if c.window_counts_query])
+    return (
+        "Use a framework's conventions, as defaults flags override: causal alignment "
+        f"when L ≠ S ({aligned}), the mask value ({values}, else -inf: a row with no "
+        f"visible key gives the mean of V or zeros), --window's LEFT read as {counting}'s "
+        "sliding_window (counting the query)."
+    )
+
 
 ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--scale",
         metavar="sqrt-dk|dk|none|X",
-        shell_complete=words("sqrt-dk", "dk", "none"),
+        shell_complete=words(*SCALE_NAMES),
         help="Factor on Q·Kᵀ: 1/√E (sqrt-dk, default), 1/E (dk), 1 (none) or a number.",
     ),
     click.option("--temperature", metavar="T", help="Divide the scaled scores by T (default 1)."),
@@ -57,7 +89,7 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option("--causal/--no-causal", default=None, help="Hide future keys."),
     click.option(
         "--causal-align",
-        type=click.Choice(["upper-left", "lower-right"]),
+        type=click.Choice(ALIGNMENTS),
         help="Diagonal of the causal mask and window when L ≠ S (default upper-left, as PyTorch is_causal; lower-right as FlashAttention).",
     ),
     click.option(
@@ -69,7 +101,7 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     ),
     click.option(
         "--mask-true-means",
-        type=click.Choice(["attend", "masked"]),
+        type=click.Choice(MASK_TRUE_MEANS),
         help="What True means in a boolean mask (default attend, as PyTorch).",
     ),
     click.option(
@@ -115,7 +147,7 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--mask-value",
         metavar="-inf|finfo-min|X",
-        shell_complete=words("-inf", "finfo-min"),
+        shell_complete=words(*MASK_VALUE_NAMES),
         help="Value of hidden logits (default -inf; e.g. -1e9 as many kernels use).",
     ),
     click.option(
@@ -146,7 +178,7 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     ),
     click.option(
         "--layout",
-        type=click.Choice(["bhsd", "bshd"]),
+        type=click.Choice(LAYOUTS),
         help="Axes of Q, K, V and the output: bhsd (B, H, L, E), default, as PyTorch; bshd (B, L, H, E), as FlashAttention and xformers (read through a transposing view; the output is returned so).",
     ),
     click.option(
@@ -158,19 +190,19 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--accumulate",
         metavar="FORMAT",
-        shell_complete=words("float32", "float64", "same"),
+        shell_complete=words(*FORMATS, "same"),
         help="Accumulator of both matmuls under --dtype: float32 (default, as tensor cores), float64, or the --dtype format (same).",
     ),
     click.option(
         "--softmax-dtype",
         metavar="FORMAT",
-        shell_complete=words("float32", "float64", "same"),
+        shell_complete=words(*FORMATS, "same"),
         help="Format the softmax runs in under --dtype: float32 (default), float64, or the --dtype format (same).",
     ),
     click.option(
         "--logits-dtype",
         metavar="FORMAT",
-        shell_complete=words("same", "float32"),
+        shell_complete=words("same", *FORMATS),
         help="Format scores and logits are stored in under --dtype: the --dtype format (same, default, as PyTorch's unfused path) or float32 (as fused kernels).",
     ),
     click.option(
@@ -181,12 +213,8 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--as",
         "framework",
-        type=click.Choice(["torch", "flash", "jax", "onnx", "hf"]),
-        help="Use a framework's conventions, as defaults flags override: causal alignment "
-        "when L ≠ S (torch, jax upper-left; flash, onnx, hf lower-right), the mask value "
-        "(jax −0.7·finfo(float32).max, hf finfo-min, else -inf: a row with no visible key "
-        "gives the mean of V or zeros), --window's LEFT read as hf's sliding_window "
-        "(counting the query).",
+        type=click.Choice(FRAMEWORKS),
+        help=_conventions_help(),
     ),
 ]
 

@@ -26,6 +26,7 @@ from sdpa_cli.cli.options import (
 )
 from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import REFERENCE_FORMATS, SEVERITIES, TOLERANCE_RULES
 
 if TYPE_CHECKING:
     from sdpa_cli.check.records import CaseResult
@@ -79,12 +80,12 @@ CHECK_EXIT_CODES_HELP = (
 @click.option("--atol", metavar="X", help="Fixed absolute tolerance (with --rtol).")
 @click.option(
     "--reference",
-    type=click.Choice(["float32", "float64"]),
+    type=click.Choice(REFERENCE_FORMATS),
     help="Format of the reference (default: float32 for 16- and 8-bit exports, else float64).",
 )
 @click.option(
     "--tolerance",
-    type=click.Choice(["kernel", "dtype", "measured"]),
+    type=click.Choice(TOLERANCE_RULES),
     help="kernel (default): each element no worse than the plain computation in the "
     "export's dtype × --fudge, as kernel tests judge; dtype: PyTorch's fixed "
     "tolerances for the dtype; measured: PyTorch's get_tolerances.",
@@ -109,7 +110,7 @@ CHECK_EXIT_CODES_HELP = (
 )
 @click.option(
     "--fail-on-severity",
-    type=click.Choice(["info", "warning", "error"]),
+    type=click.Choice(SEVERITIES),
     help="Fail on any finding at this severity or worse.",
 )
 @click.option(

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
+from sdpa_cli.names import KINDS, STAGES
+
 Complete = Callable[[click.Context, click.Parameter, str], list[CompletionItem]]
 """A parameter's ``shell_complete``."""
 
@@ -30,9 +32,6 @@ ACTIVATION_HELP = (
     "  sdpa completion fish > ~/.config/fish/completions/sdpa.fish"
 )
 """The lines of ``sdpa --help`` that say how to turn completion on."""
-
-FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-"""``--dtype``'s formats (the engine checks the value: these are what it accepts)."""
 
 
 def files(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
@@ -78,17 +77,11 @@ def word_list(choices: Callable[[], Sequence[str]]) -> Complete:
 
 def stage_names() -> Sequence[str]:
     """The forward stages, as ``--stages`` names them."""
-    # imported here: keeps sdpa --help fast (only completion needs the names)
-    from sdpa_cli.diagnosis.stages import TITLES
-
-    return tuple(TITLES)
+    return STAGES
 
 
 def finding_kinds() -> Sequence[str]:
     """The finding kinds ``--fail-on`` gates, and ``none``."""
-    # imported here: keeps sdpa --help fast (only completion needs the kinds)
-    from sdpa_cli.diagnosis.findings import KINDS
-
     return (*KINDS, "none")
 
 

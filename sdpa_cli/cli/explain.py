@@ -30,6 +30,7 @@ from sdpa_cli.cli.options import (
     start_engine,
 )
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import DOUT_SOURCES
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -78,7 +79,7 @@ Write = Callable[[BinaryIO], None]
 @click.option(
     "--dout",
     metavar="FILE|ones|random",
-    shell_complete=words("ones", "random", paths=True),
+    shell_complete=words(*DOUT_SOURCES, paths=True),
     default="ones",
     show_default=True,
     help="With --backward: the output's gradient dO (as sdpa grad's).",

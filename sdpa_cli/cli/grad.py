@@ -33,6 +33,7 @@ from sdpa_cli.cli.options import (
 )
 from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import ExitCode
+from sdpa_cli.names import DOUT_SOURCES
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 @click.option(
     "--dout",
     metavar="FILE|ones|random",
-    shell_complete=words("ones", "random", paths=True),
+    shell_complete=words(*DOUT_SOURCES, paths=True),
     default="ones",
     show_default=True,
     help="The output's gradient dO: a file shaped like the output, all ones, or standard normal from --seed.",

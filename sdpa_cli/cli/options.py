@@ -17,6 +17,7 @@ from sdpa_cli.cli.attention import ATTENTION_OPTIONS as ATTENTION_OPTIONS
 from sdpa_cli.cli.attention import attention_options as attention_options
 from sdpa_cli.cli.completion import files, stage_names, word_list
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import STAGES
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -106,7 +107,7 @@ def display_options(f: F) -> F:
                 "--stages",
                 metavar="LIST",
                 shell_complete=word_list(stage_names),
-                help="Stages to show, comma-separated: raw,scaled,capped,biased,masked,weights,dropped,output (default all that apply).",
+                help=f"Stages to show, comma-separated: {','.join(STAGES)} (default all that apply).",
             ),
             BATCH_OPTION,
             HEAD_OPTION,
@@ -381,9 +382,6 @@ def parse_rows(
 
 def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...]:
     """``--stages raw,weights`` → the stage names, checked; ``available`` when not given."""
-    # imported here: keeps sdpa --help fast (the engine imports numpy)
-    from sdpa_cli.engine.block import STAGES
-
     if text is None:
         return available
     chosen = tuple(s.strip() for s in text.split(",") if s.strip())

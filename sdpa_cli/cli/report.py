@@ -25,6 +25,7 @@ from sdpa_cli.cli.options import (
 )
 from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import ExitCode, SdpaError, SpecError
+from sdpa_cli.names import MODEL_METRICS
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -104,18 +105,6 @@ def merge(
     return code
 
 
-MODEL_METRICS = (
-    "entropy",
-    "max_weight",
-    "saturated",
-    "near_uniform",
-    "fully_masked",
-    "sink_mass",
-    "error",
-)
-"""``--metric``'s choices: :data:`sdpa_cli.diagnosis.model.METRICS`, spelled out here
-so that ``sdpa --help`` need not import numpy (a test keeps the two the same)."""
-
 MODEL_EXIT_CODES_HELP = (
     "Exit codes: 0 every case shown · 2 bad usage, a manifest that cannot be read, or a "
     "case that cannot be (the others are shown; a line on stderr names it) · 3 internal "
@@ -173,7 +162,7 @@ def model(
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
     from sdpa_cli.check.manifest import load_manifest
-    from sdpa_cli.diagnosis.model import METRICS, model_grid
+    from sdpa_cli.diagnosis.model import model_grid
     from sdpa_cli.diagnosis.thresholds import thresholds
     from sdpa_cli.render.model import render_model
     from sdpa_cli.report import document_head, to_json
@@ -191,7 +180,7 @@ def model(
         document = {**document_head(), "manifest": manifest, **grid.to_dict()}
         click.echo(to_json(document))
     else:
-        shown = [m for m in METRICS if m in grid.metrics] if metric == "all" else [metric]
+        shown = [m for m in MODEL_METRICS if m in grid.metrics] if metric == "all" else [metric]
         console = make_console(color)
         view = render_model(grid, shown, manifest, console.width, th.max_findings)
         print_all(console, [view])

@@ -23,10 +23,11 @@ from sdpa_cli.diagnosis.rows import RowClasses, classify_rows, row_flags
 from sdpa_cli.diagnosis.rules import nonfinite_values
 from sdpa_cli.diagnosis.scales import ScaleRun, compare_scales
 from sdpa_cli.diagnosis.scorecard import scorecard
-from sdpa_cli.engine.block import STAGES, Block, applicable_stages, attend_block
+from sdpa_cli.engine.block import Block, applicable_stages, attend_block
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.types import Index
+from sdpa_cli.names import STAGES
 from sdpa_cli.text import format_index, plural
 
 NAMES = {"dropped": "dropout"}

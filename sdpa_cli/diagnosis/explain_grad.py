@@ -1,6 +1,6 @@
 """``sdpa explain --backward``: the backward stages of one slice, each with a note.
 
-The stages and their formulas are :mod:`sdpa_cli.diagnosis.stages`'. Values of the
+The stages and their formulas are :mod:`sdpa_cli.names`'. Values of the
 row-shaped stages are the shown rows'; ``d_key`` and ``d_value`` are the whole kv
 head's. Notes read the whole slice's records (every row), as the forward notes do.
 """
@@ -16,12 +16,12 @@ import numpy as np
 from sdpa_cli.diagnosis.explained import Backward, StageExplained
 from sdpa_cli.diagnosis.findings import Finding
 from sdpa_cli.diagnosis.grad import GradDiagnosis
-from sdpa_cli.diagnosis.stages import BACKWARD_STAGES, GRADIENT_STAGE
 from sdpa_cli.engine.grad import Gradients
 from sdpa_cli.engine.grad_block import backward_block
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.names import BACKWARD_STAGES, GRADIENT_STAGE
 from sdpa_cli.text import plural, prose, sig
 
 

@@ -17,34 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdpa_cli.engine.types import Index
+from sdpa_cli.names import SEVERITIES
 from sdpa_cli.text import finite_or_none
-
-KINDS = (
-    "nonfinite",
-    "overflow",
-    "fully_masked",
-    "mask_suspect",
-    "unscaled",
-    "collapsed_head",
-    "dead_head",
-    "saturated",
-    "near_uniform",
-    "underflow",
-)
-"""Every finding kind, in the order they are listed (causes before symptoms)."""
-
-GRADIENT_KINDS = (
-    "gradient_nonfinite",
-    "gradient_range",
-    "vanishing_gradient",
-    "weak_head_gradient",
-    "no_gradient_keys",
-)
-"""The kinds ``sdpa grad`` adds (:mod:`sdpa_cli.diagnosis.grad`), listed after the rest."""
-
-ALL_KINDS = KINDS + GRADIENT_KINDS
-
-SEVERITIES = ("info", "warning", "error")
 
 CONTRACT_STAGE = {"capped": "scaled", "biased": "masked", "dropped": "weights"}
 """Engine steps reported under the contract's stage names."""

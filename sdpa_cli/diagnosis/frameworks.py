@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from sdpa_cli.engine.conventions import CONVENTIONS, FRAMEWORKS, Convention
+from sdpa_cli.engine.conventions import CONVENTIONS, Convention
 from sdpa_cli.engine.options import Options, parse_mask_value
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.names import FRAMEWORK_DIFFERENCES, FRAMEWORKS
 from sdpa_cli.text import json_number, plural
 
 AGREE = 1e-9
@@ -37,14 +38,14 @@ AGREE = 1e-9
 largest |V| (at least 1): the same computation under two conventions that do not
 touch a row gives the same bits; a convention that does moves it by O(|V|)."""
 
-KINDS = ("empty", "alignment", "window")
 TITLES = {
     "empty": "rows with no visible key",
     "alignment": "causal alignment when L ≠ S",
     "window": "window counting",
 }
 OTHER = "other"
-"""A row two frameworks differ on that none of :data:`KINDS` explains (none is known)."""
+"""A row two frameworks differ on that no difference of
+:data:`~sdpa_cli.names.FRAMEWORK_DIFFERENCES` explains (none is known)."""
 
 
 def options_as(o: Options, conv: Convention) -> Options:
@@ -91,7 +92,7 @@ class Disagreement:
     """One kind of disagreement: how the frameworks split, and the rows it moves.
 
     Attributes:
-        kind: one of :data:`KINDS` (or :data:`OTHER`).
+        kind: one of :data:`~sdpa_cli.names.FRAMEWORK_DIFFERENCES` (or :data:`OTHER`).
         groups: (what the frameworks do, their names), one per side.
         rows: the (batch…, head, query) index of every row it moves, in C order.
         max_diff: the largest |difference| between two frameworks on those rows.
@@ -180,7 +181,7 @@ def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
             tuple(tuple(int(i) for i in at) for at in np.argwhere(moved[kind])),
             largest[kind],
         )
-        for kind in (*KINDS, OTHER)
+        for kind in (*FRAMEWORK_DIFFERENCES, OTHER)
         if kind in moved
     )
     n_rows = int(np.prod((*spec.lead, spec.L)))

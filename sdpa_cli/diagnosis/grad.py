@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnosis.findings import GRADIENT_KINDS, Diagnosis, Finding, Tally, Thresholds
+from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.grad_summary import (
     GradRange,
     GradSummary,
@@ -33,6 +33,7 @@ from sdpa_cli.engine.grad import Gradients, backward
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
 from sdpa_cli.engine.types import Index
+from sdpa_cli.names import GRADIENT_KINDS
 from sdpa_cli.text import finite_or_none, format_index, plural, sig
 
 WEAK_HEAD = 1e-3

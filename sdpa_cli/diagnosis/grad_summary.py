@@ -18,11 +18,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.grad import GRADIENTS, OPERAND, SLICED, Gradients
+from sdpa_cli.engine.grad import OPERAND, SLICED, Gradients
 from sdpa_cli.engine.grad_block import norm
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import loaded_index
 from sdpa_cli.engine.types import Index
+from sdpa_cli.names import GRADIENTS
 
 RANGE_FORMATS = ("float16", "bfloat16")
 """Formats every gradient's range is measured against (training keeps gradients in one)."""
@@ -133,7 +134,7 @@ class GradSummary:
             t.first_bad = where
 
     def in_order(self) -> Iterator[GradTally]:
-        """Each gradient read, in :data:`~sdpa_cli.engine.grad.GRADIENTS`' order (the
+        """Each gradient read, in :data:`~sdpa_cli.names.GRADIENTS`' order (the
         pass finishes them in an order the shapes decide)."""
         return (self.tallies[n] for n in GRADIENTS if n in self.tallies)
 

@@ -21,7 +21,7 @@ with no such row has NaN there. The error needs the case's expected output, in t
 computation's layout ``(*lead, L, Ev)``; the reference is the computation in float64.
 
 :func:`model_grid` lays the cases out (case × head) and names the notable heads:
-attention sinks, dead heads and saturated heads (:data:`NOTABLE_KINDS`).
+attention sinks, dead heads and saturated heads (:data:`~sdpa_cli.names.NOTABLE_HEADS`).
 """
 
 from __future__ import annotations
@@ -41,19 +41,8 @@ from sdpa_cli.engine.forward import forward, query_block
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
 from sdpa_cli.engine.types import F64
+from sdpa_cli.names import MODEL_METRICS
 from sdpa_cli.text import json_number
-
-METRICS = (
-    "entropy",
-    "max_weight",
-    "saturated",
-    "near_uniform",
-    "fully_masked",
-    "sink_mass",
-    "error",
-)
-"""The grid's statistics, in the order ``--metric all`` shows them (the module's
-docstring defines each)."""
 
 SINK_MASS = 0.5
 """A head whose rows put on average more than this weight on key 0 is an attention
@@ -63,18 +52,13 @@ FLAT_MAX_WEIGHT = 1.05
 """A head is dead, too, when its rows' largest weight is on average within 5 % of
 1 / visible keys (mean of max weight · visible keys ≤ this): every key weighs the same."""
 
-NOTABLE_KINDS = ("sink", "dead", "saturated")
-"""What a notable head is: an attention sink (sink mass > :data:`SINK_MASS`), dead
-(near-uniform on ≥ ``head_fraction`` of its rows, or max weight ≈ 1 / visible keys),
-saturated (one-hot on ≥ ``head_fraction`` of its rows), in the order listed."""
-
 
 @dataclass(frozen=True)
 class CaseHeads:
     """One attention call's statistics per query head.
 
     Attributes:
-        metrics: metric name (:data:`METRICS`) → its value per head, shape (H,);
+        metrics: metric name (:data:`~sdpa_cli.names.MODEL_METRICS`) → its value per head, shape (H,);
             ``error`` only when the expected output was given.
         rows: the rows judged per head (≥ 2 visible keys, finite weights), (H,).
         flatness: the mean over those rows of max weight · visible keys, (H,): 1
@@ -153,7 +137,7 @@ def head_metrics(
     if expected is not None:
         metrics["error"] = _relative_rms(sq_err, sq_ref, bad)
     flatness = mean(stats.max_weight * stats.n_visible)
-    return CaseHeads({m: metrics[m] for m in METRICS if m in metrics}, rows, flatness)
+    return CaseHeads({m: metrics[m] for m in MODEL_METRICS if m in metrics}, rows, flatness)
 
 
 def _key0_weights(place: Place, spec: AttentionSpec, lse: F64) -> F64:
@@ -217,7 +201,7 @@ class GridRow:
 
 @dataclass(frozen=True)
 class Notable:
-    """A head worth a look: ``kind`` (:data:`NOTABLE_KINDS`) and the value that named
+    """A head worth a look: ``kind`` (:data:`~sdpa_cli.names.NOTABLE_HEADS`) and the value that named
     it (the sink mass; the share of near-uniform or of one-hot rows)."""
 
     case: str
@@ -242,7 +226,7 @@ class ModelGrid:
     rows: tuple[GridRow, ...]
     heads: int
     metrics: tuple[str, ...]
-    """:data:`METRICS` measured: ``error`` only when some case has an expected output."""
+    """:data:`~sdpa_cli.names.MODEL_METRICS` measured: ``error`` only when some case has an expected output."""
     notable: tuple[Notable, ...]
     thresholds: Thresholds
 
@@ -285,16 +269,16 @@ class ModelGrid:
 
 
 def model_grid(rows: Sequence[GridRow], th: Thresholds) -> ModelGrid:
-    """The grid of ``rows`` and its notable heads (:data:`NOTABLE_KINDS`)."""
+    """The grid of ``rows`` and its notable heads (:data:`~sdpa_cli.names.NOTABLE_HEADS`)."""
     measured = [r.heads for r in rows if r.heads is not None]
     heads = max((h.heads for h in measured), default=0)
-    metrics = tuple(m for m in METRICS if any(m in h.metrics for h in measured))
+    metrics = tuple(m for m in MODEL_METRICS if any(m in h.metrics for h in measured))
     notable = [n for r in rows if r.heads is not None for n in _notable(r.name, r.heads, th)]
     return ModelGrid(tuple(rows), heads, metrics, tuple(notable), th)
 
 
 def _notable(name: str, heads: CaseHeads, th: Thresholds) -> list[Notable]:
-    """One case's notable heads, head by head, in :data:`NOTABLE_KINDS` order. A head
+    """One case's notable heads, head by head, in :data:`~sdpa_cli.names.NOTABLE_HEADS` order. A head
     is judged dead or saturated with ≥ 2 rows to judge, as compute's head rules do."""
     m = heads.metrics
     out = []

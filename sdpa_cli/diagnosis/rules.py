@@ -15,16 +15,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.diagnosis.findings import KINDS, Diagnosis, Finding, Tally, Thresholds
+from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
 from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings, scale_looks_omitted
 from sdpa_cli.diagnosis.sentinels import sentinel_fully_masked, sentinel_overflow, weak_sentinels
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.block import STAGES
 from sdpa_cli.engine.records import argmax_index, finite_std
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.trace import Trace
+from sdpa_cli.names import KINDS, STAGES
 from sdpa_cli.text import format_index, sig
 
 

@@ -36,12 +36,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import FRAMEWORKS
 from sdpa_cli.text import shown
 
-JAX_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+FLOAT32_MAX = 3.4028234663852886e38
+"""float32's largest number, (2 − 2⁻²³)·2¹²⁷, written out: the command line reads this
+module for ``--as``'s help without loading numpy (a test holds it to numpy's)."""
+
+JAX_MASK_VALUE = -0.7 * FLOAT32_MAX
 """JAX's large negative: −0.7 of float32's largest number, so that it stays finite in
 float32 (where JAX's softmax always runs) while exp(it − max) is still 0."""
 
@@ -80,6 +83,15 @@ class Convention:
     def defaults(self) -> dict[str, str]:
         """The options ``--as`` sets where no flag does, as their flags take them."""
         return {"causal_align": self.causal_align, "mask_value": self.mask_value}
+
+    @property
+    def mask_label(self) -> str:
+        """The mask value as people write it: ``−0.7·finfo(float32).max`` for JAX's."""
+        return (
+            "−0.7·finfo(float32).max"
+            if self.mask_value == repr(JAX_MASK_VALUE)
+            else self.mask_value
+        )
 
     @property
     def window_label(self) -> str:
@@ -121,8 +133,8 @@ CONVENTIONS: Mapping[str, Convention] = {
         ),
     )
 }
-FRAMEWORKS = tuple(CONVENTIONS)
-"""The ``--as`` choices, in the order tables list them."""
+"""One record for each framework of :data:`~sdpa_cli.names.FRAMEWORKS`, in its order
+(``tests/engine/test_conventions.py`` holds the two the same)."""
 
 
 def convention(name: Any, where: str = "--as") -> Convention:

@@ -47,16 +47,11 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import check_memory, split_heads_of_output
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import GRADIENTS
 
 if TYPE_CHECKING:
     from sdpa_cli.engine.stats import Stats
 
-
-DOUT_SOURCES = ("ones", "random")
-"""``--dout`` values that are not files."""
-
-GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
-"""The gradient tensors, named as in ``--save``: of Q, K, V, the bias and the sinks."""
 
 OPERAND = {"dq": "q", "dk": "k", "dv": "v", "dbias": "bias", "dsinks": "sinks"}
 

@@ -9,17 +9,15 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.grad import DOUT_SOURCES, make_dout
+from sdpa_cli.engine.grad import make_dout
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.cases import is_case_file, load_case
 from sdpa_cli.files.loaders import Source, load_array
 from sdpa_cli.files.opening import is_stdin
+from sdpa_cli.names import DOUT_SOURCES, TENSOR_FLAGS
 from sdpa_cli.text import printable
-
-TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
-"""Tensors given by a flag ``--NAME FILE`` (the keyword ``NAME_path``), over a case file's."""
 
 
 def load_spec(

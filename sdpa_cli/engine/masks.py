@@ -30,8 +30,6 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 
-ALIGNMENTS = ("upper-left", "lower-right")
-
 HIDES = -1e4
 """A float mask's value at or below this (−inf included) hides its key for the
 findings and the tables: the smallest sentinel in common use (BERT's −10000.0), and far

@@ -16,18 +16,12 @@ import numpy as np
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.conventions import convention
 from sdpa_cli.engine.expressions import parse_mask_mod, parse_score_mod
-from sdpa_cli.engine.masks import ALIGNMENTS
-from sdpa_cli.engine.precision import FORMATS
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import ALIGNMENTS, FORMATS, LAYOUTS, MASK_TRUE_MEANS, SCALE_NAMES
 from sdpa_cli.text import shown
 
-SCALE_NAMES = ("sqrt-dk", "dk", "none")
 FINFO_MIN = float(np.finfo(np.float64).min)
 """How ``finfo-min`` is stored: resolved against the working format when used."""
-MASK_TRUE_MEANS = ("attend", "masked")
-LAYOUTS = ("bhsd", "bshd")
-"""How Q, K, V (and the output) lay out their last three axes: (H, L, E), the
-engine's and PyTorch's, or (L, H, E), FlashAttention's, xformers' and many exports'."""
 MAX_SEED = 2**128 - 1
 """Dropout's Philox key is 128 bits."""
 

@@ -18,9 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine.types import F64
-
-FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-"""Every format ``--dtype`` can emulate, widest first."""
+from sdpa_cli.names import FORMATS as FORMATS
 
 CHECKED = ("float16", "bfloat16", "float8_e4m3fn")
 """Formats every run checks for overflow and underflow, whatever the inputs' dtype."""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.block import STAGES, Block, applicable_stages, attend_block
+from sdpa_cli.engine.block import Block, applicable_stages, attend_block
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
 from sdpa_cli.engine.forward import first_moments, forward, query_block
 from sdpa_cli.engine.records import Moments
@@ -24,6 +24,7 @@ from sdpa_cli.engine.stats import Stats
 from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files import limits
+from sdpa_cli.names import STAGES
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from rich.console import RenderableType
 from rich.style import Style
 from rich.text import Text
 
-from sdpa_cli.diagnosis.stages import FORMULAS, TITLES
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.names import FORMULAS, STAGE_TITLES
 from sdpa_cli.text import headroom_bits
 
 THEME = {
@@ -45,9 +45,6 @@ NEGATIVE = (59, 110, 190)  # blue
 POSITIVE = (200, 70, 60)  # red
 WEIGHT = (230, 150, 30)  # amber
 BACKGROUND = (30, 30, 30)
-
-STAGE_TITLES = {stage: (title, FORMULAS[stage]) for stage, title in TITLES.items()}
-"""Forward stage → (title, formula), from :mod:`sdpa_cli.diagnosis.stages`."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +197,8 @@ def stage_heading(stage: str, *, dropout: bool = False) -> tuple[str, str]:
     """A forward stage's title and formula; under ``--dropout`` the output is
     ``dropped · V``, the weights dropout kept."""
     if stage == "output" and dropout:
-        return TITLES[stage], "dropped · V"
-    return STAGE_TITLES[stage]
+        return STAGE_TITLES[stage], "dropped · V"
+    return STAGE_TITLES[stage], FORMULAS[stage]
 
 
 def note_text(

@@ -9,7 +9,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from sdpa_cli.diagnosis.explained import Explanation
-from sdpa_cli.diagnosis.stages import FORMULAS as BACKWARD_FORMULAS
+from sdpa_cli.names import FORMULAS as BACKWARD_FORMULAS
 from sdpa_cli.render.common import THEME, View, note_text, rule, titled
 from sdpa_cli.render.findings import stage_findings
 from sdpa_cli.render.heatmap import matrix_table

@@ -18,22 +18,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnosis.findings import ALL_KINDS, SEVERITIES, Diagnosis, Finding, HeadSummary
+from sdpa_cli.diagnosis.findings import Diagnosis, Finding, HeadSummary
 from sdpa_cli.engine import precision
+from sdpa_cli.names import ALL_KINDS, KIND_UNITS, SEVERITIES
 from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, headroom_text, note_text
 from sdpa_cli.text import format_index, plural, sig
-
-UNITS = {
-    "saturated": "row",
-    "near_uniform": "row",
-    "fully_masked": "row",
-    "underflow": "row",
-    "dead_head": "head",
-    "collapsed_head": "head",
-    "vanishing_gradient": "row",
-    "weak_head_gradient": "head",
-    "no_gradient_keys": "head",
-}
 
 
 @dataclass
@@ -53,11 +42,11 @@ def _groups(diagnosis: Diagnosis) -> list[_Group]:
     its unlisted rows too."""
     keyed: dict[object, _Group] = {}
     for n, f in enumerate(diagnosis.findings):
-        key = (f.kind, f.severity, f.dtype, f.stage) if f.kind in UNITS else n
+        key = (f.kind, f.severity, f.dtype, f.stage) if f.kind in KIND_UNITS else n
         keyed.setdefault(key, _Group(f.kind, f.severity, f.dtype, [])).items.append(f)
     groups = list(keyed.values())
     for g in groups:
-        sole = g.kind in UNITS and sum(h.kind == g.kind for h in groups) == 1
+        sole = g.kind in KIND_UNITS and sum(h.kind == g.kind for h in groups) == 1
         g.total = diagnosis.counts.get(g.kind, len(g.items)) if sole else len(g.items)
     return groups
 
@@ -105,7 +94,7 @@ def findings_panel(diagnosis: Diagnosis, nothing: str = NOTHING_FOUND) -> Render
     )
     lines: list[RenderableType] = []
     for g in order:
-        unit = UNITS.get(g.kind)
+        unit = KIND_UNITS.get(g.kind)
         label = g.kind.replace("_", " ") + (f" {g.dtype}" if g.dtype else "")
         counted = f" ({plural(g.total, unit)})" if unit else ""
         head = Text.assemble(
@@ -142,7 +131,7 @@ def stage_findings(findings: Sequence[Finding], width: int) -> list[RenderableTy
     by_kind: dict[object, list[Finding]] = {}
     for n, f in enumerate(findings):
         # Rows and heads of one kind share a line; any other finding is its own point.
-        by_kind.setdefault((f.kind, f.severity) if f.kind in UNITS else n, []).append(f)
+        by_kind.setdefault((f.kind, f.severity) if f.kind in KIND_UNITS else n, []).append(f)
     lines: list[RenderableType] = []
     for group in by_kind.values():
         first = group[0]

@@ -18,9 +18,9 @@ from rich.text import Text
 
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.grad import LABEL, GradDiagnosis
-from sdpa_cli.diagnosis.stages import gradient_formula
 from sdpa_cli.engine.grad import Gradients
 from sdpa_cli.engine.numeric import NumericCheck
+from sdpa_cli.names import gradient_formula
 from sdpa_cli.render.common import (
     SEVERITY_STYLE,
     THEME,
@@ -42,7 +42,7 @@ FORMULAS = {
     **{name: gradient_formula(name) for name in ("dq", "dk", "dv")},
     "dbias": gradient_formula("dbias") + " (the logits' gradient)",
 }
-"""A gradient's table title: its formula (:mod:`sdpa_cli.diagnosis.stages`)."""
+"""A gradient's table title: its formula (:mod:`sdpa_cli.names`)."""
 
 
 def _row_columns(

@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.diagnosis.findings import Thresholds
-from sdpa_cli.diagnosis.model import FLAT_MAX_WEIGHT, NOTABLE_KINDS, SINK_MASS, ModelGrid
+from sdpa_cli.diagnosis.model import FLAT_MAX_WEIGHT, SINK_MASS, ModelGrid
+from sdpa_cli.names import NOTABLE_HEADS
 from sdpa_cli.render.common import MUTED, THEME, cell_style, note_text, rule
 from sdpa_cli.render.heatmap import fit_columns
 from sdpa_cli.text import compact, plural, sig
@@ -164,7 +165,7 @@ def _notable_lines(grid: ModelGrid, width: int, max_listed: int) -> list[Rendera
     ``model.layers.3.self_attn: h3 0.97, h5 0.88``."""
     titles = _kind_titles(grid.thresholds)
     parts: list[RenderableType] = []
-    for kind in NOTABLE_KINDS:
+    for kind in NOTABLE_HEADS:
         found = [n for n in grid.notable if n.kind == kind]
         if not found:
             continue

@@ -33,12 +33,13 @@ from sdpa_cli.check.compare import DTYPE_TOLERANCES, compare, measured_tolerance
 from sdpa_cli.check.records import Check, CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings
-from sdpa_cli.diagnosis.findings import KINDS, Thresholds
+from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.engine.block import softmax, softmax_lse
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import KINDS
 
 F64 = NDArray[np.float64]
 BOUNDED = settings(max_examples=30, deadline=None)

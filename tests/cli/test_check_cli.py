@@ -28,8 +28,8 @@ from clirunner import ANSI, CLEAN_ENV, assert_one_error_line, invoke, only_case,
 from numpy.typing import NDArray
 
 from sdpa_cli import __version__
-from sdpa_cli.diagnosis.findings import KINDS, SEVERITIES
 from sdpa_cli.errors import ExitCode
+from sdpa_cli.names import KINDS, SEVERITIES
 
 F64 = NDArray[np.float64]
 

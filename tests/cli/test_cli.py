@@ -659,13 +659,13 @@ def test_single_row_selection(workdir: Path) -> None:
 
 
 def test_table_stages_filter(qkv: dict[str, F64]) -> None:
-    from sdpa_cli.render.common import STAGE_TITLES
+    from sdpa_cli.render.common import stage_heading
 
     result = invoke("compute", *QKV, "--stages", "weights", "--no-color")
     assert result.exit_code == 0, result.stderr
 
     def title_line(stage: str) -> str:
-        title, formula = STAGE_TITLES[stage]
+        title, formula = stage_heading(stage)
         return f"{title}  {formula}"
 
     assert title_line("weights") in result.stdout

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from clirunner import CLEAN_ENV, assert_one_error_line, invoke
 
 from sdpa_cli.cli import cli
-from sdpa_cli.diagnosis.stages import TITLES
+from sdpa_cli.names import STAGE_TITLES as TITLES
 
 
 def complete(line: str) -> list[tuple[str, str]]:

@@ -8,13 +8,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import pytest
 from clirunner import ANSI, assert_one_error_line, decode_non_finite, invoke, strict_json
 
-from sdpa_cli.cli.report import MODEL_METRICS, capture_layers
-from sdpa_cli.diagnosis.model import METRICS
+from sdpa_cli.cli.report import capture_layers
+from sdpa_cli.cli.report import model as model_command
 from sdpa_cli.errors import ExitCode
+from sdpa_cli.names import MODEL_METRICS as METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "model" / "manifest.yaml"
@@ -251,7 +253,9 @@ def test_an_unknown_metric_is_bad_usage(workdir: Path) -> None:
 
 
 def test_the_metric_choices_are_the_grids_metrics() -> None:
-    assert MODEL_METRICS == METRICS
+    option = next(p for p in model_command.params if p.name == "metric")
+    assert isinstance(option.type, click.Choice)
+    assert tuple(option.type.choices) == (*METRICS, "all")
 
 
 def test_help_names_the_exit_codes_and_an_example() -> None:

@@ -11,9 +11,10 @@ from attention_cases import random_qkv
 from numpy.typing import NDArray
 
 from sdpa_cli.diagnosis.frameworks import compare_frameworks, frameworks_payload, options_as
-from sdpa_cli.engine.conventions import CONVENTIONS, FRAMEWORKS
+from sdpa_cli.engine.conventions import CONVENTIONS
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.names import FRAMEWORKS
 
 F64 = NDArray[np.float64]
 

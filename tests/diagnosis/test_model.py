@@ -18,7 +18,6 @@ from reference import attention
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import (
     FLAT_MAX_WEIGHT,
-    METRICS,
     CaseHeads,
     GridRow,
     Notable,
@@ -27,6 +26,7 @@ from sdpa_cli.diagnosis.model import (
 )
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.names import MODEL_METRICS as METRICS
 from sdpa_cli.text import NON_FINITE_JSON
 
 TH = Thresholds()

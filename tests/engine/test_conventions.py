@@ -19,11 +19,12 @@ from attention_cases import random_qkv
 from numpy.typing import NDArray
 from onnx_reference import onnx_attention
 
-from sdpa_cli.engine.conventions import CONVENTIONS, FRAMEWORKS, JAX_MASK_VALUE, convention
+from sdpa_cli.engine.conventions import CONVENTIONS, FLOAT32_MAX, JAX_MASK_VALUE, convention
 from sdpa_cli.engine.options import Options, parse_options
 from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import FRAMEWORKS
 
 F64 = NDArray[np.float64]
 B, H, L, S, E = 2, 2, 4, 7, 5
@@ -57,6 +58,7 @@ def sdpa(framework: str, mask: NDArray[Any] | None = None, seed: int = 0, **raw:
 
 def test_table_names_each_framework_once_with_its_conventions() -> None:
     assert FRAMEWORKS == ("torch", "flash", "jax", "onnx", "hf")
+    assert tuple(CONVENTIONS) == FRAMEWORKS
     aligns = {n: c.causal_align for n, c in CONVENTIONS.items()}
     assert aligns == {
         "torch": "upper-left",
@@ -78,6 +80,8 @@ def test_table_names_each_framework_once_with_its_conventions() -> None:
 
 def test_jax_mask_value_is_its_large_negative() -> None:
     assert pytest.approx(-2.3819763e38, rel=1e-7) == JAX_MASK_VALUE
+    assert float(np.finfo(np.float32).max) == FLOAT32_MAX  # written out, for a numpy-free module
+    assert -0.7 * float(np.finfo(np.float32).max) == JAX_MASK_VALUE
     assert parse_options({"framework": "jax"}).mask_value == JAX_MASK_VALUE
 
 

@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 
 from sdpa_cli.diagnosis.findings import Thresholds
-from sdpa_cli.diagnosis.model import METRICS, CaseHeads, GridRow, ModelGrid, model_grid
+from sdpa_cli.diagnosis.model import CaseHeads, GridRow, ModelGrid, model_grid
+from sdpa_cli.names import MODEL_METRICS as METRICS
 from sdpa_cli.render.model import cell_text, render_model, row_labels
 
 TH = Thresholds()

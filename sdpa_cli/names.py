@@ -1,0 +1,211 @@
+"""Every name sdpa speaks, once: finding kinds (with the unit each counts), severities
+and statuses, the stages and their formulas, frameworks, formats, the tensors a run
+reads and writes, the model grid's metrics, the error statistics and the choices of
+the options. Plain Python, no numpy: the command line reads its choices and help
+from here without loading the engine (``sdpa --help`` stays fast), the engine, the
+diagnosis and the renderers read the same tuples, and the JSON Schemas' enums are
+held to them (``tests/test_schemas.py``).
+
+A new name is added here and nowhere else; what it means lives with the code that
+computes it.
+"""
+
+from __future__ import annotations
+
+# --- findings ---------------------------------------------------------------------------
+
+KINDS = (
+    "nonfinite",
+    "overflow",
+    "fully_masked",
+    "mask_suspect",
+    "unscaled",
+    "collapsed_head",
+    "dead_head",
+    "saturated",
+    "near_uniform",
+    "underflow",
+)
+"""The forward pass's finding kinds, in the order they are listed (causes before
+symptoms); ``--fail-on`` gates them."""
+
+GRADIENT_KINDS = (
+    "gradient_nonfinite",
+    "gradient_range",
+    "vanishing_gradient",
+    "weak_head_gradient",
+    "no_gradient_keys",
+)
+"""The kinds ``sdpa grad`` adds, listed after the rest."""
+
+ALL_KINDS = KINDS + GRADIENT_KINDS
+
+KIND_UNITS = {
+    "fully_masked": "row",
+    "saturated": "row",
+    "near_uniform": "row",
+    "underflow": "row",
+    "dead_head": "head",
+    "collapsed_head": "head",
+    "vanishing_gradient": "row",
+    "weak_head_gradient": "head",
+    "no_gradient_keys": "head",
+}
+"""The kinds found once per row or per head, → that unit: listed up to
+``--max-findings`` and grouped in tables. Every other finding stands alone."""
+
+SEVERITIES = ("info", "warning", "error")
+"""A finding's severity, mildest first."""
+
+STATUSES = ("pass", "warn", "fail")
+"""A check's status."""
+
+# --- stages -----------------------------------------------------------------------------
+
+STAGE_TITLES = {
+    "raw": "raw scores",
+    "scaled": "scaled scores",
+    "capped": "soft-capped",
+    "biased": "biased",
+    "masked": "masked logits",
+    "weights": "weights",
+    "dropped": "after dropout",
+    "output": "output",
+}
+"""Every forward stage, in the order of computation, → its title."""
+
+STAGES = tuple(STAGE_TITLES)
+"""The forward stages, in the order of computation (``--stages``)."""
+
+FORMULAS = {
+    "raw": "Q·Kᵀ",
+    "scaled": "raw · scale / temperature",
+    "capped": "C · tanh(scaled / C)",
+    "biased": "+ bias / ALiBi",
+    "masked": "hidden keys set to the mask value",
+    "weights": "softmax over keys",
+    "dropped": "kept weights / (1 − p)",
+    "output": "weights · V",
+    "d_output": "dO",
+    "d_weights": "dA = dO · Vᵀ",
+    "d_scores": "dS = A ⊙ (dA − Σ A ⊙ dA)",
+    "d_scaled": "dS ⊙ (1 − tanh²(scaled / C))",
+    "d_query": "dQ = dS · K · scale",
+    "d_key": "dK = dSᵀ · Q · scale",
+    "d_value": "dV = Aᵀ · dO",
+    "d_bias": "d(bias) = dS",
+}
+"""Every stage, forward then backward (``explain --backward``'s, in the order the
+gradient flows; ``d_scaled`` only with a softcap, ``d_bias`` only with a bias), → its
+formula. Their shapes: the forward stages (rows, S) but the output (rows, Ev); dO
+(rows, Ev); dA, dS, d_scaled and d(bias) (rows, S); dQ (rows, E); dK (S, E) and dV
+(S, Ev), the whole kv head, every row."""
+
+BACKWARD_STAGES = tuple(s for s in FORMULAS if s not in STAGE_TITLES)
+"""The backward stages, in the order the gradient flows."""
+
+GRADIENT_STAGE = {"dq": "d_query", "dk": "d_key", "dv": "d_value", "dbias": "d_bias"}
+"""A gradient (as ``sdpa grad`` and its findings name it) → its backward stage."""
+
+
+def gradient_formula(name: str) -> str:
+    """The right side of a gradient's formula: ``dS · K · scale`` for ``dq``."""
+    return FORMULAS[GRADIENT_STAGE[name]].partition(" = ")[2]
+
+
+# --- tensors ----------------------------------------------------------------------------
+
+INPUT_TENSORS = (
+    "q",
+    "k",
+    "v",
+    "bias",
+    "mask",
+    "sinks",
+    "segment_ids",
+    "segment_ids_kv",
+    "dropout_mask",
+)
+"""The tensors a computation reads (a case file's keys, a manifest's, a flag's name)."""
+
+TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
+"""Tensors given by a flag ``--NAME FILE`` besides Q, K, V, ``--bias`` and ``--mask``."""
+
+EXPORTS = ("output", "weights", "lse")
+"""What ``sdpa check`` judges: the output, the attention weights, the logsumexp per row
+(``--expect-NAME``, a manifest's ``expect-NAME``)."""
+
+GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
+"""What ``sdpa grad`` computes, named as in ``--save``, each shaped as its input: of Q,
+K, V, the bias and the sinks."""
+
+DOUT_SOURCES = ("ones", "random")
+"""``--dout``'s words (besides a file)."""
+
+# --- formats ----------------------------------------------------------------------------
+
+FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+"""The number formats a run may compute in or judge (``--dtype``), widest first."""
+
+REFERENCE_FORMATS = ("float32", "float64")
+"""Formats a check's reference may be computed in (``--reference``)."""
+
+# --- frameworks -------------------------------------------------------------------------
+
+FRAMEWORKS = ("torch", "flash", "jax", "onnx", "hf")
+"""The frameworks whose conventions ``--as`` takes (``engine/conventions.py`` holds
+what each does), in the order tables list them."""
+
+FRAMEWORK_DIFFERENCES = ("empty", "alignment", "window")
+"""What ``compute --frameworks`` puts a row two frameworks differ on down to: a row
+with no visible key, the causal diagonal, the window's counting."""
+
+# --- options ----------------------------------------------------------------------------
+
+SCALE_NAMES = ("sqrt-dk", "dk", "none")
+"""``--scale``'s words (besides a number)."""
+
+ALIGNMENTS = ("upper-left", "lower-right")
+"""``--causal-align``: where the causal diagonal and the window sit when L ≠ S."""
+
+MASK_TRUE_MEANS = ("attend", "masked")
+"""What True means in a boolean mask (``--mask-true-means``)."""
+
+LAYOUTS = ("bhsd", "bshd")
+"""How Q, K, V (and the output) lay out their last three axes (``--layout``)."""
+
+MASK_VALUE_NAMES = ("-inf", "finfo-min")
+"""``--mask-value``'s words (besides a number)."""
+
+# --- sdpa check -------------------------------------------------------------------------
+
+TOLERANCE_RULES = ("kernel", "dtype", "measured")
+"""``--tolerance``: each element no worse than the plain computation × the fudge factor
+(kernel), PyTorch's fixed tolerances for the dtype, or PyTorch's get_tolerances."""
+
+ERROR_STATS = (
+    *(
+        f"{kind}_{stat}"
+        for kind in ("abs", "rel")
+        for stat in ("mean", "median", "p90", "p99", "max")
+    ),
+    "cosine_min",
+)
+"""What ``--max-error`` may limit: each at most its value, ``cosine_min`` at least."""
+
+# --- sdpa report model ------------------------------------------------------------------
+
+MODEL_METRICS = (
+    "entropy",
+    "max_weight",
+    "saturated",
+    "near_uniform",
+    "fully_masked",
+    "sink_mass",
+    "error",
+)
+"""The layer × head grid's statistics, in the order ``--metric all`` shows them
+(``diagnosis/model.py`` defines each)."""
+
+NOTABLE_HEADS = ("sink", "dead", "saturated")
+"""What a notable head of the grid is, in the order listed."""
