@@ -24,7 +24,7 @@ from sdpa_cli.engine.grad import Gradients
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import merge_heads
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.writers import write_atomic
+from sdpa_cli.files.writers import Writer, write_atomic
 from sdpa_cli.report import grad_arrays
 
 
@@ -92,8 +92,17 @@ def check_room(spec: AttentionSpec, path: str) -> None:
 def save_npz(
     spec: AttentionSpec, path: str, *, jobs: int = 1, progress: Progress | None = None
 ) -> None:
-    """Write every stage (full shape) and ``visible`` to ``path``, atomically, as
-    :func:`~sdpa_cli.report.save_npz` writes a trace kept whole.
+    """Write every stage (full shape) and ``visible`` to ``path``, atomically
+    (:func:`stages_writer`)."""
+    write_atomic(path, stages_writer(spec, path, jobs=jobs, progress=progress))
+
+
+def stages_writer(
+    spec: AttentionSpec, path: str, *, jobs: int = 1, progress: Progress | None = None
+) -> Writer:
+    """The writer of every stage (full shape) and ``visible`` as an .npz for ``path``
+    (for :func:`~sdpa_cli.files.writers.write_all_atomic`), as ``np.savez`` writes a
+    trace kept whole.
 
     One sweep computes every stage of each block and writes its rows at their place
     in the stage's temporary file beside ``path`` (anonymous: nothing is left, even
@@ -128,7 +137,7 @@ def save_npz(
                             _copy(spec, name, temp, member)
                             temp.close()  # its disk is freed as the .npz grows
 
-    write_atomic(path, write)
+    return write
 
 
 def _fill(spec: AttentionSpec, fds: dict[str, int], jobs: int, progress: Progress | None) -> None:
@@ -176,13 +185,13 @@ def _copy(spec: AttentionSpec, name: str, temp: IO[bytes], member: IO[bytes]) ->
         member.write(np.ascontiguousarray(merged).data)
 
 
-def save_grad_npz(grads: Gradients, path: str) -> None:
-    """Write ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape as
-    loaded, and the ``dout`` used, to ``path``, atomically."""
-    arrays = grad_arrays(grads)
-    arrays["dout"] = merge_heads(grads.spec, grads.dout).astype(np.float64)  # as the gradients
+def gradients_writer(grads: Gradients) -> Writer:
+    """The writer of ``dq``, ``dk``, ``dv`` (and ``dbias``), each in its operand's shape
+    as loaded, and the ``dout`` used, as an .npz."""
 
     def write(fh: BinaryIO) -> None:
+        arrays = grad_arrays(grads)
+        arrays["dout"] = merge_heads(grads.spec, grads.dout).astype(np.float64)  # as the gradients
         np.savez(fh, **arrays)  # type: ignore[arg-type]
 
-    write_atomic(path, write)
+    return write

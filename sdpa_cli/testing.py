@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.api.judge import judge
 from sdpa_cli.check.records import CheckReport, Expected, failure_lines
-from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
@@ -160,7 +160,7 @@ def assert_attention_close(
         **chosen,
     )
     expected = [Expected(n, arrays[n], n) for n in ("output", "weights", "lse") if n in arrays]
-    report = run_checks(spec, expected, settings, thresholds)
+    report = judge(spec, expected, settings, thresholds)
     if not report.passed:
         raise AssertionError(report_text(report))
     return report

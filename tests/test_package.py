@@ -55,6 +55,7 @@ def test_architecture_names_every_folder() -> None:
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
     folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
     assert folders == [
+        "api",
         "capture",
         "check",
         "cli",

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
 from sdpa_cli.engine.options import parse_bool, parse_number
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.files.config import ConfigFile, read_config
+from sdpa_cli.files.confine import outside_allowed
 from sdpa_cli.names import ERROR_STATS, KINDS, REFERENCE_FORMATS, SEVERITIES, TOLERANCE_RULES
 from sdpa_cli.text import as_typed, printable, shown
 
@@ -233,6 +235,30 @@ class Overrides:
     allow_outside: bool = False
     """Whether a manifest's files may name files outside their folder (``--allow-outside``):
     carried to the workers, which read the case files."""
+
+    @classmethod
+    def given(
+        cls,
+        thresholds: Mapping[str, str | None] | None = None,
+        check: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> Overrides:
+        """What the command line gives every case, as typed: the findings'
+        ``thresholds`` (name → text), the ``check`` settings (as the flags spell
+        them), the ``options`` of the computation (None: not given). The config file
+        is read once, for the thresholds and the check settings.
+
+        Raises:
+            SpecError: a bad value, naming its flag or the config file's key.
+        """
+        config_file = read_config()
+        return cls(
+            config=check_config(config=config_file),
+            check_flags=check_values(check or {}),
+            option_flags={k: v for k, v in (options or {}).items() if v is not None},
+            thresholds=read_thresholds(thresholds or {}, config=config_file),
+            allow_outside=outside_allowed(),
+        )
 
     def settings(self, case: Mapping[str, Any] | None = None) -> CheckSettings:
         """A case's settings: the config file's, the case's (a manifest's), the flags'.

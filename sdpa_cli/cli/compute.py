@@ -5,46 +5,47 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
-from sdpa_cli.cli.completion import files
 from sdpa_cli.cli.options import (
+    COLOR_OPTION,
+    DISPLAY_OPTIONS,
     EXIT_CODES_HELP,
+    FORMAT_OPTION,
     JOBS_OPTION,
-    attention_options,
-    check_index,
+    ViewFlags,
+    case_options,
     diagnostic_options,
-    display_options,
-    export_options,
-    export_outputs,
-    exports,
-    make_console,
-    output_options,
-    parse_rows,
-    parse_stages,
-    print_all,
-    progress_bar,
-    start_engine,
+    output_files,
+    view_options,
 )
+from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from sdpa_cli.diagnosis.findings import Diagnosis
+    from sdpa_cli.api.case import Case
+    from sdpa_cli.api.compute import Computed
+    from sdpa_cli.api.outputs import Outputs
     from sdpa_cli.engine.spec import AttentionSpec
-    from sdpa_cli.engine.trace import Trace
     from sdpa_cli.render.common import View
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE", shell_complete=files)
-@attention_options
+@case_options()
 @diagnostic_options
-@display_options
-@output_options
-@export_options("the tables")
+@view_options(*DISPLAY_OPTIONS)
+@COLOR_OPTION
+@FORMAT_OPTION
+@output_files(
+    "save",
+    "svg",
+    "html",
+    what="the tables",
+    save="Write every stage (full shape) to FILE.npz, atomically.",
+)
 @click.option(
     "--frameworks",
     is_flag=True,
@@ -53,26 +54,14 @@ if TYPE_CHECKING:
 )
 @JOBS_OPTION
 def compute(
-    inputs: tuple[str, ...],
-    bias_path: str | None,
-    mask_path: str | None,
-    stages: str | None,
-    batch: int | None,
-    head: int | None,
-    rows: str | None,
-    keys: str | None,
-    max_rows: int,
-    max_slices: int,
-    precision: int,
+    case: Case,
+    thresholds: dict[str, str | None],
+    view: ViewFlags,
     color: bool | None,
+    outputs: Outputs,
     fmt: str,
-    save: str | None,
-    export_svg: str | None,
-    export_html: str | None,
-    given_thresholds: dict[str, str | None],
-    jobs: int | None,
     frameworks: bool,
-    **flags: Any,
+    jobs: int | None,
 ) -> None:
     """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
 
@@ -91,110 +80,91 @@ def compute(
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.rules import diagnose
-    from sdpa_cli.diagnosis.thresholds import thresholds
+    from sdpa_cli.api.compute import compute as run_compute
+    from sdpa_cli.api.compute import compute_writers
+    from sdpa_cli.api.outputs import PICTURES, write_outputs
+    from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
     from sdpa_cli.engine.block import applicable_stages
-    from sdpa_cli.engine.inputs import load_spec
-    from sdpa_cli.engine.trace import trace
-    from sdpa_cli.files.outputs import check_outputs, inputs_of
-    from sdpa_cli.files.writers import write_all_atomic
-    from sdpa_cli.render.common import View
-    from sdpa_cli.stream import check_document_room, trace_stages, write_document
-    from sdpa_cli.stream_save import check_room, save_npz
 
-    limits = thresholds(given_thresholds)
-    outputs = [("--save", save), *export_outputs(export_svg, export_html)]
-    check_outputs(inputs_of([*inputs, bias_path, mask_path], flags), outputs)
-    spec, description = load_spec(inputs, bias_path, mask_path, flags)
+    limits = read_thresholds(thresholds)
+    spec, description = case.load(outputs)
     if frameworks:
-        _frameworks(spec, description, fmt, save, color, threads, (export_svg, export_html))
+        _frameworks(spec, description, fmt, outputs, color, threads)
         return
-    chosen = parse_stages(stages, applicable_stages(spec))
-    check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
-    check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
-    row_slice = parse_rows(rows, spec.L)
-    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
-
-    if save is not None:
-        check_room(spec, save)
-    if fmt != "table":
-        check_document_room(spec, chosen, fmt, _stdout_fd())
-    # The statistics, and nothing score-sized: JSON, YAML and --save compute each stage
-    # again, block by block, as they write it; tables compute the rows they show.
-    keep = trace_stages(spec, chosen) if fmt != "table" else ()
-    with progress_bar(spec, "computing") as progress:
-        result = trace(spec, stages=keep, summarize=chosen, jobs=threads, progress=progress)
-    diagnosis = diagnose(result, limits)
-    # The tables are rendered, then the --save file written, before anything is
-    # printed: a failure in either prints nothing. JSON and YAML stream to stdout last.
     console = make_console(color)
+    shown = view.view(spec, console.width, applicable_stages(spec))
+    document = None if fmt == "table" else fmt
+    run = run_compute(
+        spec,
+        limits,
+        stages=shown.stages,
+        document=document,
+        outputs=outputs,
+        stdout=_stdout_fd(),
+        jobs=threads,
+        watch=progress_bar,
+    )
+    # The tables are rendered, then the files written, before anything is printed: a
+    # failure in either prints nothing. JSON and YAML stream to stdout last.
     renderables: list[RenderableType] = []
-    if fmt == "table" or export_svg or export_html:
-        view = View(
-            stages=chosen,
-            batch=batch,
-            head=head,
-            rows=row_slice,
-            keys=key_slice,
-            max_rows=max_rows,
-            max_slices=max_slices,
-            precision=precision,
-            width=console.width,
-            explicit_stages=stages is not None,
-        )
-        renderables = _renderables(result, diagnosis, view, description)
-        write_all_atomic(
-            exports(renderables, console.width, export_svg, export_html, "sdpa compute")
-        )
-    if save is not None:
-        with progress_bar(spec, "saving") as progress:
-            save_npz(spec, save, jobs=threads, progress=progress)
-    if fmt in ("json", "yaml"):
+    if document is None or outputs.wants(*PICTURES):
+        renderables = _renderables(run, shown, description)
+    files = compute_writers(spec, outputs, jobs=threads, watch=progress_bar)
+    write_outputs(
+        outputs, {**pictures(outputs, renderables, console.width, "sdpa compute"), **files}
+    )
+    if document is None:
+        print_all(console, renderables)
+    else:
+        _write_document(run, document, threads)
 
-        def echo(text: str) -> None:
-            click.echo(text, nl=False)
 
-        # No bar on the terminal the document is printed on: it would be drawn across it.
-        on_terminal = sys.stdout.isatty()
-        bar = contextlib.nullcontext(None) if on_terminal else progress_bar(spec, "writing")
-        try:
-            with bar as progress:
-                write_document(
-                    result, chosen, diagnosis, echo, fmt=fmt, jobs=threads, progress=progress
-                )
-        except BrokenPipeError:  # the reader went away (| head): not an error
-            _silence_stdout()
-        return
-    print_all(console, renderables)
+def _write_document(run: Computed, fmt: str, threads: int) -> None:
+    """The run as one JSON or YAML document on stdout, stage by stage, block by block."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.stream import write_document
+
+    def echo(text: str) -> None:
+        click.echo(text, nl=False)
+
+    # No bar on the terminal the document is printed on: it would be drawn across it.
+    on_terminal = sys.stdout.isatty()
+    bar = contextlib.nullcontext(None) if on_terminal else progress_bar(run.spec, "writing")
+    try:
+        with bar as progress:
+            write_document(
+                run.trace, run.stages, run.diagnosis, echo, fmt=fmt, jobs=threads, progress=progress
+            )
+    except BrokenPipeError:  # the reader went away (| head): not an error
+        _silence_stdout()
 
 
 def _frameworks(
     spec: AttentionSpec,
     description: str | None,
     fmt: str,
-    save: str | None,
+    outputs: Outputs,
     color: bool | None,
     threads: int,
-    exported: tuple[str | None, str | None] = (None, None),
 ) -> None:
-    """``--frameworks``: the comparison as tables, or the setup and a ``frameworks`` key;
-    ``exported``: the tables' ``--export-svg`` and ``--export-html``."""
+    """``--frameworks``: the comparison as tables (and their pictures), or the setup
+    and a ``frameworks`` key."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.frameworks import compare_frameworks, frameworks_payload
-    from sdpa_cli.files.writers import write_all_atomic
+    from sdpa_cli.api.compute import frameworks
+    from sdpa_cli.api.outputs import write_outputs
+    from sdpa_cli.diagnosis.frameworks import frameworks_payload
     from sdpa_cli.render.common import case_description
     from sdpa_cli.render.frameworks import render_frameworks
     from sdpa_cli.report import setup_payload, to_json, to_yaml
 
-    if save is not None:
-        raise click.UsageError("--frameworks shows no stages to save; leave out --save")
-    comparison = compare_frameworks(spec, jobs=threads)
+    comparison = frameworks(spec, outputs, jobs=threads)
     console = make_console(color)
     renderables = [
         *case_description(description),
         render_frameworks(spec, comparison, console.width),
     ]
-    write_all_atomic(exports(renderables, console.width, *exported, "sdpa compute --frameworks"))
+    title = "sdpa compute --frameworks"
+    write_outputs(outputs, pictures(outputs, renderables, console.width, title))
     if fmt != "table":
         document = {
             **setup_payload(spec, for_json=fmt == "json"),
@@ -221,19 +191,17 @@ def _silence_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _renderables(
-    result: Trace, diagnosis: Diagnosis, view: View, description: str | None
-) -> list[RenderableType]:
+def _renderables(run: Computed, view: View, description: str | None) -> list[RenderableType]:
     """The case file's description (when it has one), then the tables: the blocks of
-    the slices and rows the view shows are computed here, the rest comes from ``result``."""
+    the slices and rows the view shows are computed here, the rest comes from the run."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.engine.trace import shown_blocks
     from sdpa_cli.render.common import case_description, layout
     from sdpa_cli.render.compute import render_compute
 
-    laid_out = layout(result.spec, view)
-    shown = shown_blocks(result.spec, laid_out.positions, laid_out.rows)
+    laid_out = layout(run.spec, view)
+    shown = shown_blocks(run.spec, laid_out.positions, laid_out.rows)
     return [
         *case_description(description),
-        render_compute(result, view, shown, diagnosis, laid_out=laid_out),
+        render_compute(run.trace, view, shown, run.diagnosis, laid_out=laid_out),
     ]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, BinaryIO
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
-from sdpa_cli.cli.completion import files, words
+from sdpa_cli.cli.grad import DOUT_OPTION
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
@@ -17,107 +17,105 @@ from sdpa_cli.cli.options import (
     KEYS_OPTION,
     MAX_ROWS_OPTION,
     PRECISION_OPTION,
-    attention_options,
-    check_index,
+    ViewFlags,
+    case_options,
     diagnostic_options,
-    export_options,
-    export_outputs,
-    exports,
-    make_console,
-    parse_rows,
-    print_all,
-    progress_bar,
-    start_engine,
+    grouped,
+    output_files,
+    view_options,
 )
+from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
 from sdpa_cli.errors import SpecError
-from sdpa_cli.names import DOUT_SOURCES
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from sdpa_cli.api.case import Case
+    from sdpa_cli.api.outputs import Outputs
     from sdpa_cli.diagnosis.explained import Explanation
-    from sdpa_cli.diagnosis.findings import Thresholds
-    from sdpa_cli.engine.spec import AttentionSpec
     from sdpa_cli.render.common import View
 
 Write = Callable[[BinaryIO], None]
 """A file's writer, for an atomic write."""
 
 
+@dataclass(frozen=True)
+class Walk:
+    """What ``explain`` shows of its slice besides the walk: one query's scorecard,
+    the weights under each scale, or the backward stages (of ``dout``)."""
+
+    query: int | None = None
+    compare_scales: bool = False
+    backward: bool = False
+    dout: str = "ones"
+
+
+WALK_OPTIONS = [
+    click.option(
+        "--query",
+        type=int,
+        metavar="I",
+        help="The scorecard of query I: dot products term by term, weights, contributions.",
+    ),
+    click.option(
+        "--compare-scales",
+        is_flag=True,
+        help="Weights, entropy and max weight under no scaling, 1/√d_k and 1/d_k, side by side.",
+    ),
+    click.option(
+        "--backward",
+        is_flag=True,
+        help="Add the backward stages: dO, dA, dS (the softmax's Jacobian), dQ, dK, dV, each with a note.",
+    ),
+    DOUT_OPTION,
+]
+SLICE_OPTIONS = [
+    click.option(
+        "--batch",
+        type=int,
+        default=0,
+        show_default=True,
+        metavar="B",
+        help="Batch item to explain.",
+    ),
+    click.option(
+        "--head", type=int, default=0, show_default=True, metavar="H", help="Head to explain."
+    ),
+    click.option(
+        "--rows",
+        metavar="I|START:STOP",
+        help="Query rows to show (default: the first --max-rows). Notes always cover every row.",
+    ),
+    KEYS_OPTION,
+    MAX_ROWS_OPTION,
+    PRECISION_OPTION,
+]
+
+
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE", shell_complete=files)
-@attention_options
+@case_options()
 @diagnostic_options
-@click.option(
-    "--batch", type=int, default=0, show_default=True, metavar="B", help="Batch item to explain."
-)
-@click.option(
-    "--head", type=int, default=0, show_default=True, metavar="H", help="Head to explain."
-)
-@click.option(
-    "--rows",
-    metavar="I|START:STOP",
-    help="Query rows to show (default: the first --max-rows). Notes always cover every row.",
-)
-@KEYS_OPTION
-@click.option(
-    "--query",
-    type=int,
-    metavar="I",
-    help="The scorecard of query I: dot products term by term, weights, contributions.",
-)
-@click.option(
-    "--compare-scales",
-    is_flag=True,
-    help="Weights, entropy and max weight under no scaling, 1/√d_k and 1/d_k, side by side.",
-)
-@click.option(
-    "--backward",
-    is_flag=True,
-    help="Add the backward stages: dO, dA, dS (the softmax's Jacobian), dQ, dK, dV, each with a note.",
-)
-@click.option(
-    "--dout",
-    metavar="FILE|ones|random",
-    shell_complete=words(*DOUT_SOURCES, paths=True),
-    default="ones",
-    show_default=True,
-    help="With --backward: the output's gradient dO (as sdpa grad's).",
-)
-@MAX_ROWS_OPTION
-@PRECISION_OPTION
+@view_options(*SLICE_OPTIONS)
+@grouped("walk", Walk, WALK_OPTIONS)
 @COLOR_OPTION
 @FORMAT_OPTION
-@export_options("the trace")
-@click.option(
-    "--plot",
-    metavar="FILE.png",
-    shell_complete=files,
-    help="Also write heatmaps of every stage (needs matplotlib: pip install 'sdpa-cli[plot]').",
+@output_files(
+    "svg",
+    "html",
+    "plot",
+    what="the trace",
+    plot="Also write heatmaps of every stage (needs matplotlib: pip install 'sdpa-cli[plot]').",
 )
 @JOBS_OPTION
 def explain(
-    inputs: tuple[str, ...],
-    bias_path: str | None,
-    mask_path: str | None,
-    batch: int,
-    head: int,
-    rows: str | None,
-    keys: str | None,
-    query: int | None,
-    compare_scales: bool,
-    backward: bool,
-    dout: str,
-    max_rows: int,
-    precision: int,
+    case: Case,
+    thresholds: dict[str, str | None],
+    view: ViewFlags,
+    walk: Walk,
     color: bool | None,
     fmt: str,
-    export_svg: str | None,
-    export_html: str | None,
-    plot: str | None,
-    given_thresholds: dict[str, str | None],
+    outputs: Outputs,
     jobs: int | None,
-    **flags: Any,
 ) -> None:
     """Walk one (batch, head) slice through every stage, saying what each did.
 
@@ -138,146 +136,47 @@ def explain(
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.thresholds import thresholds
-    from sdpa_cli.engine.inputs import load_spec
-    from sdpa_cli.files.outputs import check_outputs, inputs_of
-    from sdpa_cli.files.writers import write_all_atomic
-    from sdpa_cli.render.common import View
+    from sdpa_cli.api.explain import explain as run_explain
+    from sdpa_cli.api.explain import shown_rows
+    from sdpa_cli.api.outputs import PICTURES, write_outputs
+    from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
 
-    limits = thresholds(given_thresholds)
-    check_outputs(
-        inputs_of([*inputs, bias_path, mask_path, dout], flags),
-        [*export_outputs(export_svg, export_html), ("--plot", plot)],
-    )
-    spec, description = load_spec(inputs, bias_path, mask_path, flags)
-    shown = _shown_rows(spec, batch, head, rows, query, max_rows)
-    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
-    plotter = _plotter(plot) if plot is not None else None
-    ex = _explain_slice(
+    limits = read_thresholds(thresholds)
+    spec, description = case.load(outputs, also=[walk.dout])
+    at = (view.batch or 0, view.head or 0)
+    shown = shown_rows(spec, *at, view.rows, walk.query, view.max_rows)
+    console = make_console(color)
+    # the tables' keys (--batch, --head and --rows pick the slice and rows, above)
+    table = ViewFlags(keys=view.keys, max_rows=view.max_rows, precision=view.precision)
+    shown_view = table.view(spec, console.width)
+    plotter = _plotter(outputs.paths["plot"]) if "plot" in outputs else None
+    ex = run_explain(
         spec,
         limits,
-        (batch, head),
+        at,
         shown,
-        query=query,
-        compare_scales=compare_scales,
-        key_limit=max_rows,
-        backward=backward,
-        dout=dout,
-        threads=threads,
+        query=walk.query,
+        compare_scales=walk.compare_scales,
+        key_limit=view.max_rows,
+        backward=walk.backward,
+        dout=walk.dout,
+        jobs=threads,
+        watch=progress_bar,
     )
-
     # Everything is rendered before any file is written, and printed last.
-    console = make_console(color)
     text = _document(ex, fmt)
     renderables: list[RenderableType] = []
-    written: list[tuple[str, Write]] = []
-    if fmt == "table" or export_svg or export_html:
-        view = View(
-            stages=(), keys=key_slice, max_rows=max_rows, precision=precision, width=console.width
-        )
-        walk = query is None and not compare_scales
-        renderables = _renderables(ex, view, description, walk=walk)
-        written = exports(renderables, console.width, export_svg, export_html, "sdpa explain")
-    if plotter is not None and plot is not None:
-        written.append((plot, plotter(ex, key_slice)))
-    if written:
-        write_all_atomic(written)
+    if fmt == "table" or outputs.wants(*PICTURES):
+        on_walk = walk.query is None and not walk.compare_scales
+        renderables = _renderables(ex, shown_view, description, walk=on_walk)
+    files = pictures(outputs, renderables, console.width, "sdpa explain")
+    if plotter is not None:
+        files["plot"] = plotter(ex, shown_view.keys)
+    write_outputs(outputs, files)
     if text is not None:
         click.echo(text, nl=False)
-    elif fmt == "table":
+    else:
         print_all(console, renderables)
-
-
-def _shown_rows(
-    spec: AttentionSpec,
-    batch: int,
-    head: int,
-    rows: str | None,
-    query: int | None,
-    max_rows: int,
-) -> range:
-    """The query rows to explain (``--query``'s row, ``--rows``, or the first
-    ``--max-rows``), once ``--batch``, ``--head`` and ``--query`` are checked against
-    the inputs."""
-    if spec.lead:
-        check_index("--head", head, spec.lead[-1], "head")
-    elif head:
-        check_index("--head", head, None, "head")
-    if len(spec.lead) >= 2:
-        check_index("--batch", batch, spec.lead[-2], "batch item")
-    elif batch:
-        check_index("--batch", batch, None, "batch item")
-    if query is None:
-        picked = parse_rows(rows, spec.L)
-        return range(spec.L)[picked] if picked is not None else range(min(spec.L, max_rows))
-    if rows is not None:
-        raise SpecError("--query", "shows one row; drop --rows (or use --rows alone)")
-    if not spec.L:
-        raise SpecError("--query", "there are no query rows (L = 0)")
-    if not 0 <= query < spec.L:
-        raise SpecError("--query", f"{query} is outside the {spec.L} query rows (0..{spec.L - 1})")
-    return range(query, query + 1)
-
-
-def _explain_slice(
-    spec: AttentionSpec,
-    limits: Thresholds,
-    at: tuple[int, int],
-    shown: range,
-    *,
-    query: int | None,
-    compare_scales: bool,
-    key_limit: int,
-    backward: bool,
-    dout: str,
-    threads: int,
-) -> Explanation:
-    """The run: the whole input's statistics and findings (with ``--backward`` its
-    gradients too), then the slice ``at`` (batch, head) explained over the rows
-    ``shown``; the slice's values come from the engine."""
-    # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.explain import explain as build
-    from sdpa_cli.diagnosis.explain import slice_at
-    from sdpa_cli.diagnosis.explain_grad import explain_backward
-    from sdpa_cli.diagnosis.grad import backward_health
-    from sdpa_cli.diagnosis.rules import diagnose
-    from sdpa_cli.engine.inputs import load_dout
-    from sdpa_cli.engine.stats import Stats
-    from sdpa_cli.engine.trace import trace
-
-    values, dout_label = None, ""  # with --backward: dO and how it reads
-    if backward:
-        values, dout_label, _ = load_dout(spec, dout)
-    run = None  # with --backward: the gradients and their diagnosis
-    lead = slice_at(spec, *at)  # the slice explained: the only gradients kept
-    with progress_bar(spec, "diagnosing") as progress:
-        if values is not None and not spec.options.emulated:
-            # One pass gives the gradients and the forward statistics both.
-            stats = Stats.empty(spec)
-            run = backward_health(
-                spec, values, limits, jobs=threads, stats=stats, progress=progress, keep={lead}
-            )
-        else:
-            stats = trace(spec, stages=(), jobs=threads, progress=progress).stats
-            if values is not None:  # the emulated forward pass's statistics, the float64 gradients
-                run = backward_health(spec, values, limits, jobs=threads, keep={lead})
-    diagnosis = diagnose(stats, limits)
-    ex = build(
-        spec,
-        stats,
-        diagnosis,
-        lead,
-        shown,
-        query=query,
-        scales=compare_scales,
-        key_limit=key_limit,
-    )
-    if run is None:
-        return ex
-    grads, health = run
-    return dataclasses.replace(
-        ex, backward=explain_backward(grads, health, ex.lead, shown, dout_label)
-    )
 
 
 def _document(ex: Explanation, fmt: str) -> str | None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
-from sdpa_cli.cli.completion import files, words
+from sdpa_cli.cli.completion import words
 from sdpa_cli.cli.options import (
     BATCH_OPTION,
     COLOR_OPTION,
@@ -19,40 +19,61 @@ from sdpa_cli.cli.options import (
     MAX_ROWS_OPTION,
     MAX_SLICES_OPTION,
     PRECISION_OPTION,
-    attention_options,
-    check_index,
+    ViewFlags,
+    case_options,
     diagnostic_options,
-    export_options,
-    export_outputs,
-    exports,
-    make_console,
-    parse_rows,
-    print_all,
-    progress_bar,
-    start_engine,
+    grouped,
+    output_files,
+    view_options,
 )
+from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
 from sdpa_cli.cli.streams import decided
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.names import DOUT_SOURCES
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
-
     from rich.console import RenderableType
 
-    from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
-    from sdpa_cli.diagnosis.grad import GradDiagnosis
-    from sdpa_cli.engine.grad import Gradients
-    from sdpa_cli.engine.numeric import NumericCheck
-    from sdpa_cli.engine.spec import AttentionSpec
-    from sdpa_cli.engine.types import Index
+    from sdpa_cli.api.case import Case
+    from sdpa_cli.api.grad import GradRun
+    from sdpa_cli.api.outputs import Outputs
     from sdpa_cli.render.common import View
 
 
-@click.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True, metavar="Q K V | CASE", shell_complete=files)
-@attention_options
-@click.option(
+@dataclass(frozen=True)
+class NumericFlags:
+    """``--check-numeric``: whether to check sampled entries of every gradient by central
+    differences, how many per gradient, and the relative error accepted."""
+
+    check_numeric: bool = False
+    samples: int = 20
+    tolerance: float = 1e-5
+
+
+NUMERIC_OPTIONS = [
+    click.option(
+        "--check-numeric",
+        is_flag=True,
+        help="Check sampled entries of every gradient by central differences in float64; exit 1 when one is off by more than --tolerance.",
+    ),
+    click.option(
+        "--samples",
+        type=click.IntRange(min=1),
+        default=20,
+        show_default=True,
+        metavar="N",
+        help="Entries per gradient the numeric check samples (drawn with --seed).",
+    ),
+    click.option(
+        "--tolerance",
+        type=click.FloatRange(min=0, min_open=True),
+        default=1e-5,
+        show_default=True,
+        metavar="R",
+        help="Largest relative error the numeric check accepts.",
+    ),
+]
+DOUT_OPTION = click.option(
     "--dout",
     metavar="FILE|ones|random",
     shell_complete=words(*DOUT_SOURCES, paths=True),
@@ -60,74 +81,49 @@ if TYPE_CHECKING:
     show_default=True,
     help="The output's gradient dO: a file shaped like the output, all ones, or standard normal from --seed.",
 )
-@click.option(
-    "--check-numeric",
-    is_flag=True,
-    help="Check sampled entries of every gradient by central differences in float64; exit 1 when one is off by more than --tolerance.",
-)
-@click.option(
-    "--samples",
-    type=click.IntRange(min=1),
-    default=20,
-    show_default=True,
-    metavar="N",
-    help="Entries per gradient the numeric check samples (drawn with --seed).",
-)
-@click.option(
-    "--tolerance",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1e-5,
-    show_default=True,
-    metavar="R",
-    help="Largest relative error the numeric check accepts.",
-)
+VIEW_OPTIONS = [
+    BATCH_OPTION,
+    HEAD_OPTION,
+    click.option("--rows", metavar="I|START:STOP", help="Query rows of dQ to show."),
+    KEYS_OPTION,
+    MAX_ROWS_OPTION,
+    MAX_SLICES_OPTION,
+    PRECISION_OPTION,
+]
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@case_options()
+@DOUT_OPTION
+@grouped("numeric", NumericFlags, NUMERIC_OPTIONS)
 @click.option(
     "--vanishing",
     metavar="G",
     help="Flag a row whose softmax passes back at most this fraction of its gradient, 1 − Σ w² (default 1e-3).",
 )
 @diagnostic_options
-@BATCH_OPTION
-@HEAD_OPTION
-@click.option("--rows", metavar="I|START:STOP", help="Query rows of dQ to show.")
-@KEYS_OPTION
-@MAX_ROWS_OPTION
-@MAX_SLICES_OPTION
-@PRECISION_OPTION
+@view_options(*VIEW_OPTIONS)
 @COLOR_OPTION
 @FORMAT_OPTION
-@click.option(
-    "--save",
-    metavar="FILE.npz",
-    shell_complete=files,
-    help="Write dq, dk, dv (and dbias), each shaped as its input, and dout, atomically.",
+@output_files(
+    "save",
+    "svg",
+    "html",
+    what="the tables",
+    save="Write dq, dk, dv (and dbias), each shaped as its input, and dout, atomically.",
 )
-@export_options("the tables")
 @JOBS_OPTION
 def grad(
-    inputs: tuple[str, ...],
-    bias_path: str | None,
-    mask_path: str | None,
+    case: Case,
     dout: str,
-    check_numeric: bool,
-    samples: int,
-    tolerance: float,
+    numeric: NumericFlags,
     vanishing: str | None,
-    given_thresholds: dict[str, str | None],
-    batch: int | None,
-    head: int | None,
-    rows: str | None,
-    keys: str | None,
-    max_rows: int,
-    max_slices: int,
-    precision: int,
+    thresholds: dict[str, str | None],
+    view: ViewFlags,
     color: bool | None,
     fmt: str,
-    save: str | None,
-    export_svg: str | None,
-    export_html: str | None,
+    outputs: Outputs,
     jobs: int | None,
-    **flags: Any,
 ) -> int:
     """Compute dQ, dK, dV (and d(bias)) of the loss Σ O ⊙ dO, and judge the gradients' health.
 
@@ -144,101 +140,45 @@ def grad(
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.thresholds import thresholds
-    from sdpa_cli.engine.inputs import load_spec
-    from sdpa_cli.files.outputs import check_outputs, inputs_of
-    from sdpa_cli.files.writers import write_all_atomic
-    from sdpa_cli.render.common import View, layout
-    from sdpa_cli.stream_save import save_grad_npz
+    from sdpa_cli.api.grad import grad_writers, gradients
+    from sdpa_cli.api.outputs import PICTURES, write_outputs
+    from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
+    from sdpa_cli.render.common import layout
 
-    limits = thresholds({**given_thresholds, "vanishing": vanishing})
-    outputs = [("--save", save), *export_outputs(export_svg, export_html)]
-    check_outputs(inputs_of([*inputs, bias_path, mask_path, dout], flags), outputs)
-    spec, description = load_spec(inputs, bias_path, mask_path, flags)
-    check_index("--head", head, spec.lead[-1] if spec.lead else None, "head")
-    check_index("--batch", batch, spec.lead[-2] if len(spec.lead) >= 2 else None, "batch item")
-    row_slice = parse_rows(rows, spec.L)
-    key_slice = parse_rows(keys, spec.S, "--keys", "keys")
+    limits = read_thresholds({**thresholds, "vanishing": vanishing})
+    spec, description = case.load(outputs, also=[dout])
     console = make_console(color)
-    view = View(
-        stages=(),
-        batch=batch,
-        head=head,
-        rows=row_slice,
-        keys=key_slice,
-        max_rows=max_rows,
-        max_slices=max_slices,
-        precision=precision,
-        width=console.width,
-    )
-    # tables alone show a few slices: the pass keeps those and judges every other
-    # as it finishes it; documents, --save and the numeric check read every slice
+    shown = view.view(spec, console.width)
+    # Tables alone show a few slices: the pass keeps those and judges every other as
+    # it finishes it; documents, --save and the numeric check read every slice.
     document = fmt in ("json", "yaml")
-    whole = document or save is not None or check_numeric
-    keep = None if whole else layout(spec, view).positions
-    run = _run(spec, dout, limits, samples if check_numeric else None, jobs=threads, keep=keep)
-    failed = run.numeric is not None and not all(c.passed(tolerance) for c in run.numeric)
-    decided(ExitCode.CHECK_FAILED if failed else ExitCode.OK)  # kept if the reader leaves (| head)
-
-    renderables: list[RenderableType] = []
-    if not document or export_svg or export_html:
-        renderables = _renderables(run, view, description, spec.options.dtype, tolerance)
-    write_all_atomic(exports(renderables, console.width, export_svg, export_html, "sdpa grad"))
-    if save is not None:
-        save_grad_npz(run.grads, save)
+    whole = document or "save" in outputs or numeric.check_numeric
+    run = gradients(
+        spec,
+        dout,
+        limits,
+        samples=numeric.samples if numeric.check_numeric else None,
+        tolerance=numeric.tolerance,
+        keep=None if whole else layout(spec, shown).positions,
+        jobs=threads,
+        watch=progress_bar,
+    )
+    code = decided(ExitCode.CHECK_FAILED if run.failed else ExitCode.OK)  # kept if | head
+    renderables = []
+    if not document or outputs.wants(*PICTURES):
+        renderables = _renderables(run, shown, description)
+    files = pictures(outputs, renderables, console.width, "sdpa grad")
+    write_outputs(outputs, {**files, **grad_writers(run, outputs)})
     if document:
-        _write_document(run, spec.options.dtype, tolerance, fmt)
+        _write_document(run, fmt)
     else:
         print_all(console, renderables)
-    return ExitCode.CHECK_FAILED if failed else ExitCode.OK
+    return code
 
 
-@dataclass(frozen=True)
-class _Run:
-    """What ``sdpa grad`` computed: the gradients, their health, every finding
-    (forward and gradient), how dO reads (a label, a JSON record), the numeric check."""
-
-    grads: Gradients
-    health: GradDiagnosis
-    diagnosis: Diagnosis
-    dout_label: str
-    dout_info: dict[str, Any]
-    numeric: list[NumericCheck] | None
-
-
-def _run(
-    spec: AttentionSpec,
-    dout: str,
-    limits: Thresholds,
-    samples: int | None,
-    *,
-    jobs: int,
-    keep: Collection[Index] | None,
-) -> _Run:
-    """The backward pass (which gathers the forward statistics too), the findings of
-    both, and with ``samples`` the numeric check of that many entries per gradient;
-    ``keep``: the query slices whose gradients are kept (None: all)."""
-    # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.grad import backward_health, combined
-    from sdpa_cli.diagnosis.rules import diagnose
-    from sdpa_cli.engine.inputs import load_dout
-    from sdpa_cli.engine.numeric import numeric_check
-    from sdpa_cli.engine.stats import Stats
-
-    values, dout_label, dout_info = load_dout(spec, dout)
-    stats = Stats.empty(spec.in_float64())
-    with progress_bar(spec, "gradients") as progress:
-        grads, health = backward_health(
-            spec, values, limits, jobs=jobs, stats=stats, progress=progress, keep=keep
-        )
-    diagnosis = combined(diagnose(stats, limits), health)
-    numeric = numeric_check(grads, samples, spec.options.seed) if samples is not None else None
-    return _Run(grads, health, diagnosis, dout_label, dout_info, numeric)
-
-
-def _write_document(run: _Run, dtype: str, tolerance: float, fmt: str) -> None:
+def _write_document(run: GradRun, fmt: str) -> None:
     """The run as one JSON or YAML document on stdout, the gradients' rows formatted a
-    piece at a time; ``dtype`` the format their range is judged in."""
+    piece at a time."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.report import grad_arrays, grad_payload
     from sdpa_cli.stream import write_with_arrays
@@ -249,8 +189,8 @@ def _write_document(run: _Run, dtype: str, tolerance: float, fmt: str) -> None:
         run.diagnosis,
         dout=run.dout_info,
         numeric=run.numeric,
-        tolerance=tolerance,
-        dtype=dtype,
+        tolerance=run.tolerance,
+        dtype=run.dtype,
         for_json=fmt == "json",
     )
 
@@ -260,9 +200,7 @@ def _write_document(run: _Run, dtype: str, tolerance: float, fmt: str) -> None:
     write_with_arrays(data, "gradients", grad_arrays(run.grads), echo, fmt=fmt)
 
 
-def _renderables(
-    run: _Run, view: View, description: str | None, dtype: str, tolerance: float
-) -> list[RenderableType]:
+def _renderables(run: GradRun, view: View, description: str | None) -> list[RenderableType]:
     """The case file's description (when it has one), then the gradients' view."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.render.common import case_description
@@ -276,8 +214,8 @@ def _renderables(
             run.diagnosis,
             view,
             run.dout_label,
-            dtype,
+            run.dtype,
             run.numeric,
-            tolerance,
+            run.tolerance,
         ),
     ]

@@ -7,34 +7,22 @@ from typing import TYPE_CHECKING
 import click
 
 from sdpa_cli.cli.completion import files
-from sdpa_cli.cli.options import (
-    COLOR_OPTION,
-    EXIT_CODES_HELP,
-    export_options,
-    export_outputs,
-    exports,
-    format_option,
-    make_console,
-    print_all,
-)
+from sdpa_cli.cli.options import COLOR_OPTION, EXIT_CODES_HELP, format_option, output_files
+from sdpa_cli.cli.run import make_console, pictures, print_all
 from sdpa_cli.errors import ExitCode
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+
+    from sdpa_cli.api.outputs import Outputs
 
 
 @click.command(epilog=EXIT_CODES_HELP)
 @click.argument("paths", nargs=-1, required=True, metavar="FILE...", shell_complete=files)
 @format_option("Tables for a person, or one JSON object on stdout.")
 @COLOR_OPTION
-@export_options("the tables")
-def inspect(
-    paths: tuple[str, ...],
-    fmt: str,
-    color: bool | None,
-    export_svg: str | None,
-    export_html: str | None,
-) -> int:
+@output_files("svg", "html", what="the tables")
+def inspect(paths: tuple[str, ...], fmt: str, color: bool | None, outputs: Outputs) -> int:
     """Show what tensor files hold: names, shapes, dtypes, min, max, mean, std, NaN
     and inf counts, and float16/bfloat16 headroom (overflow, flush to zero, subnormal).
 
@@ -54,24 +42,21 @@ def inspect(
       sdpa inspect model.safetensors:layers.0.attn.q --format json
     """
     # imported here (as below): keeps sdpa --help fast
+    from sdpa_cli.api.outputs import PICTURES, write_outputs
     from sdpa_cli.diagnosis.inspect import FileReport, errors, inspect_files
-    from sdpa_cli.files.outputs import check_outputs, inputs_of
-    from sdpa_cli.files.writers import write_all_atomic
 
-    check_outputs(inputs_of(paths), export_outputs(export_svg, export_html))
+    outputs.check(paths)
     results = inspect_files(paths)
     failed = errors(results)
     read = [r for r in results if isinstance(r, FileReport)]
     console = make_console(color)
     renderables: list[RenderableType] = []
-    if fmt != "json" or export_svg or export_html:
+    if fmt != "json" or outputs.wants(*PICTURES):
         from sdpa_cli.render.inspect import render_inspect
 
         renderables = render_inspect(read, console.width)
     if not failed:  # an input that cannot be read: no file written
-        write_all_atomic(
-            exports(renderables, console.width, export_svg, export_html, "sdpa inspect")
-        )
+        write_outputs(outputs, pictures(outputs, renderables, console.width, "sdpa inspect"))
     if fmt == "json":
         from sdpa_cli.report import inspect_payload, to_json
 

@@ -1,30 +1,37 @@
-"""Options shared by several commands (decorators) and the helpers they need."""
+"""Options shared by several commands, each group given to the command as one record
+(sqlite-utils' ``@output_options``): the case (:func:`case_options`, a
+:class:`~sdpa_cli.api.case.Case`), the files written (:func:`output_files`, an
+:class:`~sdpa_cli.api.outputs.Outputs`), what a table shows (:func:`view_options`, a
+:class:`ViewFlags`), the findings' thresholds (:func:`diagnostic_options`). Values
+stay as typed; the API resolves them.
+
+Only the standard library, click and :mod:`sdpa_cli.names` are imported here, so that
+``sdpa COMMAND --help`` stays fast.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
-import math
-import os
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from sdpa_cli.cli.attention import ATTENTION_OPTIONS as ATTENTION_OPTIONS
-from sdpa_cli.cli.attention import attention_options as attention_options
+from sdpa_cli.api.outputs import OUTPUT_FILES, Outputs
+from sdpa_cli.api.picks import check_index, parse_rows, parse_stages
+from sdpa_cli.cli.attention import ATTENTION_OPTIONS
 from sdpa_cli.cli.completion import files, stage_names, word_list
-from sdpa_cli.errors import SpecError
-from sdpa_cli.names import STAGES
+from sdpa_cli.names import EXPORTS, STAGES
 
 if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
-
+    from sdpa_cli.api.case import Case
     from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.render.common import View
 
 F = TypeVar("F", bound=Callable[..., Any])
+Option = Callable[[Any], Any]
+"""A click decorator (an option or an argument), as the groups below hold them."""
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success (a reader of stdout that leaves early, as | head, is no failure) · "
@@ -34,18 +41,46 @@ EXIT_CODES_HELP = (
 )
 
 
+def grouped(param: str, make: Callable[..., Any], options: Sequence[Option]) -> Callable[[F], F]:
+    """The click ``options`` given to the command as one keyword, ``param``:
+    ``make(**their values)``, a record, instead of one parameter each."""
+
+    def probe() -> None: ...
+
+    for option in options:
+        option(probe)
+    names = [p.name for p in getattr(probe, "__click_params__", []) if p.name]
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[param] = make(**{name: kwargs.pop(name) for name in names})
+            return f(*args, **kwargs)
+
+        wrapped: Any = command
+        for option in reversed(options):
+            wrapped = option(wrapped)
+        return wrapped  # type: ignore[no-any-return]
+
+    return decorate
+
+
+# --- single options ---------------------------------------------------------------------
+
 COLOR_OPTION = click.option(
     "--color/--no-color",
     default=None,
     help="Force color on or off (default: on for a terminal, off with NO_COLOR).",
 )
-
-
+JOBS_OPTION = click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Threads computing blocks (default: the number of cores).",
+)
 KEYS_OPTION = click.option(
     "--keys", metavar="I|START:STOP", help="Key columns to show (default from key 0)."
 )
-
-
 MAX_ROWS_OPTION = click.option(
     "--max-rows",
     metavar="N",
@@ -62,6 +97,22 @@ PRECISION_OPTION = click.option(
     show_default=True,
     help="Digits after the point.",
 )
+BATCH_OPTION = click.option("--batch", type=int, metavar="B", help="Show only batch item B.")
+HEAD_OPTION = click.option("--head", type=int, metavar="H", help="Show only head H.")
+MAX_SLICES_OPTION = click.option(
+    "--max-slices",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Most (batch, head) slices shown.",
+)
+STAGES_OPTION = click.option(
+    "--stages",
+    metavar="LIST",
+    shell_complete=word_list(stage_names),
+    help=f"Stages to show, comma-separated: {','.join(STAGES)} (default all that apply).",
+)
 
 
 def format_option(help: str, choices: tuple[str, ...] = ("table", "json")) -> Callable[[F], F]:
@@ -76,59 +127,171 @@ def format_option(help: str, choices: tuple[str, ...] = ("table", "json")) -> Ca
     )
 
 
-FORMAT_OPTION = format_option(
+FORMAT_OPTION: Option = format_option(
     "Tables for a person, or one JSON/YAML object on stdout.", ("table", "json", "yaml")
 )
-JUNIT_OPTION = click.option(
-    "--junit",
-    metavar="FILE.xml",
-    shell_complete=files,
-    help="Also write a JUnit XML report, atomically.",
-)
 
 
-BATCH_OPTION = click.option("--batch", type=int, metavar="B", help="Show only batch item B.")
-HEAD_OPTION = click.option("--head", type=int, metavar="H", help="Show only head H.")
-MAX_SLICES_OPTION = click.option(
-    "--max-slices",
-    metavar="N",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Most (batch, head) slices shown.",
-)
+# --- the case ---------------------------------------------------------------------------
+
+EXPECT_OPTIONS: list[Option] = [
+    click.option(
+        "--expect-output",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported output, (..., L, Ev).",
+    ),
+    click.option(
+        "--expect-weights",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported attention weights, (..., L, S).",
+    ),
+    click.option(
+        "--expect-lse",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported logsumexp per row, (..., L), as FlashAttention returns it.",
+    ),
+    click.option(
+        "--expect-partials",
+        "partials",
+        metavar="FILE",
+        shell_complete=files,
+        help="Split-KV partials: a YAML/JSON list of {keys: START:STOP, output: FILE, lse: FILE}; "
+        "each checked over its keys, their merge against the whole attention.",
+    ),
+    click.option(
+        "--decode",
+        is_flag=True,
+        help="Also compare this causal prefill with the same tokens decoded one query at a "
+        "time against the growing cache (query i after the S − L cached keys, or at "
+        "--query-offset + i): equal to rounding in float64, within the format's tolerance "
+        "under --dtype. An --expect-output beside it (a decode run's steps, stacked) is "
+        "judged against the prefill. In a manifest: decode: true.",
+    ),
+]
+"""What ``sdpa check`` judges besides the inputs."""
 
 
-def display_options(f: F) -> F:
-    """Which part of the computation to show, and how."""
-    for option in reversed(
-        [
-            click.option(
-                "--stages",
-                metavar="LIST",
-                shell_complete=word_list(stage_names),
-                help=f"Stages to show, comma-separated: {','.join(STAGES)} (default all that apply).",
-            ),
-            BATCH_OPTION,
-            HEAD_OPTION,
-            click.option("--rows", metavar="I|START:STOP", help="Query rows to show."),
-            KEYS_OPTION,
-            MAX_ROWS_OPTION,
-            MAX_SLICES_OPTION,
-            PRECISION_OPTION,
-            COLOR_OPTION,
-        ]
-    ):
-        f = option(f)
-    return f
+def _case(inputs: tuple[str, ...], **values: Any) -> Case:
+    """The case the command line names: ``--NAME FILE`` options (``NAME_path``) are its
+    tensors, ``--expect-NAME`` its exports, the rest its options as typed."""
+    # imported here: the record alone (no numpy), when the command runs
+    from sdpa_cli.api.case import Case
 
+    partials = values.pop("partials", None)
+    decode = bool(values.pop("decode", False))
+    expect = {n: p for n in EXPORTS if (p := values.pop(f"expect_{n}", None)) is not None}
+    tensors = {k.removesuffix("_path"): v for k, v in values.items() if k.endswith("_path")}
+    options = {k: v for k, v in values.items() if not k.endswith("_path") and v is not None}
+    tensors = {k: v for k, v in tensors.items() if v is not None}
+    return Case(inputs, tensors, options, expect=expect, partials=partials, decode=decode)
+
+
+def case_options(*, judged: bool = False, required: bool = True) -> Callable[[F], F]:
+    """``Q K V | CASE`` and every option of the computation (with ``judged``, the
+    exports ``sdpa check`` judges), given to the command as ``case``."""
+    inputs = click.argument(
+        "inputs", nargs=-1, required=required, metavar="Q K V | CASE", shell_complete=files
+    )
+    options = [inputs, *(EXPECT_OPTIONS if judged else []), *ATTENTION_OPTIONS]
+    return grouped("case", _case, options)
+
+
+# --- the files a run writes ---------------------------------------------------------------
+
+
+def output_files(*kinds: str, what: str = "", **helps: str) -> Callable[[F], F]:
+    """The options of the files of ``kinds`` (:data:`~sdpa_cli.api.outputs.OUTPUT_FILES`),
+    given to the command as ``outputs``; ``what`` the command shows (the pictures'
+    help), ``helps`` a kind's own help."""
+    options = [
+        click.option(
+            OUTPUT_FILES[kind].flag,
+            kind,
+            metavar=OUTPUT_FILES[kind].metavar,
+            shell_complete=files,
+            help=helps.get(kind) or OUTPUT_FILES[kind].help.format(what=what),
+        )
+        for kind in kinds
+    ]
+    return grouped("outputs", Outputs.given, options)
+
+
+# --- what a table shows -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViewFlags:
+    """What the tables show, as typed; :meth:`view` checks it against the computation."""
+
+    stages: str | None = None
+    batch: int | None = None
+    head: int | None = None
+    rows: str | None = None
+    keys: str | None = None
+    max_rows: int = 16
+    max_slices: int = 1
+    precision: int = 4
+
+    def view(self, spec: AttentionSpec, width: int, available: tuple[str, ...] = ()) -> View:
+        """The view of ``spec``'s tables: the stages asked for among ``available``,
+        and ``--batch``, ``--head``, ``--rows`` and ``--keys`` within its shape.
+
+        Raises:
+            SpecError: naming the option that picks what the inputs do not have.
+        """
+        # imported here: keeps sdpa --help fast
+        from sdpa_cli.render.common import View
+
+        stages = parse_stages(self.stages, available)
+        check_index("--head", self.head, spec.lead[-1] if spec.lead else None, "head")
+        batches = spec.lead[-2] if len(spec.lead) >= 2 else None
+        check_index("--batch", self.batch, batches, "batch item")
+        return View(
+            stages=stages,
+            batch=self.batch,
+            head=self.head,
+            rows=parse_rows(self.rows, spec.L),
+            keys=parse_rows(self.keys, spec.S, "--keys", "keys"),
+            max_rows=self.max_rows,
+            max_slices=self.max_slices,
+            precision=self.precision,
+            width=width,
+            explicit_stages=self.stages is not None,
+        )
+
+
+def view_options(*options: Option) -> Callable[[F], F]:
+    """What a table shows (``options``, the command's choice of :class:`ViewFlags`'),
+    given to the command as ``view``."""
+    return grouped("view", ViewFlags, options)
+
+
+ROWS_OPTION = click.option("--rows", metavar="I|START:STOP", help="Query rows to show.")
+DISPLAY_OPTIONS = [
+    STAGES_OPTION,
+    BATCH_OPTION,
+    HEAD_OPTION,
+    ROWS_OPTION,
+    KEYS_OPTION,
+    MAX_ROWS_OPTION,
+    MAX_SLICES_OPTION,
+    PRECISION_OPTION,
+]
+"""``sdpa compute``'s view: every stage, slice, row and key."""
+
+
+# --- the findings' thresholds -------------------------------------------------------------
 
 THRESHOLD_FLAGS = ("saturation", "uniform", "head_fraction", "max_findings")
 
 
 def diagnostic_options(f: F) -> F:
     """Thresholds of the findings; defaults from sdpa.yaml or [tool.sdpa] (README).
-    The command receives them together, as ``given_thresholds`` (name → text or None)."""
+    The command receives them together, as ``thresholds`` (name → text or None);
+    ``--config`` and ``--allow-outside`` are set for the run."""
 
     @functools.wraps(f)
     def command(*args: Any, **kwargs: Any) -> Any:
@@ -138,7 +301,7 @@ def diagnostic_options(f: F) -> F:
 
         use_config(kwargs.pop("config"))
         allow_outside(kwargs.pop("allow_outside"))
-        kwargs["given_thresholds"] = {name: kwargs.pop(name) for name in THRESHOLD_FLAGS}
+        kwargs["thresholds"] = {name: kwargs.pop(name) for name in THRESHOLD_FLAGS}
         return f(*args, **kwargs)
 
     wrapped: Any = command
@@ -184,222 +347,3 @@ def diagnostic_options(f: F) -> F:
     ):
         wrapped = option(wrapped)
     return wrapped  # type: ignore[no-any-return]
-
-
-def output_options(f: F) -> F:
-    """Machine-readable output."""
-    f = click.option(
-        "--save",
-        metavar="FILE.npz",
-        shell_complete=files,
-        help="Write every stage (full shape) to FILE.npz, atomically.",
-    )(f)
-    return FORMAT_OPTION(f)
-
-
-def export_options(what: str) -> Callable[[F], F]:
-    """``--export-svg`` and ``--export-html``: ``what`` the tables show, also written
-    as a picture or a page (in color, at the terminal's width), atomically."""
-
-    def decorate(f: F) -> F:
-        for name, kind in (("html", "an HTML page"), ("svg", "an SVG picture")):
-            f = click.option(
-                f"--export-{name}",
-                metavar=f"FILE.{name}",
-                shell_complete=files,
-                help=f"Also write {what} as {kind}.",
-            )(f)
-        return f
-
-    return decorate
-
-
-def export_outputs(svg: str | None, html: str | None) -> list[tuple[str, str | None]]:
-    """The exports as :func:`~sdpa_cli.files.outputs.check_outputs` takes outputs."""
-    return [("--export-svg", svg), ("--export-html", html)]
-
-
-def exports(
-    renderables: Sequence[RenderableType],
-    width: int,
-    svg: str | None,
-    html: str | None,
-    title: str,
-) -> list[tuple[str, Callable[[BinaryIO], None]]]:
-    """The writers of ``--export-svg`` and ``--export-html`` (those asked for), for
-    :func:`~sdpa_cli.files.writers.write_all_atomic`: ``renderables`` recorded in full
-    color, whatever stdout is; the SVG titled ``title``."""
-    if not svg and not html:
-        return []
-    # imported here: keeps sdpa --help fast
-    from rich.console import Console
-
-    recorder = Console(
-        file=io.StringIO(), record=True, width=width, force_terminal=True, color_system="truecolor"
-    )
-    for renderable in renderables:
-        recorder.print(renderable)
-    texts = []
-    if svg:
-        texts.append((svg, recorder.export_svg(title=title, clear=False)))
-    if html:
-        texts.append((html, recorder.export_html(clear=False)))
-    return [(path, _writes_text(text)) for path, text in texts]
-
-
-def _writes_text(text: str) -> Callable[[BinaryIO], None]:
-    """A writer of ``text`` in UTF-8."""
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(text.encode("utf-8"))
-
-    return write
-
-
-# --- helpers --------------------------------------------------------------------------
-
-
-JOBS_OPTION = click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="Threads computing blocks (default: the number of cores).",
-)
-
-BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def start_engine(jobs: int | None) -> int:
-    """The engine's thread count; BLAS kept to one thread per engine thread: through
-    the environment when numpy has not loaded yet (BLAS reads it at load), else at run
-    time (:func:`_one_blas_thread`). A thread count the user set wins."""
-    # imported here: the standard library only, and keeps sdpa --help fast
-    from sdpa_cli.files.limits import check_address_space, keep_freed_blocks
-
-    n = jobs or cores()
-    check_address_space(n)
-    chosen = any(name in os.environ for name in BLAS_THREADS)
-    for name in BLAS_THREADS:
-        os.environ.setdefault(name, "1")
-    if not chosen and "numpy" in sys.modules:
-        _one_blas_thread()
-    keep_freed_blocks()
-    return n
-
-
-def _one_blas_thread() -> None:
-    """BLAS to one thread now, numpy being loaded already (reading a config file or
-    an input may load it): a BLAS thread pool per engine thread oversubscribes the
-    cores, and ran ``check`` 1.6× slower on two cores than one BLAS thread each."""
-    try:
-        # imported here: only once the engine starts, and it is optional
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # installed with sdpa; without it BLAS keeps its threads
-        return
-    threadpool_limits(limits=1, user_api="blas")
-
-
-PROGRESS_SCORES = 1 << 27
-"""Scores above which a run takes more than about a second: a progress bar is shown."""
-
-
-@contextlib.contextmanager
-def progress_bar(spec: AttentionSpec, what: str) -> Iterator[Callable[[int], None] | None]:
-    """A progress bar on stderr over the scores of ``spec``, when stderr is a terminal
-    and the work long enough to want one; yields the callback the engine calls."""
-    total = math.prod(spec.weights_shape)
-    if total < PROGRESS_SCORES or not sys.stderr.isatty() or os.environ.get("CI"):
-        yield None
-        return
-    # imported here: keeps sdpa --help fast
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    console = make_console(None, stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        yield lambda n: bar.advance(task, n)
-
-
-def make_console(color: bool | None, *, stderr: bool = False) -> Console:
-    """A console on stdout (results) or stderr (messages); color only on a terminal."""
-    # imported here: keeps sdpa --help fast
-    from rich.console import Console
-
-    if color is True:
-        return Console(stderr=stderr, force_terminal=True, no_color=False, highlight=False)
-    if color is False or os.environ.get("NO_COLOR"):
-        # No escape codes at all: not even bold or italic (rich's NO_COLOR keeps those).
-        return Console(stderr=stderr, no_color=True, highlight=False, color_system=None)
-    return Console(stderr=stderr, highlight=False)
-
-
-def print_all(console: Console, renderables: Sequence[RenderableType]) -> None:
-    """Print renderables; without color, as plain lines with no trailing spaces
-    (rich pads table cells and wrapped lines to their width)."""
-    if console.is_terminal and console.color_system is not None:
-        for renderable in renderables:
-            console.print(renderable)
-        return
-    with console.capture() as captured:
-        for renderable in renderables:
-            console.print(renderable)
-    lines = captured.get().splitlines()
-    console.file.write("".join(line.rstrip() + "\n" for line in lines))
-    console.file.flush()
-
-
-def parse_rows(
-    text: str | None, n: int, option: str = "--rows", what: str = "query rows"
-) -> slice | None:
-    """``I`` or ``START:STOP`` (either may be empty) → a slice within 0..n."""
-    if text is None:
-        return None
-    if not n:
-        raise SpecError(option, f"there are no {what} to pick (0 of them)")
-    try:
-        if ":" in text:
-            a, _, b = text.partition(":")
-            start = int(a) if a.strip() else 0
-            stop = int(b) if b.strip() else n
-        else:
-            start = int(text)
-            stop = start + 1
-    except ValueError:
-        raise SpecError(option, f"expected I or START:STOP, got {text!r}") from None
-    if not (0 <= start < stop <= n):
-        raise SpecError(option, f"{text!r} is outside the {n} {what} (0..{n - 1})")
-    return slice(start, stop)
-
-
-def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...]:
-    """``--stages raw,weights`` → the stage names, checked; ``available`` when not given."""
-    if text is None:
-        return available
-    chosen = tuple(s.strip() for s in text.split(",") if s.strip())
-    unknown = [s for s in chosen if s not in STAGES]
-    if unknown or not chosen:
-        raise SpecError(
-            "--stages",
-            f"unknown stage {unknown[0] if unknown else text!r}; choose from {', '.join(STAGES)}",
-        )
-    return chosen
-
-
-def check_index(option: str, value: int | None, size: int | None, what: str) -> None:
-    if value is None:
-        return
-    if size is None:
-        raise SpecError(option, f"the inputs have no {what} axis")
-    if not 0 <= value < size:
-        raise SpecError(
-            option, f"{value} is out of range: the inputs have {size} {what}s (0..{size - 1})"
-        )

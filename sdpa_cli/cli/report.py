@@ -6,34 +6,26 @@ attention statistics."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
-from sdpa_cli.cli.check import show_results, write_report_files
+from sdpa_cli.cli.check import show_results, write_reports
 from sdpa_cli.cli.completion import files
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     JOBS_OPTION,
-    JUNIT_OPTION,
     diagnostic_options,
     format_option,
-    make_console,
-    print_all,
-    progress_bar,
-    start_engine,
+    output_files,
 )
+from sdpa_cli.cli.run import make_console, print_all, progress_bar, start_engine
 from sdpa_cli.cli.streams import decided
-from sdpa_cli.errors import ExitCode, SdpaError, SpecError
+from sdpa_cli.errors import ExitCode
 from sdpa_cli.names import MODEL_METRICS
 
 if TYPE_CHECKING:
-    from numpy.typing import NDArray
-
-    from sdpa_cli.check.manifest import ManifestCase
-    from sdpa_cli.diagnosis.findings import Thresholds
-    from sdpa_cli.diagnosis.model import GridRow
-    from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.api.outputs import Outputs
 
 MERGE_EXIT_CODES_HELP = (
     "Exit codes: the merged run's: 0 every check passed · 1 a check failed · 2 a case could "
@@ -56,22 +48,9 @@ def report() -> None:
 @report.command(epilog=MERGE_EXIT_CODES_HELP)
 @click.argument("shards", nargs=-1, required=True, metavar="SHARD.json...", shell_complete=files)
 @format_option("A summary for a person, or the merged JSON report on stdout.")
-@JUNIT_OPTION
-@click.option(
-    "--report",
-    "report_path",
-    metavar="FILE.json",
-    shell_complete=files,
-    help="Also write the merged JSON report.",
-)
+@output_files("junit", "report", report="Also write the merged JSON report.")
 @COLOR_OPTION
-def merge(
-    shards: tuple[str, ...],
-    fmt: str,
-    junit: str | None,
-    report_path: str | None,
-    color: bool | None,
-) -> int:
+def merge(shards: tuple[str, ...], fmt: str, outputs: Outputs, color: bool | None) -> int:
     """Merge the JSON reports of every shard of a manifest's run into one.
 
     Each SHARD.json is the --report of sdpa check --manifest M --shard I/N, for
@@ -88,20 +67,13 @@ def merge(
       sdpa report merge s1.json s2.json --report all.json --junit all.xml
     """
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.files.outputs import check_outputs, inputs_of
-    from sdpa_cli.report import to_json
-    from sdpa_cli.report_merge import merge_shard_reports, read_shard_report
-    from sdpa_cli.text import printable
+    from sdpa_cli.api.merge import merge_reports
 
-    check_outputs(inputs_of(shards), [("--junit", junit), ("--report", report_path)])
-
-    document, results = merge_shard_reports([read_shard_report(path) for path in shards])
-    json_text = to_json(document) + "\n"
-    write_report_files(results, json_text, junit, report_path)
-    code = decided(document["exit_code"])  # kept when the reader goes away (| head)
-    manifest = document["manifest"]
-    title = None if manifest is None else printable(str(manifest))
-    show_results(results, title, None, fmt, json_text, color)
+    outputs.check(shards)
+    run = merge_reports(shards)
+    write_reports(run, outputs, color)
+    code = decided(run.exit_code)  # kept when the reader goes away (| head)
+    show_results(run, fmt, color)
     return code
 
 
@@ -135,7 +107,7 @@ def model(
     metric: str,
     fmt: str,
     jobs: int | None,
-    given_thresholds: dict[str, str | None],
+    thresholds: dict[str, str | None],
     color: bool | None,
 ) -> int:
     """A model at a glance: every case of MANIFEST as a row, each query head a column.
@@ -161,18 +133,13 @@ def model(
     """
     threads = start_engine(jobs)
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.check.manifest import load_manifest
-    from sdpa_cli.diagnosis.model import model_grid
-    from sdpa_cli.diagnosis.thresholds import thresholds
+    from sdpa_cli.api.model import model_report
+    from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
     from sdpa_cli.render.model import render_model
     from sdpa_cli.report import document_head, to_json
 
-    th = thresholds(given_thresholds)
-    cases = load_manifest(manifest)
-    if metric == "error" and not any("output" in c.expect for c in cases):
-        raise SpecError("--metric error", f"no case of {manifest} has an expect-output")
-    layers = capture_layers(manifest)
-    grid = model_grid([_grid_row(case, layers.get(case.name), th, threads) for case in cases], th)
+    th = read_thresholds(thresholds)
+    grid = model_report(manifest, th, errors=metric == "error", jobs=threads, watch=progress_bar)
     for row in grid.rows:
         if row.error is not None:  # one line each, never wrapped
             click.echo(f"sdpa: error: {row.name}: {row.error}", err=True)
@@ -186,65 +153,3 @@ def model(
         print_all(console, [view])
     unread = any(row.error is not None for row in grid.rows)
     return int(ExitCode.BAD_INPUT if unread else ExitCode.OK)
-
-
-def capture_layers(manifest: str) -> dict[str, int]:
-    """Case name → layer, from the ``calls.yaml`` sdpa capture writes beside its
-    manifest (a ``name`` and a ``layer`` for each call); nothing where there is no such
-    file, or it does not read as one: the layers only label the grid's rows."""
-    # imported here: keeps sdpa --help fast
-    from pathlib import Path
-
-    from sdpa_cli.files.structured import parse_text
-
-    path = Path(manifest).parent / "calls.yaml"
-    if not path.is_file():
-        return {}
-    try:
-        data = parse_text(path, "yaml", str(path))
-    except SdpaError:
-        return {}
-    calls = data.get("calls") if isinstance(data, dict) else None
-    return {
-        str(call["name"]): call["layer"]
-        for call in (calls if isinstance(calls, list) else [])
-        if isinstance(call, dict)
-        and "name" in call
-        and isinstance(call.get("layer"), int)
-        and not isinstance(call.get("layer"), bool)
-    }
-
-
-def _grid_row(case: ManifestCase, layer: int | None, th: Thresholds, threads: int) -> GridRow:
-    """One case's row of the grid: loaded as sdpa check --manifest loads it (options
-    from the manifest), its heads measured; or the one-line reason it cannot be read."""
-    # imported here: keeps sdpa --help fast
-    from sdpa_cli.diagnosis.model import GridRow, head_metrics
-    from sdpa_cli.engine.inputs import load_spec
-    from sdpa_cli.files.confine import rooted
-    from sdpa_cli.text import unechoed
-
-    try:
-        flags = {**case.options, **{f"{k}_path": p for k, p in case.tensors.items()}}
-        with rooted(case.root), unechoed():  # as sdpa check --manifest reads a case
-            spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, case.where, case.sinks)
-        expected = _expected_output(spec, case)
-        with progress_bar(spec, case.name) as progress:
-            heads = head_metrics(spec, th, expected, jobs=threads, progress=progress)
-    except SdpaError as exc:
-        return GridRow(case.name, layer, error=str(exc))
-    return GridRow(case.name, layer, heads)
-
-
-def _expected_output(spec: AttentionSpec, case: ManifestCase) -> NDArray[Any] | None:
-    """The case's expect-output in the computation's layout ``(*lead, L, Ev)`` (heads
-    split under ``heads``), fitted as sdpa check fits it; None without one."""
-    # imported here: keeps sdpa --help fast
-    from sdpa_cli.check.exports import fit_expected, load_expected
-    from sdpa_cli.engine.trace import split_heads_of_output
-
-    path = case.expect.get("output")
-    if path is None:
-        return None
-    fitted = fit_expected(spec, load_expected({"output": path})[0])
-    return split_heads_of_output(spec, fitted.values) if fitted.merged else fitted.values

@@ -22,23 +22,22 @@ from sdpa_cli.text import printable
 
 def load_spec(
     inputs: tuple[str, ...],
-    bias_path: str | None,
-    mask_path: str | None,
-    flags: Mapping[str, Any],
+    tensors: Mapping[str, str | None] | None = None,
+    flags: Mapping[str, Any] | None = None,
     flag_where: Mapping[str, str] | None = None,
-    sinks_path: str | None = None,
 ) -> tuple[AttentionSpec, str | None]:
     """Files and flags → a validated spec (and the case file's description, if any).
 
-    One input is a case file; three are Q, K and V. Flags override the case file.
-    ``flag_where`` names where a flag's value came from (a manifest entry) for
-    messages; by default a flag is named by its spelling, ``--causal-align``.
-    ``--sinks`` comes as ``sinks_path`` or as the flag ``sinks_path`` (over a case
-    file's ``sinks``); ``--segment-ids`` and ``--segment-ids-kv`` as the flags
-    ``segment_ids_path`` and ``segment_ids_kv_path``; ``--dropout-mask`` as
-    ``dropout_mask_path``.
+    One input is a case file; three are Q, K and V. ``tensors`` names the files of
+    the other inputs (``bias``, ``mask``, and those of
+    :data:`~sdpa_cli.names.TENSOR_FLAGS`), over a case file's; ``flags`` the options
+    (name → value as typed, None: not given), over the case file's. ``flag_where``
+    names where a flag's value came from (a manifest entry) for messages; by default
+    a flag is named by its spelling, ``--causal-align``.
     """
-    tensors: dict[str, Any] = {}
+    tensor_paths = {k: v for k, v in (tensors or {}).items() if v is not None}
+    flags = flags or {}
+    loaded: dict[str, Any] = {}
     names: dict[str, str] = {}
     raw: dict[str, Any] = {}
     where: dict[str, str] = {}
@@ -50,7 +49,7 @@ def load_spec(
                 "one input must be a case file (.yaml or .json holding q, k, v); otherwise give Q K V",
             )
         case = load_case(inputs[0], OPTION_NAMES)
-        tensors, names, raw, where = (
+        loaded, names, raw, where = (
             dict(case.tensors),
             dict(case.sources),
             dict(case.options),
@@ -59,44 +58,44 @@ def load_spec(
         description = case.description
     elif len(inputs) == 3:
         for key, path in zip(("q", "k", "v"), inputs, strict=True):
-            tensors[key] = load_array(path, name=key)
+            loaded[key] = load_array(path, name=key)
             names[key] = printable(path)
     else:
         raise SpecError(
             printable(" ".join(inputs)),
             f"expected Q K V (three files) or one case file, got {len(inputs)} inputs",
         )
-    for key, extra in (("bias", bias_path), ("mask", mask_path)):
-        if extra is not None:
-            tensors[key] = load_array(extra, name=key)
-            names[key] = printable(extra)
-    paths: dict[str, str | None] = {f"{n}_path": flags.get(f"{n}_path") for n in TENSOR_FLAGS}
-    paths["sinks_path"] = paths["sinks_path"] or sinks_path
-    for n in TENSOR_FLAGS:
-        if (given := paths[f"{n}_path"]) is not None:
-            tensors[n] = load_array(given, name=n)
-            names[n] = f"--{n.replace('_', '-')}"
+    for key in ("bias", "mask", *TENSOR_FLAGS):
+        if (given := tensor_paths.get(key)) is not None:
+            loaded[key] = load_array(given, name=key)
+            # bias and mask by their file; the others by their flag (--sinks)
+            names[key] = printable(given) if key in ("bias", "mask") else _flag(key)
     for name, value in flags.items():
-        if value is not None and name not in paths:
+        if value is not None:
             raw[name] = value
             where.pop(name, None)  # a flag is named by its spelling, --causal-align
             if flag_where and name in flag_where:
                 where[name] = flag_where[name]
     options = parse_options(raw, where)
     spec = build_spec(
-        tensors["q"],
-        tensors["k"],
-        tensors["v"],
-        bias=tensors.get("bias"),
-        mask=tensors.get("mask"),
+        loaded["q"],
+        loaded["k"],
+        loaded["v"],
+        bias=loaded.get("bias"),
+        mask=loaded.get("mask"),
         options=options,
         names=names,
-        sinks=tensors.get("sinks"),
-        segment_ids=tensors.get("segment_ids"),
-        segment_ids_kv=tensors.get("segment_ids_kv"),
-        dropout_mask=tensors.get("dropout_mask"),
+        sinks=loaded.get("sinks"),
+        segment_ids=loaded.get("segment_ids"),
+        segment_ids_kv=loaded.get("segment_ids_kv"),
+        dropout_mask=loaded.get("dropout_mask"),
     )
     return spec, description
+
+
+def _flag(name: str) -> str:
+    """A tensor's flag, as messages name it: ``--segment-ids``."""
+    return f"--{name.replace('_', '-')}"
 
 
 def load_dout(spec: AttentionSpec, dout: str) -> tuple[NDArray[Any], str, dict[str, Any]]:

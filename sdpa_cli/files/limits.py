@@ -26,6 +26,14 @@ FIFO_WAIT = 3
 or its first reader as an output."""
 
 
+def cores() -> int:
+    """The cores this process may run on: a run's threads by default (``--jobs``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def available_memory(proc: str = "/proc", sys: str = "/sys/fs/cgroup") -> int | None:
     """Bytes this process may still allocate: the least of MemAvailable, the address
     space left under RLIMIT_AS and the cgroup's room; None when none is known.

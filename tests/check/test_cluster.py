@@ -16,8 +16,8 @@ from click.testing import Result
 from clirunner import assert_one_error_line, invoke, strict_json
 from manifest_cases import write_manifest
 
-from sdpa_cli.check.cluster import MISSING_EXTRA, _result
-from sdpa_cli.check.manifest import ManifestCase
+from sdpa_cli.api.case import Case
+from sdpa_cli.api.cluster import MISSING_EXTRA, _result
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.check.settings import Overrides
 from sdpa_cli.errors import ExitCode
@@ -164,7 +164,7 @@ class _Raising:
 
 
 def test_a_task_that_raises_is_its_cases_error() -> None:
-    case = ManifestCase(name="layer3", inputs=("q.npy", "k.npy", "v.npy"))
+    case = Case(name="layer3", inputs=("q.npy", "k.npy", "v.npy"))
     result = _result(case, _Raising(ModuleNotFoundError("No module named 'sdpa_cli'")))
     assert result.name == "layer3"
     assert result.report is None
@@ -189,17 +189,17 @@ def test_a_task_keeps_freed_blocks_on_its_worker_before_it_runs_the_case(
 ) -> None:
     # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536: every freed
     # block handed back to the system, a case 1.5x slower than in a local process
-    from sdpa_cli.check import cluster
+    from sdpa_cli.api import cluster
 
     calls: list[str] = []
     done = CaseResult("case")
 
-    def run_case(case: ManifestCase, over: Any) -> CaseResult:
+    def run_case(case: Case, over: Any) -> CaseResult:
         calls.append(case.name)
         return done
 
     monkeypatch.setattr(cluster, "keep_freed_blocks", lambda: calls.append("malloc"))
     monkeypatch.setattr(cluster, "run_case", run_case)
-    case = ManifestCase(name="case", inputs=("q.npy", "k.npy", "v.npy"))
+    case = Case(name="case", inputs=("q.npy", "k.npy", "v.npy"))
     assert cluster.run_on_worker(case, Overrides()) is done
     assert calls == ["malloc", "case"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from clirunner import invoke, strict_json
 
-from sdpa_cli.check.manifest import load_manifest
+from sdpa_cli.api.manifest import load_manifest
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 

@@ -12,7 +12,7 @@ import pytest
 from clirunner import assert_one_error_line, invoke, strict_json
 from manifest_cases import write_manifest
 
-from sdpa_cli.check.manifest import Shard, fingerprint, load_manifest
+from sdpa_cli.api.manifest import Shard, fingerprint, load_manifest
 from sdpa_cli.check.settings import Overrides
 from sdpa_cli.errors import ExitCode, SpecError
 

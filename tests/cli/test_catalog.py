@@ -1345,9 +1345,9 @@ def test_empty_keys_with_absurd_heads_are_refused(base: Path) -> None:
 # --- internal errors and interruptions ---------------------------------------------------
 
 TARGETS = {
-    "compute": ("sdpa_cli.engine.trace", "trace"),
-    "explain": ("sdpa_cli.engine.trace", "trace"),
-    "check": ("sdpa_cli.check.run", "run_checks"),
+    "compute": ("sdpa_cli.api.compute", "trace"),
+    "explain": ("sdpa_cli.api.explain", "trace"),
+    "check": ("sdpa_cli.api.judge", "run_checks"),
 }
 
 

@@ -932,7 +932,7 @@ def test_internal_error_exits_3(exports: dict[str, F64], monkeypatch: pytest.Mon
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("sdpa_cli.check.run.run_checks", broken)
+    monkeypatch.setattr("sdpa_cli.api.judge.run_checks", broken)
     line = assert_one_error_line(check(*QKV), code=ExitCode.INTERNAL)
     assert line.startswith("sdpa: error: internal error: RuntimeError: boom")
 
@@ -941,7 +941,7 @@ def test_interrupt_exits_130(exports: dict[str, F64], monkeypatch: pytest.Monkey
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("sdpa_cli.check.run.run_checks", interrupted)
+    monkeypatch.setattr("sdpa_cli.api.judge.run_checks", interrupted)
     result = check(*QKV)
     assert result.exit_code == ExitCode.INTERRUPTED
     assert result.stdout == ""
@@ -1152,7 +1152,7 @@ def test_manifest_internal_error_exits_3_and_reports_the_case(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("sdpa_cli.check.manifest.run_checks", broken)
+    monkeypatch.setattr("sdpa_cli.api.judge.run_checks", broken)
     manifest = write_yaml(cases / "m.yaml", TWO_CASES)
     result = check("--manifest", manifest, "--jobs", "1", "--format", "json")
     assert result.exit_code == ExitCode.INTERNAL
@@ -1172,7 +1172,7 @@ MALFORMED: list[tuple[str, str, str]] = [
         "cases:\n  - {q: q.npy, k: k.npy, v: v.npy, frob: 1}\n",
         "m.yaml: cases[1]: frob: unknown key; expected name, case or q/k/v, bias, mask, sinks, "
         "segment-ids, segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
-        "an option of compute or a setting of check",
+        "expect-partials, decode, an option of compute or a setting of check",
     ),
     (
         "missing-q",
@@ -1221,7 +1221,7 @@ def test_a_malformed_manifest_exits_2_before_running(
     def never(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a case ran")
 
-    monkeypatch.setattr("sdpa_cli.check.manifest.run_case", never)
+    monkeypatch.setattr("sdpa_cli.api.manifest.run_case", never)
     manifest = write_yaml(cases / "m.yaml", text)
     line = assert_one_error_line(check("--manifest", manifest, "--jobs", "1"))
     assert line == f"sdpa: error: sub/{message}"
@@ -1230,9 +1230,7 @@ def test_a_malformed_manifest_exits_2_before_running(
 def test_bad_flags_beside_a_manifest_exit_2_before_running(
     cases: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        "sdpa_cli.check.manifest.run_cases", None
-    )  # calling it would be a TypeError
+    monkeypatch.setattr("sdpa_cli.api.check.run_cases", None)  # calling it would be a TypeError
     manifest = write_yaml(cases / "m.yaml", TWO_CASES)
     line = assert_one_error_line(check("--manifest", manifest, "--fail-on", "bogus"))
     assert line.startswith("sdpa: error: --fail-on: unknown finding kind 'bogus'")

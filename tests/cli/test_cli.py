@@ -262,12 +262,12 @@ def test_success_exits_zero_with_a_silent_stderr(qkv: dict[str, F64]) -> None:
 def test_internal_error_is_one_line_and_exit_3(
     qkv: dict[str, F64], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sdpa_cli.engine.trace
+    import sdpa_cli.api.compute
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(sdpa_cli.engine.trace, "trace", broken)
+    monkeypatch.setattr(sdpa_cli.api.compute, "trace", broken)
     line = assert_one_error_line(invoke("compute", *QKV), code=ExitCode.INTERNAL)
     assert line.startswith("sdpa: error: internal error: RuntimeError: boom")
     assert "report" in line
@@ -278,12 +278,12 @@ def test_internal_error_is_one_line_and_exit_3(
 
 
 def test_interrupt_exits_130(qkv: dict[str, F64], monkeypatch: pytest.MonkeyPatch) -> None:
-    import sdpa_cli.engine.trace
+    import sdpa_cli.api.compute
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sdpa_cli.engine.trace, "trace", interrupted)
+    monkeypatch.setattr(sdpa_cli.api.compute, "trace", interrupted)
     result = invoke("compute", *QKV)
     assert result.exit_code == ExitCode.INTERRUPTED
     assert result.stdout == ""

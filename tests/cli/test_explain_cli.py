@@ -453,12 +453,12 @@ def test_plot_without_matplotlib_is_one_line_and_writes_nothing(
 def test_internal_error_is_one_line_and_exit_3(
     qkv: dict[str, F64], workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sdpa_cli.diagnosis.explain
+    import sdpa_cli.api.explain
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(sdpa_cli.diagnosis.explain, "explain", broken)
+    monkeypatch.setattr(sdpa_cli.api.explain, "build", broken)
     line = assert_one_error_line(explain(*QKV, "--export-svg", "new.svg"), code=ExitCode.INTERNAL)
     assert line.startswith("sdpa: error: internal error: RuntimeError: boom")
     assert not (workdir / "new.svg").exists()

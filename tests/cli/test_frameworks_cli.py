@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from clirunner import assert_one_error_line, invoke, strict_json
 
-from sdpa_cli.cli.options import ATTENTION_OPTIONS
+from sdpa_cli.cli.attention import ATTENTION_OPTIONS
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.names import FRAMEWORKS
 

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from sdpa_cli.cli.options import BLAS_THREADS
+from sdpa_cli.cli.run import BLAS_THREADS
 
 pytest.importorskip("threadpoolctl")
 
 # numpy loaded before the engine starts, as reading a config file or an input does
 SCRIPT = """
 import json, numpy, threadpoolctl
-from sdpa_cli.cli.options import start_engine
+from sdpa_cli.cli.run import start_engine
 
 def blas():
     return [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]

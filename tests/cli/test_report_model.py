@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from clirunner import ANSI, assert_one_error_line, decode_non_finite, invoke, strict_json
 
-from sdpa_cli.cli.report import capture_layers
+from sdpa_cli.api.model import capture_layers
 from sdpa_cli.cli.report import model as model_command
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.names import MODEL_METRICS as METRICS

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from clirunner import CLEAN_ENV, invoke, sdpa_executable, strict_json
 
-from sdpa_cli.check import manifest
-from sdpa_cli.check.manifest import WORKER_DIED, ManifestCase
+from sdpa_cli.api import manifest
+from sdpa_cli.api.case import Case
+from sdpa_cli.api.manifest import WORKER_DIED
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.check.settings import Overrides
 from sdpa_cli.errors import ExitCode
@@ -114,7 +115,7 @@ def test_the_workers_end_with_their_parent(workdir: Path, signum: int) -> None:
 real_run_case = manifest.run_case
 
 
-def run_case_or_die(case: ManifestCase, over: Overrides) -> CaseResult:
+def run_case_or_die(case: Case, over: Overrides) -> CaseResult:
     """run_case, except that the case named ``boom`` has its worker killed, as the
     OOM killer would."""
     if case.name == "boom":

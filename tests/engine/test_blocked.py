@@ -464,7 +464,7 @@ def test_padded_nan_keys_poison_the_output_when_skipped_as_when_computed(
 def test_padded_nan_sample_file_gives_an_output_finding() -> None:
     from sdpa_cli.engine.inputs import load_spec
 
-    spec, _ = load_spec((str(ROOT / "samples" / "padded_nan.yaml"),), None, None, {})
+    spec, _ = load_spec((str(ROOT / "samples" / "padded_nan.yaml"),))
     skipped, dense = trace(spec, stages=(), rows=1), trace(spec)
     assert finding_keys(skipped) == finding_keys(dense)
     assert any(f[0] == "nonfinite" and f[3] == "output" for f in finding_keys(skipped))

@@ -194,7 +194,7 @@ def test_a_case_file_holds_segment_ids(tmp_path: Path) -> None:
         json.dumps({"q": q, "k": q, "v": q, "causal": True, "segment_ids": [0, 0, 1]}),
         encoding="utf-8",
     )
-    spec, _ = load_spec((str(case),), None, None, {})
+    spec, _ = load_spec((str(case),))
     assert spec.segment_ids is not None
     weights = trace(spec, stages=("weights",)).weights
     assert weights is not None

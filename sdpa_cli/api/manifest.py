@@ -1,4 +1,6 @@
-"""``sdpa check --manifest``: many cases (every layer of a model dump), one summary.
+"""Manifests: many cases (every layer of a model dump), each one
+:class:`~sdpa_cli.api.case.Case`, run through the same runner as one case given
+directly (:func:`~sdpa_cli.api.judge.run_case`); ``sdpa check --manifest``.
 
 A manifest is a YAML or JSON mapping::
 
@@ -13,11 +15,15 @@ A manifest is a YAML or JSON mapping::
         v: dump/l0_v.npy
         expect-output: dump/l0_out.npy
         scale: 0.125     # any option of compute, any setting of check
+      - name: layer1
+        case: dump/l1.yaml
+        expect-partials: dump/l1_partials.yaml  # split-KV partials, as --expect-partials
+        decode: true     # also against its tokens decoded one by one, as --decode
 
 Paths are relative to the manifest; a URL (``s3://...``, ``file://...``, anything
 fsspec knows) is read as it is, with fsspec (q, k, v, bias, mask, sinks and the exports; a
 case file is read from the local file system). Cases run in parallel processes, or on
-a Dask cluster (:mod:`~sdpa_cli.check.cluster`); a case that fails, or cannot be read,
+a Dask cluster (:mod:`~sdpa_cli.api.cluster`); a case that fails, or cannot be read,
 does not stop the others.
 
 ``--shard I/N`` runs one share of the cases (:class:`Shard`): round robin, the cases
@@ -41,60 +47,42 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sdpa_cli.check.exports import load_expected
+from sdpa_cli.api.case import Case
+from sdpa_cli.api.judge import run_case as run_case  # workers run it: a test replaces it here
 from sdpa_cli.check.records import CaseResult
-from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CHECK_NAMES, Overrides, check_values, merge_check_settings
-from sdpa_cli.engine.inputs import load_spec
-from sdpa_cli.engine.options import OPTION_NAMES
-from sdpa_cli.errors import InputError, SdpaError, SpecError
-from sdpa_cli.files.confine import allow_outside, confine, rooted
+from sdpa_cli.engine.options import OPTION_NAMES, parse_bool
+from sdpa_cli.errors import InputError, SpecError
+from sdpa_cli.files.confine import confine
 from sdpa_cli.files.loaders import Source
 from sdpa_cli.files.remote import is_url
 from sdpa_cli.files.structured import TEXT_SUFFIXES, parse_text
-from sdpa_cli.text import as_typed, printable, shown, unechoed
+from sdpa_cli.names import EXPORTS, INPUT_TENSORS
+from sdpa_cli.text import as_typed, printable, shown
 
-TENSOR_KEYS = ("segment_ids", "segment_ids_kv", "dropout_mask")
-"""Tensors a case may name besides Q, K, V, the bias, the mask and the sinks: passed on
-as their flags (``--segment-ids FILE`` ...)."""
-INPUT_KEYS = ("case", "q", "k", "v", "bias", "mask", "sinks", *TENSOR_KEYS)
-EXPECT_KEYS = {"expect_output": "output", "expect_weights": "weights", "expect_lse": "lse"}
+INPUT_KEYS = ("case", *INPUT_TENSORS)
+"""A case's inputs: a case file, or Q, K, V and the other tensors, each a file."""
+EXPECT_KEYS = {f"expect_{name}": name for name in EXPORTS}
+"""A case's exports to judge, each a file."""
+PATH_KEYS = (*INPUT_KEYS, *EXPECT_KEYS, "expect_partials")
+"""Every key whose value is a file path, read relative to the manifest."""
 TEXT_KEYS = ("name", "description")
-
-
-@dataclass(frozen=True)
-class ManifestCase:
-    """One case of a manifest, paths resolved, settings parsed (defaults merged in)."""
-
-    name: str
-    inputs: tuple[str, ...]
-    bias: str | None = None
-    mask: str | None = None
-    sinks: str | None = None
-    root: str = "."
-    """The manifest's folder: every file a case reads stays in its tree (``--allow-outside``)."""
-    tensors: Mapping[str, str] = field(default_factory=dict)
-    """:data:`TENSOR_KEYS` given, with their paths."""
-    expect: Mapping[str, str] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)
-    where: Mapping[str, str] = field(default_factory=dict)
-    check: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _entries(
     data: Mapping[Any, Any], where: str, base: Path
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], dict[str, Any]]:
-    """Split one mapping into inputs/expectations (paths), options and check settings."""
+    """Split one mapping into paths and texts (name, description, decode), options
+    and check settings."""
     paths: dict[str, Any] = {}
     options: dict[str, Any] = {}
     option_where: dict[str, str] = {}
     check: dict[str, Any] = {}
-    known = set(INPUT_KEYS) | set(EXPECT_KEYS) | set(TEXT_KEYS) | set(OPTION_NAMES)
-    known |= set(CHECK_NAMES)
+    known = {*PATH_KEYS, *TEXT_KEYS, "decode", *OPTION_NAMES, *CHECK_NAMES}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
@@ -102,21 +90,25 @@ def _entries(
                 f"{where}: {printable(str(raw_key))}",
                 "unknown key; expected name, case or q/k/v, bias, mask, sinks, segment-ids, "
                 "segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
-                "an option of compute or a setting of check",
+                "expect-partials, decode, an option of compute or a setting of check",
             )
-        if key in INPUT_KEYS or key in EXPECT_KEYS:
+        if key in PATH_KEYS:
             if not isinstance(value, str):
                 raise InputError(f"{where}: {raw_key}", f"expected a file path, got {shown(value)}")
-            if is_url(value) and key == "case":
+            if is_url(value) and key in ("case", "expect_partials"):
+                listed = "q, k and v" if key == "case" else "its outputs and LSEs"
                 raise InputError(
                     f"{where}: {raw_key}",
-                    "a case file is read from the local file system; list q, k and v as URLs",
+                    f"a {'case file' if key == 'case' else 'partials list'} is read from the "
+                    f"local file system; list {listed} as URLs",
                 )
             named = Source.parse(value, base).path if not is_url(value) else value
             confine(value, named, base, f"{where}: {raw_key}")
             paths[key] = value if is_url(value) else str(base / Path(value).expanduser())
         elif key in TEXT_KEYS:
             paths[key] = str(value)
+        elif key == "decode":
+            paths[key] = parse_bool(value, f"{where}: {raw_key}")
         elif key in CHECK_NAMES:
             check.update(check_values({raw_key: value}, where))
         else:
@@ -125,7 +117,7 @@ def _entries(
     return paths, options, option_where, check
 
 
-def load_manifest(path: str) -> list[ManifestCase]:
+def load_manifest(path: str) -> list[Case]:
     """Read and validate a manifest; nothing is run and no tensor is loaded.
 
     Raises:
@@ -149,7 +141,7 @@ def load_manifest(path: str) -> list[ManifestCase]:
     if not isinstance(defaults, dict):
         raise InputError(f"{path}: defaults", "must be a mapping of options and settings")
     d_paths, d_options, d_where, d_check = _entries(defaults, f"{path}: defaults", base)
-    cases: list[ManifestCase] = []
+    cases: list[Case] = []
     names: set[str] = set()
     for n, entry in enumerate(data["cases"], start=1):
         where = f"{path}: cases[{n}]"
@@ -172,42 +164,20 @@ def load_manifest(path: str) -> list[ManifestCase]:
                 raise InputError(where, f"needs q, k and v (or case); missing {', '.join(missing)}")
             inputs = (paths["q"], paths["k"], paths["v"])
         cases.append(
-            ManifestCase(
-                name=name,
+            Case(
                 inputs=inputs,
-                bias=paths.get("bias"),
-                mask=paths.get("mask"),
-                sinks=paths.get("sinks"),
-                root=str(base),
-                tensors={k: paths[k] for k in TENSOR_KEYS if k in paths},
-                expect={EXPECT_KEYS[k]: p for k, p in paths.items() if k in EXPECT_KEYS},
+                tensors={k: paths[k] for k in INPUT_TENSORS[3:] if k in paths},
                 options={**d_options, **options},
                 where={**d_where, **option_where},
+                expect={EXPECT_KEYS[k]: p for k, p in paths.items() if k in EXPECT_KEYS},
+                partials=paths.get("expect_partials"),
+                decode=bool(paths.get("decode", False)),
                 check=merge_check_settings(d_check, check),
+                name=name,
+                root=str(base),
             )
         )
     return cases
-
-
-def run_case(case: ManifestCase, over: Overrides) -> CaseResult:
-    """Load, compute and judge one case; never raises for a bad case."""
-    try:
-        flags = {**case.options, **{k: v for k, v in over.option_flags.items() if v is not None}}
-        flags.update({f"{k}_path": p for k, p in case.tensors.items()})
-        where = {k: w for k, w in case.where.items() if over.option_flags.get(k) is None}
-        allow_outside(over.allow_outside)  # this worker's run: the flag of its parent's
-        with unechoed(), rooted(case.root):  # files the manifest names: kept in its tree,
-            # their content out of the report
-            spec, _ = load_spec(case.inputs, case.bias, case.mask, flags, where, case.sinks)
-            settings = over.settings(case.check)
-            expected = load_expected(case.expect)
-        return CaseResult(case.name, run_checks(spec, expected, settings, over.thresholds))
-    except SdpaError as exc:
-        return CaseResult(case.name, error=str(exc))
-    except Exception as exc:  # a bug: reported for this case, the others still run
-        return CaseResult(
-            case.name, error=f"internal error: {type(exc).__name__}: {exc}", internal=True
-        )
 
 
 WORKER_DIED = (
@@ -216,7 +186,7 @@ WORKER_DIED = (
 )
 
 
-def run_cases(cases: list[ManifestCase], over: Overrides, jobs: int) -> list[CaseResult]:
+def run_cases(cases: list[Case], over: Overrides, jobs: int) -> list[CaseResult]:
     """Every case, in manifest order, ``jobs`` at a time in separate processes.
 
     A worker that dies (the OOM killer) breaks the pool and every case it had not
@@ -235,7 +205,7 @@ def run_cases(cases: list[ManifestCase], over: Overrides, jobs: int) -> list[Cas
 
 
 def _run_in_pool(
-    cases: list[ManifestCase],
+    cases: list[Case],
     indices: Iterable[int],
     over: Overrides,
     jobs: int,
@@ -356,7 +326,36 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
-def fingerprint(cases: list[ManifestCase], over: Overrides) -> str:
+SHARD_KEY = "shard"
+"""The key of a shard's report that says which shard it is, after ``manifest``."""
+
+
+def shard_document(
+    document: dict[str, Any], shard: Shard, *, total: int, fingerprint: str
+) -> dict[str, Any]:
+    """A manifest's JSON report of one shard's cases, with ``shard`` after ``manifest``.
+
+    Args:
+        document: :func:`~sdpa_cli.report.check_document` of the shard's cases.
+        total: the number of cases in the manifest.
+        fingerprint: :func:`~sdpa_cli.api.manifest.fingerprint` of the run.
+    """
+    block = {
+        "index": shard.index,
+        "count": shard.count,
+        "manifest_cases": total,
+        "positions": shard.positions(total),
+        "fingerprint": fingerprint,
+    }
+    out: dict[str, Any] = {}
+    for key, value in document.items():
+        out[key] = value
+        if key == "manifest":
+            out[SHARD_KEY] = block
+    return out
+
+
+def fingerprint(cases: list[Case], over: Overrides) -> str:
     """``sha256:…`` of a run: the manifest's cases as read (names, paths, options,
     settings) and what the command line adds to every case. The shards of one run
     share it; a shard of another manifest, or run with other flags, does not."""

@@ -9,9 +9,9 @@ A shard's report is the manifest's report of its cases, with ``shard`` after
               "fingerprint": "sha256:…"}
 
 ``positions`` are the 1-based positions of its ``cases`` in the manifest (round robin,
-:class:`~sdpa_cli.check.manifest.Shard`); ``fingerprint`` identifies the run (the
+:class:`~sdpa_cli.api.manifest.Shard`); ``fingerprint`` identifies the run (the
 manifest's cases and the command line's settings,
-:func:`~sdpa_cli.check.manifest.fingerprint`).
+:func:`~sdpa_cli.api.manifest.fingerprint`).
 
 Merging refuses (:class:`~sdpa_cli.errors.InputError`, exit 2), naming the file: a
 file that is not the JSON report of a shard, or of another ``schema_version``; shards of another manifest, another run
@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdpa_cli.api.check import CheckRun
+from sdpa_cli.api.manifest import SHARD_KEY, Shard
 from sdpa_cli.check.compare import Mismatch, Tolerance
-from sdpa_cli.check.manifest import Shard
 from sdpa_cli.check.records import CaseResult, Check, CheckReport
 from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
 from sdpa_cli.engine.types import Index
@@ -48,7 +49,6 @@ from sdpa_cli.report import check_exit_code, document_head
 from sdpa_cli.schemas import SCHEMA_VERSION
 from sdpa_cli.text import NON_FINITE_JSON, one_line, printable, shown
 
-SHARD_KEY = "shard"
 """Non-finite numbers as sdpa's JSON writes them."""
 NOT_READ = Diagnosis(
     findings=(), counts={}, heads=(), headroom={}, emulation=None, thresholds=Thresholds()
@@ -63,31 +63,6 @@ CHECK_KEYS = (
 )
 # fmt: on
 """The keys of :meth:`Check.to_dict` that are not ``details``."""
-
-
-def shard_document(
-    document: dict[str, Any], shard: Shard, *, total: int, fingerprint: str
-) -> dict[str, Any]:
-    """A manifest's JSON report of one shard's cases, with ``shard`` after ``manifest``.
-
-    Args:
-        document: :func:`~sdpa_cli.report.check_document` of the shard's cases.
-        total: the number of cases in the manifest.
-        fingerprint: :func:`~sdpa_cli.check.manifest.fingerprint` of the run.
-    """
-    block = {
-        "index": shard.index,
-        "count": shard.count,
-        "manifest_cases": total,
-        "positions": shard.positions(total),
-        "fingerprint": fingerprint,
-    }
-    out: dict[str, Any] = {}
-    for key, value in document.items():
-        out[key] = value
-        if key == "manifest":
-            out[SHARD_KEY] = block
-    return out
 
 
 @dataclass(frozen=True)
@@ -385,3 +360,17 @@ def merge_shard_reports(reports: list[ShardReport]) -> tuple[dict[str, Any], lis
         "cases": cases,
     }
     return document, results
+
+
+def merge_reports(paths: list[str] | tuple[str, ...]) -> CheckRun:
+    """``sdpa report merge``: the JSON reports of every shard of a run, read and merged
+    into the unsharded run (its document assembled from the shards' own JSON).
+
+    Raises:
+        InputError: naming the file: one that is not a shard's report, shards of
+            different runs, a shard twice or missing.
+    """
+    document, results = merge_shard_reports([read_shard_report(path) for path in paths])
+    manifest = document["manifest"]
+    title = None if manifest is None else printable(str(manifest))
+    return CheckRun(results, manifest=title, merged=document)

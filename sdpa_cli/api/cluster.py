@@ -1,5 +1,5 @@
 """``sdpa check --manifest M --cluster ADDRESS``: the cases of a manifest as tasks on a
-Dask distributed cluster, one task per case (:func:`~sdpa_cli.check.manifest.run_case`),
+Dask distributed cluster, one task per case (:func:`~sdpa_cli.api.judge.run_case`),
 results in manifest order: the same :class:`~sdpa_cli.check.records.CaseResult` list a
 local run gives, so the same reports and exit codes.
 
@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sdpa_cli.check.manifest import ManifestCase, run_case
+from sdpa_cli.api.case import Case
+from sdpa_cli.api.judge import run_case
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.check.settings import Overrides
 from sdpa_cli.errors import SpecError
@@ -34,7 +35,7 @@ MISSING_EXTRA = "--cluster needs the dask extra: pip install 'sdpa-cli[dask]'"
 
 
 def run_cases_on_cluster(
-    cases: list[ManifestCase],
+    cases: list[Case],
     over: Overrides,
     address: str,
     *,
@@ -81,7 +82,7 @@ def run_cases_on_cluster(
         return [_result(case, future) for case, future in zip(cases, futures, strict=True)]
 
 
-def run_on_worker(case: ManifestCase, over: Overrides) -> CaseResult:
+def run_on_worker(case: Case, over: Overrides) -> CaseResult:
     """One case as a task on a Dask worker: the worker's glibc first told to keep freed
     blocks (Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, and a case
     ran 1.5× slower than in a local process), then :func:`run_case`."""
@@ -89,23 +90,24 @@ def run_on_worker(case: ManifestCase, over: Overrides) -> CaseResult:
     return run_case(case, over)
 
 
-def _result(case: ManifestCase, future: Any) -> CaseResult:
+def _result(case: Case, future: Any) -> CaseResult:
     """A task's result; what the cluster raised instead (a worker that died, one that
     cannot import sdpa_cli) as the case's error."""
     try:
         result = future.result()
     except Exception as exc:
         return CaseResult(
-            case.name, error=f"failed on the cluster: {type(exc).__name__}: {one_line(exc)}"
+            case.title(None), error=f"failed on the cluster: {type(exc).__name__}: {one_line(exc)}"
         )
     if not isinstance(result, CaseResult):  # a worker running another sdpa_cli
         return CaseResult(
-            case.name, error=f"failed on the cluster: a worker returned {type(result).__name__}"
+            case.title(None),
+            error=f"failed on the cluster: a worker returned {type(result).__name__}",
         )
     return result
 
 
-def _absolute(case: ManifestCase) -> ManifestCase:
+def _absolute(case: Case) -> Case:
     """``case`` with its relative paths made absolute against this process's working
     directory (workers run elsewhere); URLs and absolute paths as they are."""
 
@@ -118,10 +120,8 @@ def _absolute(case: ManifestCase) -> ManifestCase:
     return dataclasses.replace(
         case,
         inputs=tuple(fix(p) for p in case.inputs),
-        bias=None if case.bias is None else fix(case.bias),
-        mask=None if case.mask is None else fix(case.mask),
-        sinks=None if case.sinks is None else fix(case.sinks),
-        root=fix(case.root),
         tensors=fix_map(case.tensors),
         expect=fix_map(case.expect),
+        partials=None if case.partials is None else fix(case.partials),
+        root=None if case.root is None else fix(case.root),
     )

@@ -1,0 +1,135 @@
+"""What every command does around its one call into the API: the engine started (its
+threads, BLAS kept to one thread each), a progress bar watching it, the consoles it
+prints on, and the pictures of its tables (``--export-svg``, ``--export-html``).
+
+Only the standard library and click at the top, so that ``sdpa --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from sdpa_cli.api.outputs import PICTURES, Outputs
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.files.writers import Writer
+
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def start_engine(jobs: int | None) -> int:
+    """The engine's thread count; BLAS kept to one thread per engine thread: through
+    the environment when numpy has not loaded yet (BLAS reads it at load), else at run
+    time (:func:`_one_blas_thread`). A thread count the user set wins."""
+    # imported here: the standard library only, and keeps sdpa --help fast
+    from sdpa_cli.files.limits import check_address_space, cores, keep_freed_blocks
+
+    n = jobs or cores()
+    check_address_space(n)
+    chosen = any(name in os.environ for name in BLAS_THREADS)
+    for name in BLAS_THREADS:
+        os.environ.setdefault(name, "1")
+    if not chosen and "numpy" in sys.modules:
+        _one_blas_thread()
+    keep_freed_blocks()
+    return n
+
+
+def _one_blas_thread() -> None:
+    """BLAS to one thread now, numpy being loaded already (reading a config file or
+    an input may load it): a BLAS thread pool per engine thread oversubscribes the
+    cores, and ran ``check`` 1.6× slower on two cores than one BLAS thread each."""
+    try:
+        # imported here: only once the engine starts, and it is optional
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # installed with sdpa; without it BLAS keeps its threads
+        return
+    threadpool_limits(limits=1, user_api="blas")
+
+
+PROGRESS_SCORES = 1 << 27
+"""Scores above which a run takes more than about a second: a progress bar is shown."""
+
+
+@contextlib.contextmanager
+def progress_bar(spec: AttentionSpec, what: str) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr over the scores of ``spec``, when stderr is a terminal
+    and the work long enough to want one; yields the callback the engine calls. The
+    API's :data:`~sdpa_cli.api.case.Watch`."""
+    total = math.prod(spec.weights_shape)
+    if total < PROGRESS_SCORES or not sys.stderr.isatty() or os.environ.get("CI"):
+        yield None
+        return
+    # imported here: keeps sdpa --help fast
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = make_console(None, stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def make_console(color: bool | None, *, stderr: bool = False) -> Console:
+    """A console on stdout (results) or stderr (messages); color only on a terminal."""
+    # imported here: keeps sdpa --help fast
+    from rich.console import Console
+
+    if color is True:
+        return Console(stderr=stderr, force_terminal=True, no_color=False, highlight=False)
+    if color is False or os.environ.get("NO_COLOR"):
+        # No escape codes at all: not even bold or italic (rich's NO_COLOR keeps those).
+        return Console(stderr=stderr, no_color=True, highlight=False, color_system=None)
+    return Console(stderr=stderr, highlight=False)
+
+
+def print_all(console: Console, renderables: Sequence[RenderableType]) -> None:
+    """Print renderables; without color, as plain lines with no trailing spaces
+    (rich pads table cells and wrapped lines to their width)."""
+    if console.is_terminal and console.color_system is not None:
+        for renderable in renderables:
+            console.print(renderable)
+        return
+    with console.capture() as captured:
+        for renderable in renderables:
+            console.print(renderable)
+    lines = captured.get().splitlines()
+    console.file.write("".join(line.rstrip() + "\n" for line in lines))
+    console.file.flush()
+
+
+def pictures(
+    outputs: Outputs, renderables: Sequence[RenderableType], width: int, title: str
+) -> dict[str, Writer]:
+    """The writers of the pictures ``outputs`` asks for (``svg``, ``html``), for
+    :func:`~sdpa_cli.api.outputs.write_outputs`: ``renderables`` recorded in full
+    color at ``width``, whatever stdout is; the SVG titled ``title``."""
+    if not outputs.wants(*PICTURES):
+        return {}
+    # imported here: keeps sdpa --help fast
+    from rich.console import Console
+
+    recorder = Console(
+        file=io.StringIO(), record=True, width=width, force_terminal=True, color_system="truecolor"
+    )
+    for renderable in renderables:
+        recorder.print(renderable)
+    texts = {
+        "svg": recorder.export_svg(title=title, clear=False) if "svg" in outputs else "",
+        "html": recorder.export_html(clear=False) if "html" in outputs else "",
+    }
+    return {kind: _writes_text(text) for kind, text in texts.items() if kind in outputs}
+
+
+def _writes_text(text: str) -> Writer:
+    """A writer of ``text`` in UTF-8."""
+    return lambda fh: fh.write(text.encode("utf-8"))
