@@ -17,7 +17,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -30,8 +30,6 @@ from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
 from sdpa_cli.engine.block import applicable_stages
 from sdpa_cli.engine.trace import Trace
 from sdpa_cli.errors import ExitCode
-from sdpa_cli.files.writers import write_atomic
-from sdpa_cli.names import STAGES
 from sdpa_cli.schemas import SCHEMA_VERSION
 from sdpa_cli.text import json_number, printable
 
@@ -214,24 +212,6 @@ def to_json(data: dict[str, Any]) -> str:
 
 def to_yaml(data: dict[str, Any]) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
-
-
-def save_npz(trace: Trace, path: str) -> None:
-    """Write every computed stage (full shape) and ``visible`` to ``path``, atomically,
-    from a trace that kept them (``sdpa compute --save`` streams the same members with
-    :func:`sdpa_cli.stream_save.save_npz`)."""
-    arrays: dict[str, NDArray[Any]] = {}
-    for name in STAGES:
-        arr = trace.merged_output if name == "output" else trace.stage(name)
-        if arr is not None:
-            arrays[name] = arr
-    assert trace.visible is not None
-    arrays["visible"] = trace.visible
-
-    def write(fh: BinaryIO) -> None:
-        np.savez(fh, **arrays)  # type: ignore[arg-type]
-
-    write_atomic(path, write)
 
 
 # --- sdpa grad --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Tests of the streamed trace documents (:mod:`sdpa_cli.stream`): the JSON, YAML and
 .npz written block by block are what the in-memory report writes for a trace kept whole
-(:func:`sdpa_cli.report.payload`, :func:`sdpa_cli.report.save_npz`), byte for byte; the
+(:func:`sdpa_cli.report.payload`, ``np.savez`` of the whole trace), byte for byte; the
 .npz appears whole or not at all; a disk too small is refused up front; memory does not
 grow with the output."""
 
@@ -28,12 +28,13 @@ from sdpa_cli import stream, stream_save
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.rules import diagnose
 from sdpa_cli.engine import driver
-from sdpa_cli.engine.block import STAGES, applicable_stages
+from sdpa_cli.engine.block import applicable_stages
 from sdpa_cli.engine.options import Options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
-from sdpa_cli.engine.trace import trace
+from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.errors import InputError
-from sdpa_cli.report import diagnosis_payload, payload, save_npz, to_json, to_yaml
+from sdpa_cli.names import STAGES
+from sdpa_cli.report import diagnosis_payload, payload, to_json, to_yaml
 from sdpa_cli.text import json_number
 
 QKV = ("q.npy", "k.npy", "v.npy")
@@ -301,6 +302,17 @@ def test_yaml_rows_nested_deeper_than_the_width() -> None:
 
 
 # --- --save --------------------------------------------------------------------------------
+
+
+def save_npz(kept: Trace, path: str) -> None:
+    """The reference: every stage of a trace kept whole, and ``visible``, by ``np.savez``."""
+    arrays: dict[str, Any] = {}
+    for name in STAGES:
+        arr = kept.merged_output if name == "output" else kept.stage(name)
+        if arr is not None:
+            arrays[name] = arr
+    assert kept.visible is not None
+    np.savez(path, **arrays, visible=kept.visible)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -217,10 +217,3 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help=_conventions_help(),
     ),
 ]
-
-
-def attention_options(f: F) -> F:
-    """The computation options every command shares (``compute``, ``explain``, ...)."""
-    for option in reversed(ATTENTION_OPTIONS):
-        f = option(f)
-    return f

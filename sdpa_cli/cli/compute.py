@@ -99,10 +99,10 @@ def compute(
         limits,
         stages=shown.stages,
         document=document,
-        outputs=outputs,
-        stdout=_stdout_fd(),
         jobs=threads,
         watch=progress_bar,
+        outputs=outputs,
+        stdout=_stdout_fd(),
     )
     # The tables are rendered, then the files written, before anything is printed: a
     # failure in either prints nothing. JSON and YAML stream to stdout last.

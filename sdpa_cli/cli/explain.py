@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
@@ -146,22 +147,13 @@ def explain(
     at = (view.batch or 0, view.head or 0)
     shown = shown_rows(spec, *at, view.rows, walk.query, view.max_rows)
     console = make_console(color)
-    # the tables' keys (--batch, --head and --rows pick the slice and rows, above)
+    # the tables' keys (--batch, --head and --rows picked the slice and rows, above)
     table = ViewFlags(keys=view.keys, max_rows=view.max_rows, precision=view.precision)
     shown_view = table.view(spec, console.width)
     plotter = _plotter(outputs.paths["plot"]) if "plot" in outputs else None
+    walked = dataclasses.asdict(walk)  # query, compare_scales, backward, dout
     ex = run_explain(
-        spec,
-        limits,
-        at,
-        shown,
-        query=walk.query,
-        compare_scales=walk.compare_scales,
-        key_limit=view.max_rows,
-        backward=walk.backward,
-        dout=walk.dout,
-        jobs=threads,
-        watch=progress_bar,
+        spec, limits, at, shown, **walked, key_limit=view.max_rows, jobs=threads, watch=progress_bar
     )
     # Everything is rendered before any file is written, and printed last.
     text = _document(ex, fmt)

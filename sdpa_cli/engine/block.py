@@ -40,9 +40,7 @@ from sdpa_cli.engine.softmax import softmax as softmax
 from sdpa_cli.engine.softmax import softmax_lse as softmax_lse
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
-
-STAGES = ("raw", "scaled", "capped", "biased", "masked", "weights", "dropped", "output")
-"""Every stage, in the order of computation."""
+from sdpa_cli.names import STAGES
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from sdpa_cli.errors import InputError
 from sdpa_cli.files.remote import is_url
@@ -83,13 +82,3 @@ def _identity(path: str, *, input_path: bool) -> tuple[object, ...] | None:
     if input_path:  # an input that does not exist cannot be destroyed
         return None
     return ("path", os.path.realpath(os.path.expanduser(path)))
-
-
-def inputs_of(
-    paths: Iterable[str | None], flags: Mapping[str, Any] | None = None
-) -> list[tuple[str, str | None]]:
-    """``("input", path)`` for each path, and for each file-valued flag of ``flags``
-    (``sinks_path``, ``dropout_mask_path``, ... : a name ending in ``_path``)."""
-    named: list[str | None] = list(paths)
-    named += [v for k, v in (flags or {}).items() if k.endswith("_path") and isinstance(v, str)]
-    return [("input", p) for p in named]

@@ -766,6 +766,33 @@ def test_group_help_has_an_example() -> None:
     assert "compute" in result.stdout
 
 
+COMMAND_LINES = 65
+"""About 60 lines for a command's function, docstring included: parsing, one call into
+:mod:`sdpa_cli.api`, rendering and an exit code."""
+
+
+def test_every_command_is_a_thin_skin_over_the_api() -> None:
+    """A command's function is short and takes its options as records (a case, the
+    outputs, a view...), not one parameter each."""
+    import ast
+    import inspect as inspecting
+
+    for name in COMMANDS:
+        command = cli.commands[name]
+        callbacks = [command.callback]
+        if hasattr(command, "commands"):
+            callbacks += [c.callback for c in command.commands.values()]
+        for callback in callbacks:
+            assert callback is not None
+            function = inspecting.unwrap(callback)
+            tree = ast.parse(inspecting.getsource(function).lstrip())
+            definition = tree.body[0]
+            assert isinstance(definition, ast.FunctionDef)
+            length = (definition.end_lineno or 0) - definition.lineno + 1
+            assert length <= COMMAND_LINES, (function.__qualname__, length)
+            assert len(inspecting.signature(function).parameters) <= 10, function.__qualname__
+
+
 def test_the_listing_of_sdpa_help_is_each_commands_own_first_paragraph() -> None:
     """sdpa --help lists the commands from COMMANDS without importing them: the texts
     there must be the commands' own (the first paragraph of each docstring)."""

@@ -14,11 +14,12 @@ import pytest
 from numpy.typing import NDArray
 from reference import Stages, attention, mix
 
-from sdpa_cli.engine.block import STAGES, attend_block, softmax
+from sdpa_cli.engine.block import attend_block, softmax
 from sdpa_cli.engine.options import Options
 from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import STAGES
 
 F64 = NDArray[np.float64]
 RTOL = 1e-12

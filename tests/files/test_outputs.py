@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from sdpa_cli.api.case import Case
+from sdpa_cli.api.outputs import Outputs
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.outputs import check_outputs, inputs_of
+from sdpa_cli.files.outputs import check_outputs
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ def test_other_names_of_the_same_file(q: Path, alias: str) -> None:
 def test_named_array_inside_a_file(workdir: Path) -> None:
     (workdir / "x.npz").write_bytes(b"PK")
     with pytest.raises(InputError, match=r"the input x\.npz:q"):
-        check_outputs(inputs_of(["x.npz:q"]), [("--save", "x.npz")])
+        check_outputs([("input", "x.npz:q")], [("--save", "x.npz")])
 
 
 def test_two_outputs_that_do_not_exist_yet(workdir: Path) -> None:
@@ -49,13 +51,14 @@ def test_two_outputs_that_do_not_exist_yet(workdir: Path) -> None:
 
 
 def test_flags_naming_files_are_inputs(q: Path) -> None:
+    case = Case(("a.npy", "k.npy", "v.npy"), tensors={"sinks": "q.npy"}, options={"causal": True})
     with pytest.raises(InputError, match=r"--save q\.npy"):
-        check_outputs(inputs_of([], {"sinks_path": "q.npy", "causal": True}), [("--save", "q.npy")])
+        Outputs.given(save="q.npy").check(case.files())
 
 
 def test_distinct_files_devices_urls_and_missing_inputs_pass(q: Path) -> None:
     check_outputs(
-        inputs_of(["q.npy", "missing.npy", "s3://bucket/q.npy", None]),
+        [("input", p) for p in ("q.npy", "missing.npy", "s3://bucket/q.npy", None)],
         [("--save", "out.npz"), ("--report", os.devnull), ("--junit", os.devnull), ("--x", None)],
     )
 
