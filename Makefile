@@ -14,9 +14,13 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-# The dev install: test and lint tools on top.
+# The dev install: test and lint tools on top, and PyTorch's CPU build, a reference the
+# tests cross-check against (never a runtime requirement): where it cannot be
+# installed, the tests that need it skip, each saying so.
 $(VENV)/.dev-installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet torch==2.13.0 \
+		|| echo "torch not installable: the tests and figures that need it are skipped"
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
@@ -68,18 +72,14 @@ golden: $(VENV)/.dev-installed
 # vs torch autograd, start-up, a manifest on a local Dask cluster vs --jobs 2. Ends with
 # a Markdown table (figure | measured | target | verdict) for the README. A report, not a
 # test (the better part of an hour); bench-quick runs small shapes (a few minutes).
-# Without torch its figures are skipped. More options: BENCH_ARGS="--only grad --repeat 3
+# Without torch (not installable here) its figures are skipped. More options: BENCH_ARGS="--only grad --repeat 3
 # --json bench.json" (bench/bench.py --help).
 BENCH_ARGS ?=
-BENCH_TORCH = $(BIN)/pip install --quiet torch==2.13.0 \
-	|| echo "bench: torch not installable; its figures are skipped"
 
 bench: $(VENV)/.dev-installed
-	$(BENCH_TORCH)
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
 bench-quick: $(VENV)/.dev-installed
-	$(BENCH_TORCH)
 	$(BIN)/python bench/bench.py --quick $(BENCH_ARGS)
 
 # Fuzz the command line (tests/cli/test_fuzz.py) for FUZZ_SECONDS: rounds of FUZZ_EXAMPLES
@@ -100,7 +100,6 @@ fuzz: $(VENV)/.dev-installed
 # `sdpa grad` beside PyTorch's float64 autograd, and its peak RSS at every length: the
 # grad figures of `make bench` alone.
 bench-grad: $(VENV)/.dev-installed
-	$(BENCH_TORCH)
 	$(BIN)/python bench/bench.py --only grad $(BENCH_ARGS)
 
 # The verdict benchmark: does `sdpa check`, with no tolerance flag, pass every
@@ -117,7 +116,6 @@ BENCH_GATE_LIBS = $(BIN)/pip install --quiet transformers==5.23.0 jax==0.10.2 \
 	|| echo "bench-gate: transformers or jax not installable; their kernels are skipped"
 
 bench-gate: $(VENV)/.dev-installed
-	$(BENCH_TORCH)
 	$(BENCH_GATE_LIBS)
 	$(BIN)/python bench/bench_gate.py $(BENCH_ARGS)
 

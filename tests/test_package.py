@@ -117,3 +117,32 @@ def test_the_pre_commit_hook_runs_a_command_sdpa_has() -> None:
     program, command = hook["entry"].split()
     assert program == next(iter(pyproject()["project"]["scripts"]))
     assert command in cli.commands
+
+
+def test_install_hints_name_packages_an_index_has() -> None:
+    """Regression: `sdpa capture` without torch said pip install 'sdpa-cli[torch]', and
+    no index has sdpa-cli: every hint names the packages themselves."""
+    hints = [
+        (str(p.relative_to(ROOT)), line.strip())
+        for p in PACKAGE.rglob("*.py")
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if "pip install" in line
+    ]
+    assert hints, "no install hint found"
+    assert [(path, line) for path, line in hints if "sdpa-cli[" in line] == []
+    from sdpa_cli.capture import INSTALL_TORCH
+
+    assert INSTALL_TORCH == "pip install torch"
+
+
+def test_ci_runs_the_readmes_commands_and_nothing_else() -> None:
+    """Regression: CI installed torch itself before `make test`, a step the README did
+    not have, so a green CI hid a fresh clone's failing `make test`."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("Contributors, on a fresh clone", 1)[1].split("```bash\n", 1)[1]
+    shown = [line.split("#")[0].strip() for line in block.split("```", 1)[0].splitlines()]
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    steps = [line.strip() for line in script if line.strip() and not line.startswith("#")]
+    assert steps[:2] == ["set -euo pipefail", 'cd "$(dirname "$0")/.."']
+    assert steps[2:] == [line for line in shown if line]
+    assert all(step.startswith("make ") for step in steps[2:])

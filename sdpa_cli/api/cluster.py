@@ -10,7 +10,7 @@ folder they were started in; a URL is read by the worker, with fsspec
 (:mod:`~sdpa_cli.files.remote`). Dask pickles the tasks' arguments and results, our
 own dataclasses; no file's content is ever unpickled.
 
-Dask is an optional extra (``pip install 'sdpa-cli[dask]'``), imported on use.
+Dask is an optional extra (``pip install 'dask[distributed]'``), imported on use.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sdpa_cli.text import one_line, printable
 
 CONNECT_TIMEOUT = 5.0
 """Seconds to wait for the scheduler before giving up (``--cluster-timeout``)."""
-MISSING_EXTRA = "--cluster needs the dask extra: pip install 'sdpa-cli[dask]'"
+MISSING_EXTRA = "--cluster needs Dask: pip install 'dask[distributed]'"
 
 
 def run_cases_on_cluster(

@@ -40,7 +40,7 @@ OUTPUT_FILES = {
     "plot": OutputFile(
         "--plot",
         "FILE.png",
-        "Also write heatmaps of {what} (needs matplotlib: pip install 'sdpa-cli[plot]').",
+        "Also write heatmaps of {what} (needs matplotlib: pip install matplotlib).",
     ),
 }
 """Every kind of file a command writes, by the name its option passes it as, in the

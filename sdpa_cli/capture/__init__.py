@@ -12,7 +12,7 @@ duration), :mod:`~sdpa_cli.capture.calls` (a call → its tensors and sdpa's opt
 :mod:`~sdpa_cli.capture.writer` (safetensors files, the manifest and ``calls.yaml``),
 :mod:`~sdpa_cli.capture.session` (the bounds, the naming, :func:`capture`),
 :mod:`~sdpa_cli.capture.script` (a program run in this process, for ``sdpa capture``).
-PyTorch is imported when a capture starts (``pip install 'sdpa-cli[torch]'``).
+PyTorch is imported when a capture starts (``pip install torch``).
 """
 
 from sdpa_cli.capture.session import INSTALL_TORCH, Capture, Summary, capture

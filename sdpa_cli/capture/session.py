@@ -36,7 +36,7 @@ from sdpa_cli.capture.writer import (
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.text import plural, shown
 
-INSTALL_TORCH = "pip install 'sdpa-cli[torch]'"
+INSTALL_TORCH = "pip install torch"
 TENSORS = "tensors"
 _LOCK = threading.Lock()
 _RUNNING: list[Capture] = []

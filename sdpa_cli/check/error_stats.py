@@ -59,7 +59,8 @@ HIGH = 1 << 16
 
 def _errors(a: F64, r: F64, finite: NDArray[np.bool_]) -> tuple[F64, F64]:
     """The absolute and the relative error of the pairs finite on both sides."""
-    with np.errstate(over="ignore"):
+    # inf − inf at pairs not finite on both sides is NaN, and dropped by the mask
+    with np.errstate(over="ignore", invalid="ignore"):
         every = bool(finite.all())  # the common case: no copy through the mask
         diff = np.abs(a - r).ravel() if every else np.abs(a - r)[finite]
         mag = np.abs(r).ravel() if every else np.abs(r)[finite]

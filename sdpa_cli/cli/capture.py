@@ -77,7 +77,7 @@ def capture(
     module it came from (model.layers.3.self_attn), and a case file beside its
     tensors (DIR/tensors/NNNNN-NAME.yaml) that sdpa compute, explain and grad take
     alone. Then check them all with sdpa check --manifest DIR/manifest.yaml. The program's outputs are unchanged, and its
-    exit code is sdpa's. Needs PyTorch: pip install 'sdpa-cli[torch]'.
+    exit code is sdpa's. Needs PyTorch: pip install torch.
 
     \b
     Examples:

@@ -105,7 +105,7 @@ SLICE_OPTIONS = [
     "html",
     "plot",
     what="the trace",
-    plot="Also write heatmaps of every stage (needs matplotlib: pip install 'sdpa-cli[plot]').",
+    plot="Also write heatmaps of every stage (needs matplotlib: pip install matplotlib).",
 )
 @JOBS_OPTION
 def explain(
@@ -205,6 +205,6 @@ def _plotter(path: str) -> Callable[[Explanation, slice | None], Write]:
         from sdpa_cli.render.plot import heatmaps
     except ImportError:
         raise SpecError(
-            "--plot", "needs matplotlib, which is not installed: pip install 'sdpa-cli[plot]'"
+            "--plot", "needs matplotlib, which is not installed: pip install matplotlib"
         ) from None
     return heatmaps

@@ -8,7 +8,7 @@ keys joined by dots, list items by their index), and ``file.pt:name`` picks one,
 for ``.npz``. Entries that are not tensors (an epoch number, a config string) are left
 out.
 
-torch is an optional extra (``pip install 'sdpa-cli[torch]'``), imported only when a
+torch is an optional extra (``pip install torch``), imported only when a
 PyTorch file is read. Without it, or when ``weights_only`` refuses the file (it pickles
 objects other than tensors), the error is one line naming the file. bfloat16 and
 float8 tensors become ``ml_dtypes`` arrays, as safetensors' do.
@@ -44,7 +44,7 @@ HEAD_BYTES = 32
 """Bytes :func:`is_legacy_torch` needs from the start of a file."""
 
 INSTALL = (
-    "a PyTorch file; install torch to read it (pip install 'sdpa-cli[torch]') "
+    "a PyTorch file; install torch to read it (pip install torch) "
     "or save it with numpy.save"
 )
 

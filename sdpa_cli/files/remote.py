@@ -6,7 +6,7 @@ checked against its size and never unpickled, exactly like a local one.
 
 The size fsspec reports is checked before a byte is copied, and the copy stops at the
 limit whatever the server said. fsspec is an optional extra (``pip install
-'sdpa-cli[dask]'``), imported only when a URL is read.
+fsspec``), imported only when a URL is read.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ URL_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 """``scheme://``: a URL, not a path (a Windows drive, ``C:\\``, has no ``//``)."""
 COPY_CHUNK = 1 << 20
 """Bytes copied at a time."""
-MISSING_FSSPEC = "reading a URL needs fsspec: pip install 'sdpa-cli[dask]'"
+MISSING_FSSPEC = "reading a URL needs fsspec: pip install fsspec"
 
 
 def is_url(text: str) -> bool:

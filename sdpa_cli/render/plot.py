@@ -1,6 +1,6 @@
 """``explain --plot``: every stage of the explained rows as a heatmap, via matplotlib.
 
-matplotlib is an optional extra (``pip install 'sdpa-cli[plot]'``); importing this
+matplotlib is an optional extra (``pip install matplotlib``); importing this
 module raises ImportError without it. The figure API is used directly (no pyplot),
 so nothing global changes and no display is needed.
 """

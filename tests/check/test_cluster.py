@@ -142,7 +142,7 @@ def test_without_dask_cluster_says_which_extra(
     manifest = write_manifest(tmp_path)
     line = assert_one_error_line(run(manifest, "--cluster", "tcp://127.0.0.1:8786"))
     assert line == f"sdpa: error: {MISSING_EXTRA}"
-    assert MISSING_EXTRA == "--cluster needs the dask extra: pip install 'sdpa-cli[dask]'"
+    assert MISSING_EXTRA == "--cluster needs Dask: pip install 'dask[distributed]'"
 
 
 def test_jobs_and_cluster_do_not_go_together(tmp_path: Path) -> None:

@@ -122,4 +122,4 @@ def test_an_unknown_protocol_is_one_line() -> None:
 def test_without_fsspec_a_url_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fsspec", None)
     assert refused("s3://bucket/q.npy") == f"s3://bucket/q.npy: {MISSING_FSSPEC}"
-    assert MISSING_FSSPEC == "reading a URL needs fsspec: pip install 'sdpa-cli[dask]'"
+    assert MISSING_FSSPEC == "reading a URL needs fsspec: pip install fsspec"

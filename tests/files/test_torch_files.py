@@ -174,7 +174,7 @@ def test_without_torch_one_line_says_how_to_read_it(
     line = assert_one_error_line(invoke("inspect", str(tmp_path / "x.pt")))
     assert line == (
         f"sdpa: error: {tmp_path / 'x.pt'}: a PyTorch file; install torch to read it "
-        "(pip install 'sdpa-cli[torch]') or save it with numpy.save"
+        "(pip install torch) or save it with numpy.save"
     )
 
 
