@@ -43,10 +43,7 @@ protocol 4 on, a FRAME."""
 HEAD_BYTES = 32
 """Bytes :func:`is_legacy_torch` needs from the start of a file."""
 
-INSTALL = (
-    "a PyTorch file; install torch to read it (pip install torch) "
-    "or save it with numpy.save"
-)
+INSTALL = "a PyTorch file; install torch to read it (pip install torch) or save it with numpy.save"
 
 _BY_VIEW = {
     "bfloat16": ("int16", ml_dtypes.bfloat16),

@@ -230,6 +230,7 @@ def _hf(mask_function: Any, padding: NDArray[np.bool_] | None = None) -> F64:
     """``eager_attention_forward`` with ``masking_utils``' eager mask for a cache step:
     the L queries at positions S − L .. S − 1 (``q_offset``), float32 as models run."""
     torch = pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="transformers' masks are torch tensors")
     pytest.importorskip("transformers")
     from transformers.masking_utils import eager_mask
     from transformers.models.llama.modeling_llama import eager_attention_forward
@@ -250,6 +251,7 @@ def _hf(mask_function: Any, padding: NDArray[np.bool_] | None = None) -> F64:
 
 
 def test_hf_causal_follows_the_cache_positions() -> None:
+    pytest.importorskip("torch", reason="transformers' masks are torch tensors")
     pytest.importorskip("transformers")
     from transformers.masking_utils import causal_mask_function
 
@@ -258,6 +260,7 @@ def test_hf_causal_follows_the_cache_positions() -> None:
 
 
 def test_hf_sliding_window_counts_the_query() -> None:
+    pytest.importorskip("torch", reason="transformers' masks are torch tensors")
     pytest.importorskip("transformers")
     from transformers.masking_utils import sliding_window_causal_mask_function
 
@@ -270,6 +273,7 @@ def test_hf_sliding_window_counts_the_query() -> None:
 
 def test_hf_left_padded_row_with_no_visible_key_is_the_mean_of_v() -> None:
     """Item 0 left-padded by 5: its first query (position 3) sees only padding."""
+    pytest.importorskip("torch", reason="transformers' masks are torch tensors")
     pytest.importorskip("transformers")
     from transformers.masking_utils import causal_mask_function
 
