@@ -174,6 +174,14 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else _escaped(c) for c in text)
 
 
+def readable(text: str) -> str:
+    """A text read from a file (a case file's description), safe to print: its lines
+    stay lines, every other control character (an escape sequence's ESC, a carriage
+    return, a bidirectional override) and every lone surrogate escaped as
+    :func:`printable` escapes them."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def _escaped(c: str) -> str:
     """One unprintable character: a surrogate-escaped byte as ``\\xNN``, else as repr."""
     if "\udc80" <= c <= "\udcff":

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sdpa_cli.api.outputs import Outputs
 from sdpa_cli.names import EXPORTS
+from sdpa_cli.text import printable
 
 if TYPE_CHECKING:
     from sdpa_cli.engine.driver import Progress
@@ -131,4 +132,5 @@ class Case:
         the inputs as given."""
         if self.name:
             return self.name
-        return (description or "").strip() or " ".join(self.inputs)
+        # one line: it heads a table and the error lines on stderr
+        return printable((description or "").strip()) or printable(" ".join(self.inputs))

@@ -17,7 +17,7 @@ from sdpa_cli.files.loaders import Source, load_array, sniff
 from sdpa_cli.files.opening import claim_stdin, is_stdin, is_stream, open_input
 from sdpa_cli.files.samples import expand
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
-from sdpa_cli.text import echoed, shown, unechoed
+from sdpa_cli.text import echoed, readable, shown, unechoed
 
 TENSOR_KEYS = (
     "q",
@@ -83,7 +83,9 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
         if key in TENSOR_KEYS:
             tensors[key], sources[key] = _tensor(key, value, src)
         elif key == "description":
-            description = str(value)
+            # shown above a command's tables: no escape sequence or lone surrogate of
+            # the file's reaches the terminal (its lines stay lines)
+            description = readable(str(value))
         else:
             options[key] = value
             where[key] = f"{src.label}: {raw_key}"

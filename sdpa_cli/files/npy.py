@@ -20,7 +20,7 @@ from sdpa_cli.errors import InputError
 from sdpa_cli.files import limits
 from sdpa_cli.files.checks import check_dtype, check_shape, pick_member, reading
 from sdpa_cli.files.opening import Input, opened
-from sdpa_cli.text import one_line
+from sdpa_cli.text import one_line, printable
 
 NPY_MAGIC = b"\x93NUMPY"
 NPY_VERSIONS = ((1, 0), (2, 0), (3, 0))
@@ -107,9 +107,24 @@ def load_npy(path: Path | Input, label: str) -> NDArray[Any]:
     return data.reshape(shape)
 
 
-def _arrays(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
-    """An archive's members by the name of the array each holds (``q.npy`` → ``q``)."""
-    return {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+def _arrays(zf: zipfile.ZipFile, label: str) -> dict[str, zipfile.ZipInfo]:
+    """An archive's members by the name of the array each holds (``q.npy`` → ``q``).
+
+    Raises:
+        InputError: two members holding arrays of one name (numpy would read the
+            last, silently): refused, as a key given twice is in JSON and YAML.
+    """
+    arrays: dict[str, zipfile.ZipInfo] = {}
+    for info in zf.infolist():
+        name = info.filename.removesuffix(".npy")
+        if name in arrays:
+            raise InputError(
+                label,
+                f"holds two arrays named {printable(name)!r} ({printable(arrays[name].filename)!r} "
+                f"and {printable(info.filename)!r}); an archive names each array once",
+            )
+        arrays[name] = info
+    return arrays
 
 
 def _not_an_archive(label: str, exc: zipfile.BadZipFile) -> InputError:
@@ -124,7 +139,7 @@ def npz_members(path: Path | Input, label: str) -> list[str]:
     """
     try:
         with reading(label), opened(path, label) as inp, zipfile.ZipFile(inp.fh) as zf:
-            names = sorted(_arrays(zf))
+            names = sorted(_arrays(zf, label))
     except zipfile.BadZipFile as exc:
         raise _not_an_archive(label, exc) from None
     if not names:
@@ -135,9 +150,10 @@ def npz_members(path: Path | Input, label: str) -> list[str]:
 def load_npz(path: Path | Input, member: str | None, label: str) -> NDArray[Any]:
     """One member of an archive; ``label`` already ends in ``:member`` when one was given."""
     member_label = label
+    file_label = label.removesuffix(f":{member}") if member is not None else label
     try:
         with opened(path, label) as inp, zipfile.ZipFile(inp.fh) as zf:
-            infos = _arrays(zf)
+            infos = _arrays(zf, file_label)
             member, member_label = pick_member(label, sorted(infos), member, "array")
             _check_npz_member(zf, infos[member], member_label)
             with zf.open(infos[member]) as fh:  # read_array reads the header again

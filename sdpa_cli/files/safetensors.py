@@ -133,7 +133,9 @@ def safetensors_members(path: Path | Input, label: str) -> list[str]:
     Raises:
         InputError: a corrupt header, or one listing no tensors.
     """
-    header, _ = read_safetensors_header(path, label)
+    with opened(path, label) as inp:
+        header, start = read_safetensors_header(inp, label)
+        _check_layout(header, inp.size - start, label)
     names = _tensor_names(header)
     if not names:
         raise InputError(label, "holds no tensors")
@@ -185,18 +187,63 @@ def load_safetensors(path: Path | Input, member: str | None, label: str) -> NDAr
     tensors come back as ``ml_dtypes`` arrays. Never memory-mapped: a file truncated
     under the run is an error naming it, not a SIGBUS.
     """
+    file_label = label.removesuffix(f":{member}") if member is not None else label
     with opened(path, label) as inp:
         header, start = read_safetensors_header(inp, label)
+        buffer = inp.size - start
+        _check_layout(header, buffer, file_label)
         member, member_label = pick_member(label, _tensor_names(header), member, "tensor")
         entry = header[member]
         dtype, shape = _entry_dtype_and_shape(entry, member_label)
-        buffer = inp.size - start
         count = math.prod(shape)  # Python ints: no overflow, whatever the header claims
         begin = _entry_begin(entry, buffer, count * dtype.itemsize, member_label)
         if count == 0:
             return np.zeros(shape, dtype=dtype)
         data = inp.read_exactly(start + begin, count * dtype.itemsize)
     return data.view(dtype).reshape(shape)
+
+
+def _check_layout(header: dict[str, Any], buffer: int, label: str) -> None:
+    """Every tensor's bytes checked against the others, as the format's own loader
+    checks them: sorted by offset they tile the ``buffer``-byte data buffer from its
+    first byte to its last, no two overlapping, no byte unclaimed.
+
+    Raises:
+        InputError: naming the file and the tensors that overlap, or the hole.
+    """
+    spans = []
+    for name in _tensor_names(header):
+        entry = header[name]
+        where = f"{label}:{printable(name)}"
+        dtype, shape = _entry_dtype_and_shape(entry, where)
+        begin = _entry_begin(entry, buffer, math.prod(shape) * dtype.itemsize, where)
+        spans.append((begin, int(entry["data_offsets"][1]), name))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    at, before = 0, None
+    for begin, end, name in spans:
+        if begin < at:
+            raise InputError(
+                label,
+                f"{CORRUPT}: tensors {printable(str(before))!r} and {printable(name)!r} share bytes "
+                f"(data_offsets reach {at} and start at {begin}); the format lets no two overlap",
+            )
+        if begin > at:
+            after = (
+                f"after {printable(str(before))!r}"
+                if before is not None
+                else "before the first tensor"
+            )
+            raise InputError(
+                label,
+                f"{CORRUPT}: {begin - at} bytes of its data buffer {after} belong to no tensor; "
+                "the format allows no hole",
+            )
+        at, before = end, name
+    if at != buffer:
+        raise InputError(
+            label,
+            f"{CORRUPT}: its last {buffer - at} bytes belong to no tensor; the format allows no hole",
+        )
 
 
 def _entry_dtype_and_shape(entry: Any, label: str) -> tuple[np.dtype[Any], tuple[int, ...]]:

@@ -1,0 +1,154 @@
+"""Hardening, round three: a hostile catalog's classes, each with tests named by the
+class, run as a user would meet them (the installed ``sdpa`` in a process where a
+terminal or an environment matters). Every case: the documented exit code, one clear
+line on stderr naming the file and the problem, no traceback, nothing written that
+the run did not make."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clirunner import CLEAN_ENV, assert_one_error_line, invoke, sdpa_executable
+
+from sdpa_cli.errors import ExitCode
+
+QKV = ("q.npy", "k.npy", "v.npy")
+
+
+@pytest.fixture
+def qkv(workdir: Path) -> Path:
+    rng = np.random.default_rng(3)
+    for name in "qkv":
+        np.save(workdir / f"{name}.npy", rng.standard_normal((2, 4, 3)))
+    return workdir
+
+
+def run(
+    *args: str, cwd: Path | None = None, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """The installed ``sdpa`` in a process: its bytes as a terminal would get them."""
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+    env.update({k: v for k, v in CLEAN_ENV.items() if v is not None})
+    env["PYTHONIOENCODING"] = "utf-8"
+    return subprocess.run(
+        [sdpa_executable(), *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+# --- text that reaches a terminal ----------------------------------------------------------
+
+
+HOSTILE_TEXT = "osc \x1b]0;pwned\x07 clear \x1b[2J\x1b[H cr \r bidi \u202e end \ud800 lone"
+
+
+def test_text_that_reaches_a_terminal_a_description_prints_no_escape_code(qkv: Path) -> None:
+    case = {
+        "description": HOSTILE_TEXT,
+        "q": [[1, 0]],
+        "k": [[1, 0], [0, 1]],
+        "v": [[1, 2], [3, 4]],
+    }
+    (qkv / "case.json").write_text(json.dumps(case))  # every control character escaped
+    for args in (("compute", "case.json"), ("explain", "case.json"), ("check", "case.json")):
+        done = run(*args, "--no-color", cwd=qkv)
+        assert done.returncode == ExitCode.OK, done.stderr
+        assert b"\x1b" not in done.stdout
+        assert b"\x07" not in done.stdout
+        assert b"\r" not in done.stdout
+        assert "\u202e".encode() not in done.stdout
+        out = done.stdout.decode("utf-8")  # no lone surrogate: it decodes
+        assert "\\x1b]0;pwned\\x07" in out
+        assert "\\ud800" in out
+
+
+def test_text_that_reaches_a_terminal_a_descriptions_lines_stay_lines(qkv: Path) -> None:
+    (qkv / "case.yaml").write_text(
+        "description: |\n  first line\n  second line\nq: [[1, 0]]\nk: [[1, 0]]\nv: [[1, 2]]\n"
+    )
+    result = invoke("compute", "case.yaml", "--no-color")
+    assert result.exit_code == ExitCode.OK
+    assert result.stdout.splitlines()[:2] == ["first line", "second line"]
+
+
+# --- container strictness -----------------------------------------------------------------
+
+
+def _safetensors(entries: dict[str, tuple[list[int], list[int]]], data: bytes) -> bytes:
+    """A safetensors file written by hand: float32 tensors with the given shapes and
+    data_offsets (as a hostile writer would lay them out), then ``data``."""
+    header = {
+        name: {"dtype": "F32", "shape": shape, "data_offsets": offsets}
+        for name, (shape, offsets) in entries.items()
+    }
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+LAYOUTS = {
+    "overlap": (
+        {"q": ([2, 2], [0, 16]), "k": ([2, 2], [8, 24])},
+        "tensors 'q' and 'k' share bytes",
+    ),
+    "hole-before": ({"q": ([2, 2], [8, 24])}, "8 bytes of its data buffer before the first"),
+    "hole-between": (
+        {"q": ([1, 2], [0, 8]), "k": ([1, 2], [12, 20])},
+        "4 bytes of its data buffer after 'q' belong to no tensor",
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_container_strictness_safetensors_offsets_that_overlap_or_leave_a_hole(
+    workdir: Path, layout: str
+) -> None:
+    entries, message = LAYOUTS[layout]
+    end = max(offsets[1] for _, offsets in entries.values())
+    (workdir / "t.safetensors").write_bytes(_safetensors(entries, bytes(end)))
+    safetensors = pytest.importorskip("safetensors.numpy")
+    with pytest.raises(Exception, match=r"(?i)offset|buffer"):  # the format's own loader
+        safetensors.load_file(str(workdir / "t.safetensors"))
+    for args in (
+        ("inspect", "t.safetensors"),
+        ("compute", "t.safetensors:q", "t.safetensors:q", "t.safetensors:q"),
+    ):
+        line = assert_one_error_line(invoke(*args))
+        assert line.startswith("sdpa: error: t.safetensors: has a corrupt .safetensors header: ")
+        assert message in line
+
+
+def test_container_strictness_safetensors_bytes_past_the_last_tensor(workdir: Path) -> None:
+    (workdir / "t.safetensors").write_bytes(_safetensors({"q": ([1, 2], [0, 8])}, bytes(12)))
+    line = assert_one_error_line(invoke("compute", *["t.safetensors:q"] * 3))
+    assert line.endswith("its last 4 bytes belong to no tensor; the format allows no hole")
+
+
+def test_container_strictness_an_npz_with_two_members_of_one_name(workdir: Path) -> None:
+    import io
+    import warnings
+    import zipfile
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(buf, "w") as zf:
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name
+        for value in (1.0, 2.0):
+            member = io.BytesIO()
+            np.save(member, np.full((2, 2), value))
+            zf.writestr("q.npy", member.getvalue())
+    (workdir / "x.npz").write_bytes(buf.getvalue())
+    for args in (("inspect", "x.npz"), ("compute", *["x.npz:q"] * 3)):
+        line = assert_one_error_line(invoke(*args))
+        assert line == (
+            "sdpa: error: x.npz: holds two arrays named 'q' ('q.npy' and 'q.npy'); an archive "
+            "names each array once"
+        )
