@@ -4,6 +4,7 @@ header's dtype and shape, and the member picked from a file holding several."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,8 @@ def reading(label: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError:
+        if not os.path.isabs(label) and working_directory() is None:
+            raise InputError(label, GONE) from None
         raise InputError(label, "no such file" + _sample_hint(label)) from None
     except PermissionError:
         raise InputError(label, "permission denied") from None
@@ -33,6 +36,19 @@ def reading(label: str) -> Iterator[None]:
         if "null" not in str(exc):
             raise
         raise InputError(label, "is not a usable file name: it holds a NUL character") from None
+
+
+GONE = "cannot be found: the working directory no longer exists; name it by an absolute path"
+"""A relative path once the folder it is relative to was deleted under the run."""
+
+
+def working_directory() -> str | None:
+    """The working directory, or None when it was deleted (a run whose every path is
+    absolute still runs)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
 
 
 def _sample_hint(label: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sdpa_cli.errors import InputError
+from sdpa_cli.files.checks import working_directory
 from sdpa_cli.files.opening import open_input
 from sdpa_cli.files.structured import parse_text
 from sdpa_cli.text import one_line, printable
@@ -54,6 +55,8 @@ def read_config(directory: str = ".") -> ConfigFile:
     """
     if _explicit[0] is not None:
         return _read_named(_explicit[0])
+    if not os.path.isabs(directory) and working_directory() is None:
+        return None, {}  # the working directory was deleted: no folder to search up from
     start = Path(directory).absolute()
     home = Path.home().absolute() if "HOME" in os.environ else None
     for folder in (start, *start.parents):

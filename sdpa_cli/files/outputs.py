@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterable
 
 from sdpa_cli.errors import InputError
+from sdpa_cli.files.checks import GONE, working_directory
 from sdpa_cli.files.remote import is_url
 from sdpa_cli.files.writers import resolve_output
 
@@ -40,6 +41,12 @@ def check_outputs(
             continue
         if not path:
             raise InputError(option, "the file name is empty")
+        if path == "-":  # standard output: the tables' or --format's, not a file named -
+            raise InputError(
+                f"{option} -",
+                "names standard output, where the tables or the --format document go; "
+                "give a file name (./- for a file named -)",
+            )
         resolve_output(path)  # a directory, a block device: refused now, not after the work
         ident = _identity(path, input_path=False)
         if ident is None:
@@ -81,4 +88,7 @@ def _identity(path: str, *, input_path: bool) -> tuple[object, ...] | None:
         return ("inode", st.st_dev, st.st_ino)
     if input_path:  # an input that does not exist cannot be destroyed
         return None
-    return ("path", os.path.realpath(os.path.expanduser(path)))
+    named = os.path.expanduser(path)
+    if not os.path.isabs(named) and working_directory() is None:
+        raise InputError(path, GONE.replace("cannot be found", "cannot be written"))
+    return ("path", os.path.realpath(named))

@@ -152,3 +152,64 @@ def test_container_strictness_an_npz_with_two_members_of_one_name(workdir: Path)
             "sdpa: error: x.npz: holds two arrays named 'q' ('q.npy' and 'q.npy'); an archive "
             "names each array once"
         )
+
+
+# --- the environment ----------------------------------------------------------------------
+
+
+def _in_a_deleted_folder(qkv: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """``sdpa ARGS`` run from a working directory deleted before it starts."""
+    gone = qkv / "gone"
+    gone.mkdir()
+    script = f'cd "{gone}" && rmdir "{gone}" && exec "{sdpa_executable()}" "$@"'
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+    return subprocess.run(
+        ["bash", "-c", script, "sdpa", *args],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("command", ["compute", "check", "explain", "grad", "inspect"])
+def test_the_environment_a_deleted_working_directory_with_absolute_paths(
+    qkv: Path, command: str
+) -> None:
+    files = [str(qkv / n) for n in QKV]
+    done = _in_a_deleted_folder(qkv, command, *(files[:1] if command == "inspect" else files))
+    assert done.returncode == ExitCode.OK, done.stderr
+    assert done.stderr == b""
+
+
+def test_the_environment_a_deleted_working_directory_with_a_relative_path(qkv: Path) -> None:
+    done = _in_a_deleted_folder(qkv, "compute", "q.npy", str(qkv / "k.npy"), str(qkv / "v.npy"))
+    assert done.returncode == ExitCode.BAD_INPUT
+    assert done.stderr.decode() == (
+        "sdpa: error: q.npy: cannot be found: the working directory no longer exists; name "
+        "it by an absolute path\n"
+    )
+    files = [str(qkv / n) for n in QKV]
+    done = _in_a_deleted_folder(qkv, "compute", *files, "--save", "t.npz")
+    assert done.returncode == ExitCode.BAD_INPUT
+    assert done.stderr.decode().startswith("sdpa: error: t.npz: cannot be written: the working")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("compute", *QKV, "--save", "-"),
+        ("grad", *QKV, "--save", "-"),
+        ("check", *QKV, "--report", "-"),
+        ("check", *QKV, "--junit", "-"),
+        ("explain", *QKV, "--export-svg", "-"),
+    ],
+)
+def test_the_environment_an_output_named_dash_is_refused(qkv: Path, args: tuple[str, ...]) -> None:
+    flag = args[-2]
+    line = assert_one_error_line(invoke(*args))
+    assert line == (
+        f"sdpa: error: {flag} -: names standard output, where the tables or the --format "
+        "document go; give a file name (./- for a file named -)"
+    )
+    assert not (qkv / "-").exists()
