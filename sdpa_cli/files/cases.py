@@ -117,13 +117,15 @@ def _tensor(key: str, value: Any, src: Source) -> tuple[NDArray[Any], str]:
     """A tensor entry of a case file and where it came from: a path relative to the
     case file, or inline nested lists."""
     if isinstance(value, str):
-        if is_stream(str(src.path)):  # a case file from a pipe names paths from here
-            ref = Source.parse(value)
-        else:
-            ref = Source.parse(value, src.path.parent)
-            confine(value, ref.path, src.path.parent, f"{src.label}: {key}")
-            if not echoed():  # the path is this file's content: messages name the entry
-                ref = dataclasses.replace(ref, label=f"{src.label}: {key}")
+        # A case file from a pipe names paths from here, and is confined to here as a
+        # file is to its folder: the rule holds whatever the case file came through.
+        piped = is_stream(str(src.path))
+        base = Path(".") if piped else src.path.parent
+        ref = Source.parse(value) if piped else Source.parse(value, base)
+        whose = "the working directory (the case file came through a pipe)" if piped else None
+        confine(value, ref.path, base, f"{src.label}: {key}", *([whose] if whose else []))
+        if not echoed():  # the path is this file's content: messages name the entry
+            ref = dataclasses.replace(ref, label=f"{src.label}: {key}")
         with unechoed():  # a file the user did not name: its content stays out of messages
             return load_array(ref, name=key), ref.label
     return nested_to_array(value, src.label, key), f"{src.label}: {key}"

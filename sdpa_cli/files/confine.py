@@ -49,10 +49,17 @@ def rooted(root: str | os.PathLike[str]) -> Iterator[None]:
         _ROOT.reset(token)
 
 
-def confine(named: str, path: str | os.PathLike[str], base: Path, where: str) -> None:
+def confine(
+    named: str,
+    path: str | os.PathLike[str],
+    base: Path,
+    where: str,
+    whose: str = "the folder {base} of the file naming it",
+) -> None:
     """Refuse ``path``, which a file in folder ``base`` names as ``named`` (resolved
     against ``base``: ``m.yaml``'s ``q: ../x.npy`` is ``base/../x.npy``), when it
-    leaves ``base``'s tree or is a URL, unless the run allows it.
+    leaves ``base``'s tree or is a URL, unless the run allows it; ``whose`` says what
+    ``base`` is, in messages.
 
     Raises:
         InputError: naming ``where`` (``m.yaml: cases[2]: q``).
@@ -70,8 +77,8 @@ def confine(named: str, path: str | os.PathLike[str], base: Path, where: str) ->
     except ValueError:  # a NUL in the name: the reader says so, naming the file
         return
     if os.path.commonpath([root, real]) != root:
+        folder = repr(printable(str(base)))
+        what = f"the folder {folder} of the manifest" if manifest is not None else whose
         raise InputError(
-            where,
-            f"{shown(printable(named))} is outside the folder {printable(str(base))!r} of the "
-            f"{'manifest' if manifest is not None else 'file naming it'}; {LIFT}",
+            where, f"{shown(printable(named))} is outside {what.format(base=folder)}; {LIFT}"
         )

@@ -206,17 +206,23 @@ def load_safetensors(path: Path | Input, member: str | None, label: str) -> NDAr
 def _check_layout(header: dict[str, Any], buffer: int, label: str) -> None:
     """Every tensor's bytes checked against the others, as the format's own loader
     checks them: sorted by offset they tile the ``buffer``-byte data buffer from its
-    first byte to its last, no two overlapping, no byte unclaimed.
+    first byte to its last, no two overlapping, no byte unclaimed. An entry that is
+    wrong in itself (its dtype, shape or size) is left to reading it, which names it;
+    then only overlaps are judged, its bytes being unknown.
 
     Raises:
         InputError: naming the file and the tensors that overlap, or the hole.
     """
     spans = []
+    whole = True
     for name in _tensor_names(header):
         entry = header[name]
-        where = f"{label}:{printable(name)}"
-        dtype, shape = _entry_dtype_and_shape(entry, where)
-        begin = _entry_begin(entry, buffer, math.prod(shape) * dtype.itemsize, where)
+        try:
+            dtype, shape = _entry_dtype_and_shape(entry, label)
+            begin = _entry_begin(entry, buffer, math.prod(shape) * dtype.itemsize, label)
+        except InputError:
+            whole = False
+            continue
         spans.append((begin, int(entry["data_offsets"][1]), name))
     spans.sort(key=lambda s: (s[0], s[1]))
     at, before = 0, None
@@ -227,7 +233,7 @@ def _check_layout(header: dict[str, Any], buffer: int, label: str) -> None:
                 f"{CORRUPT}: tensors {printable(str(before))!r} and {printable(name)!r} share bytes "
                 f"(data_offsets reach {at} and start at {begin}); the format lets no two overlap",
             )
-        if begin > at:
+        if begin > at and whole:
             after = (
                 f"after {printable(str(before))!r}"
                 if before is not None
@@ -238,8 +244,8 @@ def _check_layout(header: dict[str, Any], buffer: int, label: str) -> None:
                 f"{CORRUPT}: {begin - at} bytes of its data buffer {after} belong to no tensor; "
                 "the format allows no hole",
             )
-        at, before = end, name
-    if at != buffer:
+        at, before = max(at, end), name
+    if at != buffer and whole:
         raise InputError(
             label,
             f"{CORRUPT}: its last {buffer - at} bytes belong to no tensor; the format allows no hole",

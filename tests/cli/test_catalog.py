@@ -549,8 +549,8 @@ CATALOG: list[Bad] = [
         "names: k, q",
         make=safetensors(
             "st.safetensors",
-            {"q": tensor("F64", [2, 3, 4], 0, 192), "k": tensor("F64", [2, 3, 4], 0, 192)},
-            b"\0" * 192,
+            {"q": tensor("F64", [2, 3, 4], 0, 192), "k": tensor("F64", [2, 3, 4], 192, 384)},
+            b"\0" * 384,
         ),
     ),
     bad(

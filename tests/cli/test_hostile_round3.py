@@ -213,3 +213,35 @@ def test_the_environment_an_output_named_dash_is_refused(qkv: Path, args: tuple[
         "document go; give a file name (./- for a file named -)"
     )
     assert not (qkv / "-").exists()
+
+
+# --- confinement through standard input ---------------------------------------------------
+
+
+@pytest.mark.parametrize("named", ["../outside.npy", "ABSOLUTE"])
+def test_confinement_through_stdin_a_piped_case_file_stays_in_the_working_directory(
+    qkv: Path, named: str
+) -> None:
+    inside = qkv / "inside"
+    inside.mkdir()
+    np.save(qkv / "outside.npy", np.ones((2, 4, 3)))
+    path = str(qkv / "outside.npy") if named == "ABSOLUTE" else named
+    case = f"q: {path}\nk: ../k.npy\nv: ../v.npy\n".encode()
+    done = run("compute", "-", cwd=inside, stdin=case)
+    assert done.returncode == ExitCode.BAD_INPUT
+    line = done.stderr.decode()
+    assert line.startswith("sdpa: error: <stdin>: q: '")
+    assert line.endswith(
+        "' is outside the working directory (the case file came through a pipe); give "
+        "--allow-outside to read files outside it\n"
+    )
+    assert done.stdout == b""
+    lifted = run("compute", "-", "--allow-outside", cwd=inside, stdin=case)
+    assert lifted.returncode == ExitCode.OK, lifted.stderr
+
+
+def test_confinement_through_stdin_files_inside_the_working_directory_are_read(qkv: Path) -> None:
+    done = run(
+        "compute", "-", cwd=qkv, stdin=b"q: q.npy\nk: ./k.npy\nv: " + str(qkv / "v.npy").encode()
+    )
+    assert done.returncode == ExitCode.OK, done.stderr
