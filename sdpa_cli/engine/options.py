@@ -148,11 +148,20 @@ def _int(value: Any, where: str, *, minimum: int = 0, maximum: int | None = None
     if value < minimum:
         raise SpecError(where, f"must be ≥ {minimum}, got {shown(value)}")
     if maximum is not None and value > maximum:
-        raise SpecError(where, f"must be ≤ {maximum}, got {shown(value)}")
+        limit = f"{maximum} (2**31 − 1, as kernels hold positions)" if maximum == MAX_POSITION else maximum
+        raise SpecError(where, f"must be ≤ {limit}, got {shown(value)}")
     return value
 
 
-def _int_list(value: Any, where: str) -> tuple[int, ...]:
+MAX_POSITION = 2**31 - 1
+"""The largest offset, length or window an option may give, as kernels hold them
+(FlashAttention's and ONNX's int32 sequence lengths and offsets): a position far inside
+int64, where the masks compare them, and whose ALiBi distance keeps a score's digits in
+float64 (past 2**63 positions wrapped, and rows that see every key were judged fully
+masked; past 2**53 they round)."""
+
+
+def _int_list(value: Any, where: str, *, maximum: int = MAX_POSITION) -> tuple[int, ...]:
     if isinstance(value, str):
         parts: list[Any] = [p for p in value.split(",")]
         if any(not p.strip() for p in parts):
@@ -163,7 +172,7 @@ def _int_list(value: Any, where: str) -> tuple[int, ...]:
         parts = [value]
     if not parts:
         raise SpecError(where, "expected at least one integer")
-    return tuple(_int(p, where) for p in parts)
+    return tuple(_int(p, where, maximum=maximum) for p in parts)
 
 
 def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:

@@ -245,3 +245,45 @@ def test_confinement_through_stdin_files_inside_the_working_directory_are_read(q
         "compute", "-", cwd=qkv, stdin=b"q: q.npy\nk: ./k.npy\nv: " + str(qkv / "v.npy").encode()
     )
     assert done.returncode == ExitCode.OK, done.stderr
+
+
+# --- integers at the edges ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [2**63 - 1, 10**20, 10**25, 2**31])
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--query-offset", "{}", "--causal"],
+        ["--query-offset", "{}", "--alibi"],
+        ["--query-offset", "{}", "--window", "2"],
+        ["--window", "{}"],
+        ["--key-lengths", "{}"],
+        ["--query-lengths", "{}"],
+    ],
+)
+def test_integers_at_the_edges_positions_past_int32_are_refused(
+    qkv: Path, option: list[str], value: int
+) -> None:
+    args = [a.format(value) for a in option]
+    line = assert_one_error_line(invoke("compute", *QKV, *args))
+    assert line == (
+        f"sdpa: error: {args[0]}: must be ≤ 2147483647 (2**31 − 1, as kernels hold "
+        f"positions), got {value}"
+    )
+
+
+def test_integers_at_the_edges_the_largest_offset_computes_right(qkv: Path) -> None:
+    from reference import attention
+
+    q, k, v = (np.load(qkv / n) for n in QKV)
+    offset = 2**31 - 1
+    for flags, want in (
+        (["--causal"], attention(q, k, v).output),  # every key is before the query
+        (["--alibi"], attention(q, k, v, alibi=True, query_offset=(offset,)).output),
+        (["--window", "3"], np.zeros_like(q)),  # every key is far behind the window
+    ):
+        result = invoke("compute", *QKV, "--query-offset", str(offset), *flags, "--format", "json")
+        assert result.exit_code == ExitCode.OK, result.stderr
+        got = np.array(json.loads(result.stdout)["output"])
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
