@@ -180,6 +180,27 @@ def load_manifest(path: str) -> list[Case]:
     return cases
 
 
+def manifest_names(path: str) -> list[str]:
+    """The names of a manifest's cases in order (``case-N`` where none is given), as its
+    reports name them; nothing else of it is checked (a merge verifies its shards
+    against them, wherever the cases' files are).
+
+    Raises:
+        InputError: a file that is not a manifest.
+    """
+    file = Path(path)
+    label = printable(path)
+    data = parse_text(file, TEXT_SUFFIXES.get(file.suffix.lower(), "yaml"), label)
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
+        raise InputError(label, "a manifest is a mapping with a list of cases under 'cases'")
+    defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    names = []
+    for n, entry in enumerate(data["cases"], start=1):
+        given = entry.get("name", defaults.get("name")) if isinstance(entry, dict) else None
+        names.append(printable(str(given if given is not None else f"case-{n}")))
+    return names
+
+
 WORKER_DIED = (
     "its worker process was killed (by the system, for lack of memory, or by a signal); "
     "the other cases ran"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sdpa_cli.api.check import CheckRun
-from sdpa_cli.api.manifest import SHARD_KEY, Shard
+from sdpa_cli.api.manifest import SHARD_KEY, Shard, manifest_names
 from sdpa_cli.check.compare import Mismatch, Tolerance
 from sdpa_cli.check.records import CaseResult, Check, CheckReport
 from sdpa_cli.diagnosis.findings import Diagnosis, Thresholds
@@ -200,6 +200,11 @@ def _check(data: Any, label: str, where: str) -> Check:
             _get(data, "mismatch", "dict", label, where), label, f"{where}.mismatch"
         )
     _findings(data, label, where)
+    passed = _get(data, "passed", "bool", label, where)
+    if passed != (status != "fail"):
+        raise InputError(
+            label, f"{where}: says passed {str(passed).lower()}, but its status is {status}"
+        )
     return Check(
         name=_line(_get(data, "name", "str", label, where)),
         status=status,
@@ -220,9 +225,11 @@ def _case(data: Any, label: str, where: str, internal_possible: bool) -> CaseRes
     # The name heads the case's lines, as a file name heads a message's.
     name = shortened(printable(_get(data, "name", "str", label, where)))
     error = _get(data, "error", "str|None", label, where)
-    _get(data, "passed", "bool", label, where)
+    passed = _get(data, "passed", "bool", label, where)
     checks = _get(data, "checks", "list", label, where)
     if error is not None:
+        if passed:
+            raise InputError(label, f"{where}: says passed true, but it could not be checked")
         internal = internal_possible and error.startswith(INTERNAL_PREFIX)
         return CaseResult(name, error=_line(error), internal=internal)
     report = CheckReport(
@@ -233,6 +240,9 @@ def _case(data: Any, label: str, where: str, internal_possible: bool) -> CaseRes
         gate=tuple(_line(str(k)) for k in _get(data, "fail_on", "list", label, where)),
         fail_on_severity=_optional(_get(data, "fail_on_severity", "str|None", label, where)),
     )
+    if passed != report.passed:
+        verdict = "every check passed" if report.passed else "a check failed"
+        raise InputError(label, f"{where}: says passed {str(passed).lower()}, but {verdict}")
     return CaseResult(name, report)
 
 
@@ -283,6 +293,12 @@ def read_shard_report(path: str) -> ShardReport:
             f"holds {len(cases)} cases; shard {shard} of {total} cases has {len(shard.positions(total))}",
         )
     results = [_case(c, label, f"cases[{i}]", code == 3) for i, c in enumerate(cases)]
+    if doc["passed"] != all(r.passed for r in results) or code != check_exit_code(results):
+        raise InputError(
+            label,
+            f"says passed {str(doc['passed']).lower()} and exit code {code}, but its cases "
+            f"give exit code {int(check_exit_code(results))}",
+        )
     return ShardReport(label, doc, shard, total, fingerprint, results)
 
 
@@ -311,6 +327,31 @@ def _same_run(first: ShardReport, other: ShardReport) -> None:
     for differs, what in differences:
         if differs:
             raise InputError(other.label, f"is a shard of another run than {first.label}: {what}")
+
+
+def _as_the_manifest(reports: list[ShardReport], manifest: str) -> None:
+    """Refuse a shard whose cases are not the manifest's at its positions (renamed,
+    another manifest's), or a run of another number of cases."""
+    try:
+        names = manifest_names(manifest)
+    except InputError as exc:
+        raise InputError(
+            exc.where,
+            f"{exc.problem}; the shards are verified against the manifest they ran: give "
+            "--manifest FILE where it is",
+        ) from None
+    for r in reports:
+        if r.total != len(names):
+            raise InputError(
+                r.label, f"is a shard of {r.total} cases, but {printable(manifest)} lists {len(names)}"
+            )
+        for i, (position, result) in enumerate(zip(r.positions, r.results, strict=True)):
+            if result.name != shortened(names[position - 1]):
+                raise InputError(
+                    r.label,
+                    f"cases[{i}] is named {result.name!r}, but case {position} of "
+                    f"{printable(manifest)} is {shortened(names[position - 1])!r}",
+                )
 
 
 def merge_shard_reports(reports: list[ShardReport]) -> tuple[dict[str, Any], list[CaseResult]]:
@@ -362,15 +403,20 @@ def merge_shard_reports(reports: list[ShardReport]) -> tuple[dict[str, Any], lis
     return document, results
 
 
-def merge_reports(paths: list[str] | tuple[str, ...]) -> CheckRun:
-    """``sdpa report merge``: the JSON reports of every shard of a run, read and merged
-    into the unsharded run (its document assembled from the shards' own JSON).
+def merge_reports(paths: list[str] | tuple[str, ...], manifest: str | None = None) -> CheckRun:
+    """``sdpa report merge``: the JSON reports of every shard of a run, read, each
+    checked against itself and against the manifest its run read (``manifest``, or
+    the path the reports name), and merged into the unsharded run (its document
+    assembled from the shards' own JSON).
 
     Raises:
-        InputError: naming the file: one that is not a shard's report, shards of
-            different runs, a shard twice or missing.
+        InputError: naming the file: one that is not a shard's report or contradicts
+            itself, shards of different runs, a shard twice or missing, a shard whose
+            cases are not the manifest's.
     """
-    document, results = merge_shard_reports([read_shard_report(path) for path in paths])
+    reports = [read_shard_report(path) for path in paths]
+    document, results = merge_shard_reports(reports)  # one run's shards, each once
+    _as_the_manifest(reports, manifest or str(document["manifest"]))
     manifest = document["manifest"]
     title = None if manifest is None else printable(str(manifest))
     return CheckRun(results, manifest=title, merged=document)

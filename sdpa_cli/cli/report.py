@@ -49,8 +49,17 @@ def report() -> None:
 @click.argument("shards", nargs=-1, required=True, metavar="SHARD.json...", shell_complete=files)
 @format_option("A summary for a person, or the merged JSON report on stdout.")
 @output_files("junit", "report", report="Also write the merged JSON report.")
+@click.option(
+    "--manifest",
+    metavar="FILE",
+    shell_complete=files,
+    help="The manifest the shards ran (default: the path their reports name), against "
+    "which each shard's cases are verified.",
+)
 @COLOR_OPTION
-def merge(shards: tuple[str, ...], fmt: str, outputs: Outputs, color: bool | None) -> int:
+def merge(
+    shards: tuple[str, ...], fmt: str, outputs: Outputs, manifest: str | None, color: bool | None
+) -> int:
     """Merge the JSON reports of every shard of a manifest's run into one.
 
     Each SHARD.json is the --report of sdpa check --manifest M --shard I/N, for
@@ -58,7 +67,9 @@ def merge(shards: tuple[str, ...], fmt: str, outputs: Outputs, color: bool | Non
     report is the one the unsharded run writes (cases in manifest order), and so
     are the table, the JUnit XML and the exit code. Nothing is merged when a file
     is not a shard's report, when shards come from different runs, or when a shard
-    is missing or given twice.
+    is missing or given twice, when a shard's report contradicts itself (a case
+    that says it passed over a failed check), or when its cases are not those of the
+    manifest at its positions.
 
     \b
     Example:
@@ -69,8 +80,8 @@ def merge(shards: tuple[str, ...], fmt: str, outputs: Outputs, color: bool | Non
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.merge import merge_reports
 
-    outputs.check(shards)
-    run = merge_reports(shards)
+    outputs.check([*shards, manifest])
+    run = merge_reports(shards, manifest)
     write_reports(run, outputs, color)
     code = decided(run.exit_code)  # kept when the reader goes away (| head)
     show_results(run, fmt, color)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -287,3 +290,96 @@ def test_integers_at_the_edges_the_largest_offset_computes_right(qkv: Path) -> N
         assert result.exit_code == ExitCode.OK, result.stderr
         got = np.array(json.loads(result.stdout)["output"])
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+# --- merged reports that lie --------------------------------------------------------------
+
+
+@pytest.fixture
+def shard_reports(workdir: Path) -> tuple[str, str]:
+    from manifest_cases import write_manifest
+
+    write_manifest(workdir)
+    for i in (1, 2):
+        invoke(
+            "check",
+            "--manifest",
+            "m.yaml",
+            "--jobs",
+            "1",
+            "--shard",
+            f"{i}/2",
+            "--report",
+            f"s{i}.json",
+        )
+    return "s1.json", "s2.json"
+
+
+def _lie(path: str, change: Callable[[dict[str, Any]], None]) -> str:
+    doc = json.loads(Path(path).read_text())
+    change(doc)
+    Path("lie.json").write_text(json.dumps(doc))
+    return "lie.json"
+
+
+def _passes_a_failed_case(doc: dict[str, Any]) -> None:
+    failing = next(c for c in doc["cases"] if c["error"] is None and not c["passed"])
+    failing["passed"] = True
+
+
+def _passes_its_failed_check(doc: dict[str, Any]) -> None:
+    failing = next(c for case in doc["cases"] for c in case["checks"] if c["status"] == "fail")
+    failing["passed"] = True
+
+
+def _renames_a_case(doc: dict[str, Any]) -> None:
+    doc["cases"][0]["name"] = "renamed"
+
+
+def _a_passing_run(doc: dict[str, Any]) -> None:
+    doc |= {"passed": True, "exit_code": 0}
+
+
+LIES = {
+    "a case says it passed over a failed check": (
+        _passes_a_failed_case,
+        r"lie\.json: cases\[\d\]: says passed true, but a check failed",
+    ),
+    "a check says it passed with status fail": (
+        _passes_its_failed_check,
+        r"lie\.json: cases\[\d\]\.checks\[\d\]: says passed true, but its status is fail",
+    ),
+    "a case renamed": (
+        _renames_a_case,
+        r"lie\.json: cases\[0\] is named 'renamed', but case 2 of m\.yaml is 'bad'",
+    ),
+    "a shard that says its run passed": (
+        _a_passing_run,
+        r"lie\.json: says passed true and exit code 0, but its cases give exit code [12]",
+    ),
+}
+
+
+@pytest.mark.parametrize("lie", list(LIES))
+def test_merged_reports_that_lie_are_refused(shard_reports: tuple[str, str], lie: str) -> None:
+    change, message = LIES[lie]
+    one, two = shard_reports
+    line = assert_one_error_line(
+        invoke("report", "merge", one, _lie(two, change), "--report", "r.json")
+    )
+    assert re.fullmatch(f"sdpa: error: {message}", line), line
+    assert not Path("r.json").exists()
+
+
+def test_merged_reports_that_lie_a_manifest_elsewhere_is_named(
+    shard_reports: tuple[str, str], workdir: Path
+) -> None:
+    Path("m.yaml").rename("moved.yaml")
+    line = assert_one_error_line(invoke("report", "merge", *shard_reports))
+    assert line == (
+        "sdpa: error: m.yaml: no such file; the shards are verified against the manifest they "
+        "ran: give --manifest FILE where it is"
+    )
+    merged = invoke("report", "merge", *shard_reports, "--manifest", "moved.yaml")
+    assert merged.exit_code == ExitCode.BAD_INPUT  # the run's own: a case could not be read
+    assert "sdpa: error: broken: " in merged.stderr

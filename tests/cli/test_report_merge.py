@@ -210,9 +210,12 @@ HOSTILE_ERROR = "e" * 100_000 + "\x1b]0;pwn\x07"
 
 
 def hostile(doc: dict[str, Any]) -> None:
-    """A case's name and error of 100,000 characters ending in terminal escapes; a failed
-    check's summary with an ESC and a byte that is not UTF-8 (a lone surrogate)."""
-    doc["cases"][0] |= {"name": HOSTILE_NAME, "error": HOSTILE_ERROR}
+    """A case's error of 100,000 characters ending in terminal escapes (the case, named
+    in the manifest with 100,000 characters ending in one, made an error, as the report
+    then says); a failed check's summary with an ESC and a byte that is not UTF-8 (a
+    lone surrogate)."""
+    doc["cases"][0] |= {"error": HOSTILE_ERROR, "passed": False}
+    doc |= {"passed": False, "exit_code": 2}
     failed = [c for case in doc["cases"][1:] for c in case["checks"] if c["status"] == "fail"]
     failed[0]["summary"] = "bad\x1b[2J\udcff"
 
@@ -221,6 +224,9 @@ def test_a_hostile_shard_report_is_shown_printable_and_short(workdir: Path) -> N
     import xml.etree.ElementTree as ET  # imported here: this test alone reads XML
 
     write_manifest(workdir)
+    manifest = (workdir / "m.yaml").read_text()
+    escaped = HOSTILE_NAME.replace("\x1b", "\\e")  # YAML's escape of ESC
+    (workdir / "m.yaml").write_text(manifest.replace("name: good", f'name: "{escaped}"'))
     one, two = shards(2)
     edited(one, "h.json", hostile)
     result = merge("h.json", two, "--junit", "j.xml", "--report", "r.json")
@@ -240,7 +246,9 @@ def test_a_hostile_shard_report_is_shown_printable_and_short(workdir: Path) -> N
     messages = [f.get("message") for f in root.iter("failure")]
     assert "bad\\x1b[2J\\xff" in messages
     # The merged JSON is the shards' data, exact (json.dumps escapes it).
-    assert json.loads(Path("r.json").read_text())["cases"][0]["name"] == HOSTILE_NAME
+    shard_name = json.loads(Path(one).read_text())["cases"][0]["name"]
+    assert json.loads(Path("r.json").read_text())["cases"][0]["name"] == shard_name
+    assert json.loads(Path("r.json").read_text())["cases"][0]["error"] == HOSTILE_ERROR
     annotations = invoke("report", "merge", "h.json", two, env={"GITHUB_ACTIONS": "true"})
     assert "\x1b" not in annotations.output
     assert "::error file=" in annotations.stdout
