@@ -193,7 +193,8 @@ def manifest_names(path: str) -> list[str]:
     data = parse_text(file, TEXT_SUFFIXES.get(file.suffix.lower(), "yaml"), label)
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
         raise InputError(label, "a manifest is a mapping with a list of cases under 'cases'")
-    defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    given_defaults = data.get("defaults")
+    defaults: dict[Any, Any] = given_defaults if isinstance(given_defaults, dict) else {}
     names = []
     for n, entry in enumerate(data["cases"], start=1):
         given = entry.get("name", defaults.get("name")) if isinstance(entry, dict) else None
