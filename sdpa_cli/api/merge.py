@@ -343,7 +343,8 @@ def _as_the_manifest(reports: list[ShardReport], manifest: str) -> None:
     for r in reports:
         if r.total != len(names):
             raise InputError(
-                r.label, f"is a shard of {r.total} cases, but {printable(manifest)} lists {len(names)}"
+                r.label,
+                f"is a shard of {r.total} cases, but {printable(manifest)} lists {len(names)}",
             )
         for i, (position, result) in enumerate(zip(r.positions, r.results, strict=True)):
             if result.name != shortened(names[position - 1]):

@@ -27,6 +27,7 @@ from sdpa_cli.capture.writer import (
     human_bytes,
     manifest_case,
     parse_size,
+    record_progress,
     safetensors_header,
     tensors_size,
     unwritable,
@@ -106,7 +107,10 @@ class Capture:
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
                 raise SpecError(label, f"must be a positive integer, got {shown(value)}")
-        self.folder = Path(out)
+        self.shown = Path(out)
+        """The folder as given: what messages and the summary name."""
+        self.folder = _absolute(self.shown)
+        """The folder it meant at the start, whatever directory the program moves to."""
         self.replace = replace
         self.max_calls, self.match, self.every, self.max_bytes = max_calls, match, every, max_bytes
         self.notify = notify or _stderr
@@ -145,31 +149,34 @@ class Capture:
             self.interceptor.remove()
             _RUNNING.remove(self)
         with self.lock:
-            manifest = write_documents(self.folder, self.cases, self.calls, self._counts())
+            manifest = write_documents(
+                self.folder, self.cases, self.calls, self._counts(), self.shown
+            )
             self.summary = Summary(
                 self.seen,
                 self.captured,
                 self.skipped,
                 self.bytes,
-                self.folder,
-                manifest,
+                self.shown,
+                None if manifest is None else self.shown / manifest.name,
                 self.stopped,
             )
 
     def _prepare_folder(self) -> None:
-        label = str(self.folder)
-        if self.folder.exists() and not self.folder.is_dir():
+        # at the start: the folder as given is the folder meant, and names it in messages
+        label = str(self.shown)
+        if self.shown.exists() and not self.shown.is_dir():
             raise InputError(label, "is a file; expected a directory")
-        if (self.folder / "manifest.yaml").exists() or (self.folder / TENSORS).exists():
+        if (self.shown / "manifest.yaml").exists() or (self.shown / TENSORS).exists():
             if not self.replace:
                 raise InputError(
                     label,
                     "already holds a capture (manifest.yaml or tensors/); remove it, pick "
                     "another, or replace it (--replace)",
                 )
-            _remove_capture(self.folder)
+            _remove_capture(self.shown)
         try:
-            (self.folder / TENSORS).mkdir(parents=True)
+            (self.shown / TENSORS).mkdir(parents=True)
         except OSError as exc:
             raise InputError(label, f"cannot be created: {exc.strerror or exc}") from None
 
@@ -254,6 +261,10 @@ class Capture:
             )
             self.cases.append(manifest_case(name, file, call.tensors, call.options, description))
         self.calls.append(entry)
+        # On disk at once: a program that ends without unwinding (os._exit, a crash in
+        # native code) leaves every call it made checkable; the end rewrites them whole.
+        case = self.cases[-1] if call.skip is None else None
+        record_progress(self.folder, case, entry, self.shown)
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -271,6 +282,15 @@ def _import_torch() -> Any:
             "capture", f"needs PyTorch, which is not installed; install it with {INSTALL_TORCH}"
         ) from None
     return torch
+
+
+def _absolute(folder: Path) -> Path:
+    """``folder`` made absolute now (the program may change directory before its calls,
+    as Hydra does); as given when the working directory is gone."""
+    try:
+        return folder.absolute()
+    except FileNotFoundError:
+        return folder
 
 
 def _remove_capture(folder: Path) -> None:

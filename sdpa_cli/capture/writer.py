@@ -195,18 +195,52 @@ CASE_HEADER = """\
 """
 
 
+IN_PROGRESS = "capture in progress, or ended without its end (os._exit, a crash): every call up to the last is here"
+"""What the documents say of their counts while the calls are appended."""
+
+
+def _dump(data: Any) -> bytes:
+    import yaml  # imported here: only a capture's records need it
+
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1 << 16)
+    return str(text).encode()
+
+
+def record_progress(
+    folder: Path, case: Mapping[str, Any] | None, call: Mapping[str, Any], shown: Path
+) -> None:
+    """One recorded call on disk at once: its case file (when it has a case) and its
+    entries appended to ``manifest.yaml`` and ``calls.yaml`` (each started with its
+    header on the first), so a program that ends without unwinding leaves every call
+    it made checkable. :func:`write_documents` rewrites them whole at the end.
+    ``shown``: the folder as given, as the manifest's header names it."""
+    if case is not None:
+        path, data = case_file(case)
+        write_atomic(folder / path, _writes(CASE_HEADER.encode() + _dump(data)))
+        manifest = MANIFEST_HEADER.format(manifest=shown / "manifest.yaml", counts=IN_PROGRESS)
+        _append(folder / "manifest.yaml", manifest.encode() + b"cases:\n", _dump([dict(case)]))
+    started = b"# Written by sdpa capture: " + IN_PROGRESS.encode() + b"\ncalls:\n"
+    _append(folder / "calls.yaml", started, _dump([dict(call)]))
+
+
+def _append(path: Path, start: bytes, item: bytes) -> None:
+    """``item`` (a YAML list's entry) at the end of ``path``, after ``start`` when the
+    file is new: one write each, in the kernel's hands once it returns."""
+    with open(path, "ab") as fh:
+        fh.write((start if fh.tell() == 0 else b"") + item)
+
+
 def write_documents(
-    folder: Path, cases: list[dict[str, Any]], calls: list[dict[str, Any]], counts: str
+    folder: Path,
+    cases: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
+    counts: str,
+    shown: Path | None = None,
 ) -> Path | None:
     """``manifest.yaml`` and a case file per case (when a case was recorded) and
     ``calls.yaml``, atomically, all or none; the manifest's path, or None when none
-    was written."""
-    import yaml  # imported here: only a capture's end needs it
-
-    def dump(data: Any) -> bytes:
-        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1 << 16)
-        return str(text).encode()
-
+    was written. ``shown``: the folder as given, as the manifest's header names it."""
+    dump = _dump
     manifest = folder / "manifest.yaml"
     files: list[tuple[Path, bytes]] = [
         (
@@ -215,7 +249,8 @@ def write_documents(
         )
     ]
     if cases:
-        header = MANIFEST_HEADER.format(manifest=manifest, counts=counts)
+        named = (shown if shown is not None else folder) / "manifest.yaml"
+        header = MANIFEST_HEADER.format(manifest=named, counts=counts)
         files.insert(0, (manifest, header.encode() + dump({"cases": cases})))
         for entry in cases:
             path, data = case_file(entry)

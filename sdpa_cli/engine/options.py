@@ -148,7 +148,11 @@ def _int(value: Any, where: str, *, minimum: int = 0, maximum: int | None = None
     if value < minimum:
         raise SpecError(where, f"must be ≥ {minimum}, got {shown(value)}")
     if maximum is not None and value > maximum:
-        limit = f"{maximum} (2**31 − 1, as kernels hold positions)" if maximum == MAX_POSITION else maximum
+        limit = (
+            f"{maximum} (2**31 − 1, as kernels hold positions)"
+            if maximum == MAX_POSITION
+            else maximum
+        )
         raise SpecError(where, f"must be ≤ {limit}, got {shown(value)}")
     return value
 

@@ -383,3 +383,44 @@ def test_merged_reports_that_lie_a_manifest_elsewhere_is_named(
     merged = invoke("report", "merge", *shard_reports, "--manifest", "moved.yaml")
     assert merged.exit_code == ExitCode.BAD_INPUT  # the run's own: a case could not be read
     assert "sdpa: error: broken: " in merged.stderr
+
+
+# --- a capture that loses what it recorded ------------------------------------------------
+
+ABRUPT = """\
+import os, sys
+import torch
+import torch.nn.functional as F
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+F.scaled_dot_product_attention(q, k, v, is_causal=True)
+if sys.argv[1] == "chdir":  # as Hydra does before the program's work
+    os.makedirs("elsewhere", exist_ok=True)
+    os.chdir("elsewhere")
+    F.scaled_dot_product_attention(q, k, v)
+    sys.exit(0)
+sys.stdout.flush()
+os._exit(7)  # no atexit, no finally: the process is gone at once
+"""
+
+
+@pytest.mark.parametrize("how", ["os._exit", "chdir"])
+def test_a_capture_that_loses_what_it_recorded_keeps_it(workdir: Path, how: str) -> None:
+    pytest.importorskip("torch")
+    (workdir / "abrupt.py").write_text(ABRUPT)
+    done = run("capture", "--out", "run", "--", "python", "abrupt.py", how, cwd=workdir)
+    assert done.returncode == (7 if how == "os._exit" else 0), done.stderr
+    calls = 1 if how == "os._exit" else 2
+    cases = sorted((workdir / "run" / "tensors").glob("*.yaml"))
+    assert len(cases) == len(list((workdir / "run" / "tensors").glob("*.safetensors"))) == calls
+    assert not (workdir / "elsewhere" / "run").exists()
+    import yaml
+
+    manifest = yaml.safe_load((workdir / "run" / "manifest.yaml").read_text())
+    assert [c["name"] for c in manifest["cases"]] == [f"call-{i}" for i in range(1, calls + 1)]
+    assert len(yaml.safe_load((workdir / "run" / "calls.yaml").read_text())["calls"]) == calls
+    checked = invoke("check", "--manifest", "run/manifest.yaml", "--jobs", "1")
+    assert checked.exit_code == ExitCode.OK, checked.output
+    alone = invoke("compute", str(cases[0]))
+    assert alone.exit_code == ExitCode.OK, alone.output
