@@ -10,6 +10,7 @@ import click
 from sdpa_cli.cli.completion import files, finding_kinds, word_list
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
+    PositiveFinite,
     case_options,
     diagnostic_options,
     format_option,
@@ -110,7 +111,7 @@ MANIFEST_OPTIONS = [
     click.option(
         "--cluster-timeout",
         "timeout",
-        type=click.FloatRange(min=0, min_open=True),
+        type=PositiveFinite(),
         metavar="SECONDS",
         help="How long to wait for the --cluster scheduler to answer (default 5).",
     ),

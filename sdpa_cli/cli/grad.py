@@ -19,6 +19,7 @@ from sdpa_cli.cli.options import (
     MAX_ROWS_OPTION,
     MAX_SLICES_OPTION,
     PRECISION_OPTION,
+    PositiveFinite,
     ViewFlags,
     case_options,
     diagnostic_options,
@@ -66,7 +67,7 @@ NUMERIC_OPTIONS = [
     ),
     click.option(
         "--tolerance",
-        type=click.FloatRange(min=0, min_open=True),
+        type=PositiveFinite(),
         default=1e-5,
         show_default=True,
         metavar="R",

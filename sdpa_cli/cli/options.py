@@ -12,6 +12,7 @@ Only the standard library, click and :mod:`sdpa_cli.names` are imported here, so
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -66,6 +67,23 @@ def grouped(param: str, make: Callable[..., Any], options: Sequence[Option]) -> 
 
 
 # --- single options ---------------------------------------------------------------------
+
+
+class PositiveFinite(click.FloatRange):
+    """A positive finite number: click's range lets NaN through (every comparison with
+    it is false) and inf past an open bound."""
+
+    name = "positive number"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a positive finite number.", param, ctx)
+        return number
+
 
 COLOR_OPTION = click.option(
     "--color/--no-color",

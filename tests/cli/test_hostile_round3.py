@@ -424,3 +424,27 @@ def test_a_capture_that_loses_what_it_recorded_keeps_it(workdir: Path, how: str)
     assert checked.exit_code == ExitCode.OK, checked.output
     alone = invoke("compute", str(cases[0]))
     assert alone.exit_code == ExitCode.OK, alone.output
+
+
+# --- our own review: what else a hostile or unlucky user met ------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("grad", "sample:scorecard", "--check-numeric", "--tolerance"),
+        ("check", "--manifest", "m.yaml", "--cluster", "tcp://127.0.0.1:1", "--cluster-timeout"),
+    ],
+)
+def test_own_review_a_tolerance_or_timeout_of_nan_or_inf_is_refused(
+    workdir: Path, args: tuple[str, ...], value: str
+) -> None:
+    """Regression: click's open range let NaN through (a NaN tolerance failed every
+    entry and still exited 0 without --check-numeric; a timeout of inf waited forever)."""
+    result = invoke(*args, value)
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert result.stderr.splitlines()[0] in (
+        f"sdpa: error: Invalid value for '{args[-1]}': '{value}' is not a positive finite number.",
+        f"sdpa: error: Invalid value for '{args[-1]}': {float(value)!r} is not in the range x>0.",
+    )
