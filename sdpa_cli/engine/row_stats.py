@@ -1,0 +1,650 @@
+"""Every per-row statistic of the forward pass, described once (:data:`ROW_STATISTICS`).
+
+A statistic is one :class:`RowStatistic`: what it reads from a block of keys (a
+:class:`Chunk`), how its partial result is carried when an online softmax's running
+max rises (:class:`Rescale`), how two partial results over disjoint keys combine, and
+how it finishes once each row's normaliser is known (:class:`Final`). A statistic of
+the final weights themselves (what would flush to zero in a narrow format) reads them
+afterwards, block by block (:class:`Settled`), for the rows its prefilter picks.
+
+Frames. A producer reads each row's logits x against a reference m of its choosing:
+log e = x − m at the row's visible keys, log ℓ = log Σ exp(x − m). It may give e and ℓ
+both divided by one constant c of the row, e = exp(x − m) / c (0 at hidden keys) and
+ℓ = Σ e: what the statistics finish with, the weights w = e / ℓ and log ℓ, do not
+depend on c. When the reference rises from m_old to m_new, a partial result is carried
+with α = exp(m_old − m_new) and δ = m_old − m_new: every e is multiplied by α, every
+log e shifted by δ.
+
+Both producers run the same rules (:class:`Fold`, :class:`Settle`, :func:`collect`):
+
+- the lean pass (:mod:`sdpa_cli.engine.online`) folds one chunk per key block, in the
+  frame of the running max (c = 1: e = exp(x − m), ℓ = Σ e);
+- the per-stage path (:meth:`Stats.measure <sdpa_cli.engine.stats.Stats.measure>`)
+  folds one chunk, a whole block's weights as shown (:func:`per_stage`): e = w and
+  ℓ = 1 (c is the row's normaliser), with m the row's top logit where the weights are
+  the exact softmax of the logits (log e = x − x_top, log ℓ = −log w_top: no log per
+  weight), else m = the LSE (log e = log w, log ℓ = 0).
+
+So a new statistic is one entry of :data:`ROW_STATISTICS`; it rides along in every
+block's :class:`RowStats` and in :class:`~sdpa_cli.engine.stats.Stats`, and
+``tests/engine/test_row_stats.py`` holds the two producers to each other from the entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.block import Block, native_dtype
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.types import F64
+
+Partial = tuple[NDArray[Any], ...]
+"""A statistic's partial result over some keys: one or more ``(rows,)`` arrays."""
+
+
+class Chunk:
+    """What an online statistic reads from one block of keys of some query rows, in
+    its producer's frame (see the module's docstring); costly views are computed on
+    first use, so a statistic that needs none costs nothing.
+
+    Args:
+        e: ``(rows, keys)`` e = exp(x − m) at visible keys, 0 at hidden ones.
+        log_e: ``(rows, keys)`` log e = x − m at visible keys, any finite number where
+            e is 0 (so that e · log e is 0); or a function that computes it.
+        seen: ``(rows,)`` the visible keys of each row.
+        top: ``(rows,)`` each row's largest key, an index into the chunk.
+        rank: ``(rows,)`` how the producer ranks that key against another chunk's
+            (the lean pass: its logit; the per-stage path: its weight); −inf for a row
+            that sees no key of the chunk.
+        key0: the index of the chunk's first key.
+        hidden_mass: ``(rows,)`` the e the row puts on keys it does not see.
+    """
+
+    def __init__(
+        self,
+        e: NDArray[Any],
+        log_e: NDArray[Any] | Callable[[], NDArray[Any]],
+        seen: NDArray[np.int64],
+        top: NDArray[np.intp],
+        rank: NDArray[Any],
+        key0: int,
+        hidden_mass: NDArray[Any],
+    ) -> None:
+        self.e, self._log_e = e, log_e
+        self.seen, self.top, self.rank = seen, top, rank
+        self.key0, self.hidden_mass = key0, hidden_mass
+        self.rows = np.arange(e.shape[0])
+
+    @cached_property
+    def log_e(self) -> NDArray[Any]:
+        return self._log_e if isinstance(self._log_e, np.ndarray) else self._log_e()
+
+    @cached_property
+    def e_top(self) -> NDArray[Any]:
+        """``(rows,)`` e at each row's top key (0 for a chunk of no key)."""
+        if not self.e.shape[1]:
+            return np.zeros(self.e.shape[0], self.e.dtype)
+        return self.e[self.rows, self.top]
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """The lean pass's running max rising from m_old to m_new (row by row; α = 1 and
+    δ = 0 where it stays)."""
+
+    alpha: NDArray[Any]
+    """exp(m_old − m_new); 0 where no key was seen yet (m_old = −inf)."""
+    delta: NDArray[Any]
+    """m_old − m_new ≤ 0; −inf where no key was seen yet."""
+    total: NDArray[Any]
+    """ℓ_old = Σ exp(x − m_old) over the keys so far."""
+
+
+class Final:
+    """What a statistic finishes with: each row's normaliser in its producer's frame.
+
+    Args:
+        total: ``(rows,)`` ℓ = Σ e, 0 for a row with no weight.
+        log_total: ``(rows,)`` log ℓ without the frame's constant (see the module's
+            docstring), in the producer's float dtype; any value where ℓ is 0.
+        uniform: the rows the producer knows to be uniform over every key, none of
+            them visible (a finite mask value): all their weight is on hidden keys;
+            None: no such row.
+        smallest: computes ``(rows,)`` each row's smallest visible weight in exact
+            arithmetic (what a settled statistic's prefilter reads).
+    """
+
+    def __init__(
+        self,
+        total: NDArray[Any],
+        log_total: NDArray[Any],
+        uniform: NDArray[np.bool_] | None,
+        smallest: Callable[[], NDArray[Any]],
+    ) -> None:
+        self.total, self.log_total, self.uniform = total, log_total, uniform
+        self.seen: NDArray[np.bool_] = total != 0  # NaN counts as seen: the value shows it
+        # a row with no weight divides by 1: its partial results are 0
+        self.safe: NDArray[Any] = np.where(self.seen, total, 1).astype(total.dtype)
+        self._smallest = smallest
+
+    @cached_property
+    def smallest(self) -> NDArray[Any]:
+        return self._smallest()
+
+
+class Settled:
+    """A block of final weights w = e / ℓ of some rows, what a settled statistic reads.
+
+    Args:
+        w: ``(rows, keys)`` the weights in exact arithmetic (the float64 reference's
+            under an emulated format).
+        counted: ``(rows, keys)`` the keys whose weight no mask makes 0 (visible, with
+            a finite logit); None: every key.
+    """
+
+    def __init__(self, w: NDArray[Any], counted: NDArray[np.bool_] | None) -> None:
+        self.w, self.counted = w, counted
+        self._flushed: dict[str, NDArray[np.bool_]] = {}
+
+    def flushed(self, fmt: str) -> NDArray[np.bool_]:
+        """The weights that would flush to zero in ``fmt``: counted, not above the
+        format's smallest subnormal, and either already 0 (below float32's or float64's
+        own range, so the count does not depend on the run's precision) or rounding to 0."""
+        if fmt not in self._flushed:
+            f = precision.fmt(fmt)
+            w = self.w
+            hit = (w <= f.tiny) & ((w == 0) | f.flushes(w))
+            self._flushed[fmt] = hit if self.counted is None else hit & self.counted
+        return self._flushed[fmt]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How closely the two producers agree on a statistic, in units of the
+    computation's machine epsilon: |lean − per-stage| ≤ abs·ε + rel·ε·|per-stage|."""
+
+    rel: float = 0.0
+    abs: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return self.rel == 0 and self.abs == 0
+
+
+@dataclass(frozen=True)
+class RowStatistic:
+    """One per-row statistic: its rules, as both producers run them.
+
+    An online statistic has ``chunk`` (and ``rescale`` when its partial result is in
+    the frame's units); a settled one has ``settle`` and ``reads``. Every rule returns
+    a new partial result and leaves its arguments as they were.
+    """
+
+    name: str
+    dtype: type[np.generic]
+    """What :class:`~sdpa_cli.engine.stats.Stats` keeps it in."""
+    description: str
+    empty: Callable[[int, np.dtype[Any]], Partial]
+    """The partial result over no key, for n rows in the producer's dtype."""
+    combine: Callable[[Partial, Partial], Partial]
+    """Two partial results over disjoint keys, in the same frame: the second's keys
+    after the first's."""
+    finish: Callable[[Partial, Final], NDArray[Any]]
+    """``(rows,)`` the statistic from the partial result over every key."""
+    chunk: Callable[[Chunk], Partial] | None = None
+    """What one block of keys contributes."""
+    rescale: Callable[[Partial, Rescale], Partial] | None = None
+    """The partial result carried into the new frame when the running max rises
+    (None: it does not depend on the frame)."""
+    settle: Callable[[Settled, str | None], Partial] | None = None
+    """What one block of final weights contributes (for a format, with ``per_format``)."""
+    reads: Callable[[Final, str | None], NDArray[np.bool_]] | None = None
+    """The rows whose final weights a settled statistic must read (the others finish
+    from the empty partial result)."""
+    per_format: bool = False
+    """One value per narrow format the run checks (``underflow[float16]``, ...)."""
+    tolerance: Tolerance = field(default_factory=Tolerance)
+
+    def columns(self, formats: tuple[str, ...]) -> Iterator[tuple[str, str | None]]:
+        """The statistic's columns and their formats (None: one column, its name)."""
+        if not self.per_format:
+            yield self.name, None
+            return
+        for d in formats:
+            yield column(self.name, d), d
+
+
+def column(name: str, fmt: str) -> str:
+    """The column of a per-format statistic: ``underflow[float16]``."""
+    return f"{name}[{fmt}]"
+
+
+# --- the rules ----------------------------------------------------------------------------
+
+
+def _zeros(n: int, dtype: np.dtype[Any]) -> Partial:
+    return (np.zeros(n, dtype),)
+
+
+def _counts(n: int, dtype: np.dtype[Any]) -> Partial:
+    return (np.zeros(n, np.int64),)
+
+
+def _sums(n: int, dtype: np.dtype[Any]) -> Partial:
+    return (np.zeros(n),)
+
+
+def _add(a: Partial, b: Partial) -> Partial:
+    return (a[0] + b[0],)
+
+
+def _scaled(p: Partial, r: Rescale) -> Partial:
+    """A partial result in units of e: e_new = α · e_old."""
+    return tuple(x * r.alpha for x in p)
+
+
+def _as_is(p: Partial, final: Final) -> NDArray[Any]:
+    return p[0]
+
+
+def _per_weight(p: Partial, final: Final) -> F64:
+    """A partial result in units of e, as a weight: e / ℓ, in float64."""
+    return p[-1].astype(np.float64) / final.safe.astype(np.float64)
+
+
+def _empty_top(n: int, dtype: np.dtype[Any]) -> Partial:
+    return np.zeros(n, np.int64), np.full(n, -math.inf)
+
+
+def _top_key(c: Chunk) -> Partial:
+    return (c.top + c.key0).astype(np.int64), c.rank
+
+
+def _later_top(a: Partial, b: Partial) -> Partial:
+    """The first of the largest keys: the later keys' only where they rank strictly
+    higher (NaN, which the per-stage path may rank, takes the later's, as argmax does)."""
+    later = ~(b[1] <= a[1])
+    return np.where(later, b[0], a[0]), np.where(later, b[1], a[1])
+
+
+def _top_key_finish(p: Partial, final: Final) -> NDArray[np.int64]:
+    """A row with no weight names key 0, whatever keys were skipped."""
+    return np.where(final.seen, p[0], 0)
+
+
+def _top_e(c: Chunk) -> Partial:
+    return (c.e_top,)
+
+
+def _larger(a: Partial, b: Partial) -> Partial:
+    return (np.maximum(a[0], b[0]),)
+
+
+def _spread(c: Chunk) -> Partial:
+    return (np.einsum("ij,ij->i", c.e, c.log_e),)
+
+
+def _spread_rescale(p: Partial, r: Rescale) -> Partial:
+    """Σ e·log e into the new frame: α·(Σ e·(x − m_old) + δ·ℓ_old) (a row with no key
+    yet adds nothing: its δ is −inf)."""
+    return (r.alpha * (p[0] + np.where(r.total > 0, r.delta * r.total, 0)),)
+
+
+def _entropy(p: Partial, final: Final) -> F64:
+    """H = −Σ w log w = log ℓ − Σ e·log e / ℓ (w = exp(log e − log ℓ), whatever the
+    frame's m and c)."""
+    # terms ≤ 0 (a rounding below 0) are not entropy: a one-hot row has none
+    h = np.where(final.seen, np.maximum(final.log_total - p[0] / final.safe, 0.0), 0.0)
+    return np.where(np.isfinite(h), h, 0.0)
+
+
+def _hidden_finish(p: Partial, final: Final) -> F64:
+    weight = _per_weight(p, final)
+    return weight if final.uniform is None else np.where(final.uniform, 1.0, weight)
+
+
+def _may_flush(final: Final, fmt: str | None) -> NDArray[np.bool_]:
+    """Rows whose smallest weight is not above the format's smallest subnormal (NaN:
+    look closer)."""
+    assert fmt is not None
+    flushed: NDArray[np.bool_] = ~(final.smallest > precision.fmt(fmt).tiny)
+    return flushed
+
+
+def _flush_count(s: Settled, fmt: str | None) -> Partial:
+    assert fmt is not None
+    return (s.flushed(fmt).sum(axis=1),)
+
+
+def _flush_mass(s: Settled, fmt: str | None) -> Partial:
+    assert fmt is not None
+    return (np.where(s.flushed(fmt), s.w, 0).sum(axis=1),)
+
+
+COUNTS = Tolerance()
+WEIGHT = Tolerance(rel=8)
+"""A weight e / ℓ: ℓ summed in another order (the lean pass's key blocks)."""
+
+
+ROW_STATISTICS: tuple[RowStatistic, ...] = (
+    RowStatistic(
+        "n_visible",
+        np.int32,
+        "the keys the row sees (a float mask's sentinels hide theirs)",
+        empty=_counts,
+        chunk=lambda c: (c.seen,),
+        combine=_add,
+        finish=_as_is,
+        tolerance=COUNTS,
+    ),
+    RowStatistic(
+        "max_weight",
+        np.float64,
+        "the largest weight: e_top / ℓ (1 / ℓ in the lean pass's frame)",
+        empty=_zeros,
+        chunk=_top_e,
+        rescale=_scaled,
+        combine=_larger,
+        finish=_per_weight,
+        tolerance=WEIGHT,
+    ),
+    RowStatistic(
+        "argmax",
+        np.int32,
+        "the key of the largest weight, the first of tied ones; 0 for a row with no weight",
+        empty=_empty_top,
+        chunk=_top_key,
+        combine=_later_top,
+        finish=_top_key_finish,
+        tolerance=COUNTS,
+    ),
+    RowStatistic(
+        "entropy",
+        np.float64,
+        "−Σ w log w in nats, over the visible keys",
+        empty=_zeros,
+        chunk=_spread,
+        rescale=_spread_rescale,
+        combine=_add,
+        finish=_entropy,
+        # log ℓ − Σ e·log e / ℓ cancels for a nearly one-hot row: ulps of log ℓ
+        tolerance=Tolerance(rel=8, abs=16),
+    ),
+    RowStatistic(
+        "underflow",
+        np.int32,
+        "the visible weights that would flush to zero in the format",
+        empty=_counts,
+        settle=_flush_count,
+        reads=_may_flush,
+        combine=_add,
+        finish=_as_is,
+        per_format=True,
+        tolerance=COUNTS,
+    ),
+    RowStatistic(
+        "lost",
+        np.float64,
+        "the weight those flushed weights carry",
+        empty=_sums,
+        settle=_flush_mass,
+        reads=_may_flush,
+        combine=_add,
+        finish=_as_is,
+        per_format=True,
+        # each weight exp(x − m) / ℓ, x − m as far below 0 as a weight that flushes: ε·|x − m|
+        tolerance=Tolerance(rel=64),
+    ),
+    RowStatistic(
+        "hidden_weight",
+        np.float64,
+        "the weight on keys the row does not see (a finite mask value's, a float mask "
+        "sentinel's): 0 where hidden keys get none",
+        empty=_zeros,
+        chunk=lambda c: (c.hidden_mass,),
+        rescale=_scaled,
+        combine=_add,
+        finish=_hidden_finish,
+        tolerance=Tolerance(rel=8, abs=8),
+    ),
+)
+"""Every per-row statistic, in the order :class:`RowStats` lists them."""
+
+ONLINE = tuple(s for s in ROW_STATISTICS if s.chunk is not None)
+SETTLED = tuple(s for s in ROW_STATISTICS if s.settle is not None)
+assert len(ONLINE) + len(SETTLED) == len(ROW_STATISTICS), "a statistic is online or settled"
+
+
+def statistic(name: str) -> RowStatistic:
+    """The entry of :data:`ROW_STATISTICS` called ``name``."""
+    return next(s for s in ROW_STATISTICS if s.name == name)
+
+
+def bytes_per_row(formats: int) -> int:
+    """What :class:`~sdpa_cli.engine.stats.Stats` keeps per query row, checking
+    ``formats`` narrow formats."""
+    return sum(
+        np.dtype(s.dtype).itemsize * (formats if s.per_format else 1) for s in ROW_STATISTICS
+    )
+
+
+# --- the producers' folds ----------------------------------------------------------------
+
+
+class RowStats(dict[str, NDArray[Any]]):
+    """Per query row, every statistic of :data:`ROW_STATISTICS` by column (a block's,
+    or the whole run's ``(*lead, L)`` in :class:`~sdpa_cli.engine.stats.Stats`): a
+    statistic's name, or ``name[format]`` for a per-format one (:func:`column`).
+
+    Args:
+        columns: every column, in :data:`ROW_STATISTICS`' order.
+        formats: the narrow formats of the per-format statistics.
+    """
+
+    def __init__(self, columns: Mapping[str, NDArray[Any]], formats: tuple[str, ...]) -> None:
+        super().__init__(columns)
+        self.formats = formats
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...], formats: tuple[str, ...]) -> RowStats:
+        """Every column zero, in the dtype its statistic is kept in."""
+        columns = {
+            name: np.zeros(shape, s.dtype) for s in ROW_STATISTICS for name, _ in s.columns(formats)
+        }
+        return cls(columns, formats)
+
+    def per_format(self, name: str) -> dict[str, NDArray[Any]]:
+        """A per-format statistic's columns by format (the arrays themselves)."""
+        return {d: self[column(name, d)] for d in self.formats}
+
+    @property
+    def n_visible(self) -> NDArray[np.int64]:
+        return self["n_visible"]
+
+    @property
+    def max_weight(self) -> F64:
+        return self["max_weight"]
+
+    @property
+    def argmax(self) -> NDArray[np.int64]:
+        return self["argmax"]
+
+    @property
+    def entropy(self) -> F64:
+        return self["entropy"]
+
+    @property
+    def underflow(self) -> dict[str, NDArray[np.int64]]:
+        return self.per_format("underflow")
+
+    @property
+    def lost(self) -> dict[str, F64]:
+        return self.per_format("lost")
+
+    @property
+    def hidden_weight(self) -> F64:
+        return self["hidden_weight"]
+
+
+class Fold:
+    """The online statistics' partial results over some query rows, folded chunk by
+    chunk: :meth:`rescale` when the running max rises, then :meth:`add` the chunk."""
+
+    def __init__(self, n: int, dtype: np.dtype[Any]) -> None:
+        self.parts = {s.name: s.empty(n, dtype) for s in ONLINE}
+
+    def rescale(self, r: Rescale) -> None:
+        for s in ONLINE:
+            if s.rescale is not None:
+                self.parts[s.name] = s.rescale(self.parts[s.name], r)
+
+    def add(self, chunk: Chunk) -> None:
+        for s in ONLINE:
+            assert s.chunk is not None
+            self.parts[s.name] = s.combine(self.parts[s.name], s.chunk(chunk))
+
+
+class Settle:
+    """The settled statistics over the final weights of the rows that need them
+    (:attr:`rows`, picked by each statistic's prefilter), folded block by block."""
+
+    def __init__(self, final: Final, formats: tuple[str, ...]) -> None:
+        n = final.total.shape[0]
+        need = np.zeros(n, np.bool_)
+        for s in SETTLED:
+            assert s.reads is not None
+            for _, d in s.columns(formats):
+                need |= s.reads(final, d)
+        self.n, self.formats = n, formats
+        self.rows = np.flatnonzero(need)
+        self.parts = {
+            name: s.empty(self.rows.size, final.total.dtype)
+            for s in SETTLED
+            for name, _ in s.columns(formats)
+        }
+
+    def add(self, settled: Settled) -> None:
+        """One block of keys' final weights of :attr:`rows`."""
+        for s in SETTLED:
+            assert s.settle is not None
+            for name, d in s.columns(self.formats):
+                self.parts[name] = s.combine(self.parts[name], s.settle(settled, d))
+
+    def whole(self, s: RowStatistic, name: str, dtype: np.dtype[Any]) -> Partial:
+        """A statistic's partial result over every row: the empty one where not read."""
+        if self.rows.size == self.n:
+            return self.parts[name]
+        full = s.empty(self.n, dtype)
+        for x, part in zip(full, self.parts[name], strict=True):
+            x[self.rows] = part
+        return full
+
+
+def collect(fold: Fold, settle: Settle, final: Final) -> RowStats:
+    """Every statistic finished, in :data:`ROW_STATISTICS`' order."""
+    columns: dict[str, NDArray[Any]] = {}
+    dtype = final.total.dtype
+    for s in ROW_STATISTICS:
+        for name, _ in s.columns(settle.formats):
+            part = fold.parts[name] if s.chunk is not None else settle.whole(s, name, dtype)
+            columns[name] = s.finish(part, final)
+    return RowStats(columns, settle.formats)
+
+
+# --- the per-stage path: one chunk, a whole block's weights ------------------------------
+
+
+def per_stage(
+    spec: AttentionSpec,
+    block: Block,
+    reference: Block,
+    formats: tuple[str, ...],
+    logits_finite: Callable[[], bool],
+) -> RowStats:
+    """Every statistic of a per-stage block: ``block`` as shown (emulated or not) for
+    the online statistics, ``reference`` in float64 (or the block itself) for what
+    would flush. ``logits_finite`` says whether every visible masked logit of the block
+    is finite (cached by the caller)."""
+    chunk, log_total = _weight_chunk(spec, block, logits_finite)
+    fold = Fold(chunk.e.shape[0], chunk.e.dtype)
+    fold.add(chunk)
+    ref_w = reference.weights
+    counted = None if reference.all_visible else reference.visible
+    w_top = chunk.e_top
+
+    def smallest() -> NDArray[Any]:
+        where = True if counted is None else counted
+        low: NDArray[Any] = np.min(ref_w, axis=1, where=where, initial=1.0)
+        return low
+
+    # e = w: ℓ = 1 for a row with any weight
+    final = Final((w_top != 0).astype(w_top.dtype), log_total, None, smallest)
+    settle = Settle(final, formats)
+    if settle.rows.size:
+        again = settle.rows
+        keep = np.isfinite(reference.masked[again])
+        settle.add(Settled(ref_w[again], keep if counted is None else keep & counted[again]))
+    return collect(fold, settle, final)
+
+
+def _weight_chunk(
+    spec: AttentionSpec, block: Block, logits_finite: Callable[[], bool]
+) -> tuple[Chunk, NDArray[Any]]:
+    """A whole block's weights as one chunk over the visible keys, e = w (renormalised
+    over them where hidden keys hold weight), and each row's log ℓ in its frame: the
+    top logit's where the weights are the exact softmax of the logits, else the LSE's."""
+    w = block.weights
+    n, n_keys = w.shape
+    seen = np.full(n, n_keys, np.int64) if block.all_visible else block.visible.sum(axis=1)
+    hidden = np.zeros(n, w.dtype)
+    finite_hidden = not math.isinf(spec.options.effective_mask_value)
+    exact = native_dtype(spec) is not None
+    if (
+        n_keys
+        and not block.all_visible
+        and (finite_hidden or block.sentinel is not None or not exact)
+    ):
+        # Over the visible keys only: a finite mask value (or a float mask's sentinel,
+        # added) leaves weight on hidden keys, which is not what a row attends to; how
+        # much it leaves is kept apart.
+        if finite_hidden or block.sentinel is not None:
+            hidden = np.where(block.visible, 0.0, w).sum(axis=1)
+        w = np.where(block.visible, w, 0.0)
+        total = w.sum(axis=1, keepdims=True)
+        keep = 1.0 if block.sink is None else 1.0 - block.sink[:, None]
+        w = w / np.where(total > 0, total, 1.0) * keep
+        exact = False
+    if block.sink is not None:
+        # With sinks a row's weights sum to 1 − p_sink: the statistics read them as they
+        # are (a row mostly on the sink is neither saturated nor uniform), and the
+        # entropy's log w is taken weight by weight (the gap below assumes a sum of 1).
+        exact = False
+    top = np.argmax(w, axis=1) if n_keys else np.zeros(n, np.intp)
+    w_top = w[np.arange(n), top] if n_keys else np.zeros(n, w.dtype)
+
+    exact = exact and bool(n_keys)
+    with np.errstate(divide="ignore"):  # a row with no weight: any log ℓ
+        log_total = -np.log(w_top) if exact else np.zeros(n, w.dtype)
+
+    def log_e() -> NDArray[Any]:
+        if exact:
+            # x − x_top: a row dot instead of a log per weight (log w = log e − log ℓ)
+            s = block.masked
+            gap: NDArray[Any] = s - s[np.arange(n), top][:, None]
+            if not block.all_visible or not logits_finite():
+                # A hidden key (−inf, weight 0) adds 0 · (most negative number) = 0.
+                np.maximum(gap, np.finfo(gap.dtype).min, out=gap)
+            return gap
+        logs = np.zeros_like(w)
+        return np.log(w, out=logs, where=w > 0)
+
+    # the weight ranks the top key: the chunk is the whole block
+    return Chunk(w, log_e, seen, top, w_top, block.keys.start, hidden), log_total
