@@ -192,7 +192,7 @@ def attend_online(
             vis = None if inside else visibility(spec, lead, rows, slice(c0, c1))
             if vis is None:
                 seen = np.full(n, width, dtype=np.int64)
-                chunk_lo = np.min(x, axis=1)
+                chunk_lo = x[everyone, np.argmin(x, axis=1)]  # argmin: faster than min
             else:
                 if added:
                     _mask_add_overflow(records, x, vis, added, (*lead, rows.start, c0))
@@ -223,13 +223,27 @@ def attend_online(
             m = new_m
 
             np.subtract(x, shift[:, None], out=x)
+            top_log = chunk_max - shift  # the top key's x − m, as x holds it now
             if np.min(chunk_lo - shift, initial=math.inf) < floor:
                 np.copyto(x, neg, where=x < floor)  # subnormal exp: see DENORMAL_FLOOR
+                top_log[top_log < floor] = neg
             e = scratch("e", dt, n * width).reshape(n, width)
             np.exp(x, out=e)
             total += e.sum(axis=1)
             # x now holds log e = x − m (hidden keys: the most negative number)
-            fold.add(row_stats.Chunk(e, x, seen, at, chunk_max, c0, nothing_hidden))
+            fold.add(
+                row_stats.Chunk(
+                    e,
+                    x,
+                    seen,
+                    at,
+                    chunk_max,
+                    c0,
+                    nothing_hidden,
+                    e_top=np.exp(top_log),  # e[everyone, at], without a gather
+                    rows=everyone,
+                )
+            )
             acc += e @ inputs.v[c0:c1]
 
         seen_any = total > 0

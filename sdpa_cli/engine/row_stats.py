@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -66,6 +67,8 @@ class Chunk:
             that sees no key of the chunk.
         key0: the index of the chunk's first key.
         hidden_mass: ``(rows,)`` the e the row puts on keys it does not see.
+        e_top: ``(rows,)`` e at each row's top key, when the producer has it.
+        rows: ``np.arange(rows)``, when the producer has it.
     """
 
     def __init__(
@@ -77,11 +80,16 @@ class Chunk:
         rank: NDArray[Any],
         key0: int,
         hidden_mass: NDArray[Any],
+        *,
+        e_top: NDArray[Any] | None = None,
+        rows: NDArray[np.intp] | None = None,
     ) -> None:
         self.e, self._log_e = e, log_e
         self.seen, self.top, self.rank = seen, top, rank
         self.key0, self.hidden_mass = key0, hidden_mass
-        self.rows = np.arange(e.shape[0])
+        self.rows = np.arange(e.shape[0]) if rows is None else rows
+        if e_top is not None:
+            self.e_top = e_top
 
     @cached_property
     def log_e(self) -> NDArray[Any]:
@@ -92,7 +100,31 @@ class Chunk:
         """``(rows,)`` e at each row's top key (0 for a chunk of no key)."""
         if not self.e.shape[1]:
             return np.zeros(self.e.shape[0], self.e.dtype)
-        return self.e[self.rows, self.top]
+        return self.at(self.top)
+
+    def at(self, keys: NDArray[np.intp]) -> NDArray[Any]:
+        """``(rows,)`` e at one key of each row (an index into the chunk)."""
+        flat, index = self._flat(keys)
+        return flat[index]  # type: ignore[no-any-return]
+
+    @contextmanager
+    def top_set_aside(self) -> Iterator[NDArray[Any]]:
+        """:attr:`e` with each row's top key's e set to 0 for the ``with`` block, then
+        put back: what the rest of the row holds, with no copy of the chunk."""
+        flat, index = self._flat(self.top)
+        kept = flat[index]
+        flat[index] = 0
+        try:
+            yield self.e
+        finally:
+            flat[index] = kept
+
+    def _flat(self, keys: NDArray[np.intp]) -> tuple[NDArray[Any], Any]:
+        """:attr:`e` and the index of one key of each row in it: flat where e is
+        contiguous (one gather, not a gather per axis)."""
+        if self.e.flags.c_contiguous:
+            return self.e.reshape(-1), self.rows * self.e.shape[1] + keys
+        return self.e, (self.rows, keys)
 
 
 @dataclass(frozen=True)
@@ -265,14 +297,13 @@ def _empty_top(n: int, dtype: np.dtype[Any]) -> Partial:
 
 
 def _top_key(c: Chunk) -> Partial:
-    return (c.top + c.key0).astype(np.int64), c.rank
+    return c.top + c.key0, c.rank
 
 
 def _later_top(a: Partial, b: Partial) -> Partial:
     """The first of the largest keys: the later keys' only where they rank strictly
     higher (NaN, which the per-stage path may rank, takes the later's, as argmax does)."""
-    later = ~(b[1] <= a[1])
-    return np.where(later, b[0], a[0]), np.where(later, b[1], a[1])
+    return np.where(~(b[1] <= a[1]), b[0], a[0]), np.maximum(a[1], b[1])
 
 
 def _top_key_finish(p: Partial, final: Final) -> NDArray[np.int64]:
@@ -494,6 +525,10 @@ class RowStats(dict[str, NDArray[Any]]):
         return self["hidden_weight"]
 
 
+_RESCALED = tuple((s.name, s.rescale) for s in ONLINE if s.rescale is not None)
+_ADDED = tuple((s.name, s.chunk, s.combine) for s in ONLINE if s.chunk is not None)
+
+
 class Fold:
     """The online statistics' partial results over some query rows, folded chunk by
     chunk: :meth:`rescale` when the running max rises, then :meth:`add` the chunk."""
@@ -502,14 +537,14 @@ class Fold:
         self.parts = {s.name: s.empty(n, dtype) for s in ONLINE}
 
     def rescale(self, r: Rescale) -> None:
-        for s in ONLINE:
-            if s.rescale is not None:
-                self.parts[s.name] = s.rescale(self.parts[s.name], r)
+        parts = self.parts
+        for name, rule in _RESCALED:
+            parts[name] = rule(parts[name], r)
 
     def add(self, chunk: Chunk) -> None:
-        for s in ONLINE:
-            assert s.chunk is not None
-            self.parts[s.name] = s.combine(self.parts[s.name], s.chunk(chunk))
+        parts = self.parts
+        for name, rule, combine in _ADDED:
+            parts[name] = combine(parts[name], rule(chunk))
 
 
 class Settle:
