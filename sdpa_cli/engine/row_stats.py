@@ -342,6 +342,28 @@ def _hidden_finish(p: Partial, final: Final) -> F64:
     return weight if final.uniform is None else np.where(final.uniform, 1.0, weight)
 
 
+def _top_two(c: Chunk) -> Partial:
+    """Each row's largest and second-largest e of the chunk (0 where there is none);
+    two keys that tie at the top give the top value twice."""
+    first = c.e_top
+    if c.e.shape[1] < 2:
+        return first, np.zeros_like(first)
+    with c.top_set_aside() as rest:  # one argmax over the rest, no copy
+        second = c.at(np.argmax(rest, axis=1))
+    return first, second
+
+
+def _two_of_four(a: Partial, b: Partial) -> Partial:
+    """The two largest of both partial results' two largest."""
+    first = np.maximum(a[0], b[0])
+    second = np.maximum(np.minimum(a[0], b[0]), np.maximum(a[1], b[1]))
+    return first, second
+
+
+def _empty_two(n: int, dtype: np.dtype[Any]) -> Partial:
+    return np.zeros(n, dtype), np.zeros(n, dtype)
+
+
 def _may_flush(final: Final, fmt: str | None) -> NDArray[np.bool_]:
     """Rows whose smallest weight is not above the format's smallest subnormal (NaN:
     look closer)."""
@@ -445,6 +467,19 @@ ROW_STATISTICS: tuple[RowStatistic, ...] = (
         combine=_add,
         finish=_hidden_finish,
         tolerance=Tolerance(rel=8, abs=8),
+    ),
+    RowStatistic(
+        "runner_up",
+        np.float64,
+        "the second-largest weight (the top one again where two keys tie); 0 for a row "
+        "with fewer than two visible keys",
+        empty=_empty_two,
+        chunk=_top_two,
+        rescale=_scaled,
+        combine=_two_of_four,
+        finish=_per_weight,
+        # exp(x − m) of a key far below the top (a saturated row's): ε·|x − m|
+        tolerance=Tolerance(rel=64),
     ),
 )
 """Every per-row statistic, in the order :class:`RowStats` lists them."""

@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 from attention_cases import make_spec
 from numpy.typing import NDArray
+from reference import attention
 
-from sdpa_cli.engine import row_stats
+from sdpa_cli.engine import online, row_stats
 from sdpa_cli.engine.block import attend_block, key_range, operands
 from sdpa_cli.engine.conventions import JAX_MASK_VALUE
 from sdpa_cli.engine.online import applies, attend_online
@@ -36,6 +37,7 @@ from sdpa_cli.engine.records import Records
 from sdpa_cli.engine.row_stats import ROW_STATISTICS, RowStatistic
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.stats import Stats
+from sdpa_cli.engine.trace import trace
 
 KEY_BLOCK = 7
 """Keys per block of the lean pass here: several blocks a row, boundaries inside masks."""
@@ -200,3 +202,78 @@ def test_the_memory_estimate_counts_every_column() -> None:
         np.dtype(s.dtype).itemsize * (2 if s.per_format else 1) for s in ROW_STATISTICS
     )
     assert math.prod(Stats.empty(make_spec(22)).rows["n_visible"].shape) == 2 * 2 * 13
+
+
+# --- the runner-up weight against the float64 loop reference -----------------------------
+
+
+def reference_runner_up(spec: AttentionSpec) -> NDArray[np.float64]:
+    """Each row's second-largest weight over its visible keys (0 below two), from
+    :func:`reference.attention`'s weights, by sorting each row in Python."""
+    o = spec.options
+    want = attention(
+        np.asarray(spec.q),
+        np.asarray(spec.k),
+        np.asarray(spec.v),
+        causal=o.causal,
+        causal_align=o.causal_align,
+        key_lengths=o.key_lengths,
+        mask_value=o.mask_value,
+        scale=o.scale,
+    )
+    second = np.zeros(want.weights.shape[:-1])
+    for at in np.ndindex(*second.shape):
+        seen = sorted((w for w, v in zip(want.weights[at], want.visible[at], strict=True) if v))
+        second[at] = seen[-2] if len(seen) >= 2 else 0.0
+    return second
+
+
+def saturated_and_tied() -> AttentionSpec:
+    """Row 0 one-hot but for e^−40, row 1 two keys tied at the top, row 2 uniform, row 3
+    the runner-up in an earlier key block than the top, row 4 the other way round."""
+    logits = np.zeros((5, 20))
+    logits[0, 3] = 40.0
+    logits[1, [2, 17]] = 5.0
+    logits[3, [1, 15]] = 6.0, 9.0
+    logits[4, [1, 15]] = 9.0, 6.0
+    return logits_spec(logits)
+
+
+RUNNER_UP_CASES: dict[str, Callable[[], AttentionSpec]] = {
+    "no-mask": lambda: make_spec(31, B=1, L=6, S=25),
+    "causal": lambda: make_spec(32, B=1, L=9, S=25, causal=True),  # row 0: one key
+    "key-padding-with-0": lambda: make_spec(33, L=5, S=25, key_lengths=(0, 1)),
+    "mask-value-1e9-rows-see-none": lambda: make_spec(
+        34, L=7, S=12, causal=True, causal_align="lower-right", key_lengths=(0, 9), mask_value=-1e9
+    ),
+    "saturated-and-tied": saturated_and_tied,
+}
+
+
+@pytest.mark.parametrize("case", RUNNER_UP_CASES)
+def test_the_runner_up_weight_is_the_second_largest_visible_weight(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lean (key blocks of 7: the top two meet across blocks) and per stage, against
+    the float64 loop reference."""
+    spec = RUNNER_UP_CASES[case]()
+    want = reference_runner_up(spec)
+    computed = []
+
+    def in_key_blocks(*args: Any, **kwargs: Any) -> online.Online | None:
+        found = attend_online(*args, **kwargs, key_block=KEY_BLOCK)
+        computed.append(found is not None)
+        return found
+
+    monkeypatch.setattr(online, "attend_online", in_key_blocks)
+    lean = trace(spec, stages=(), rows=3).stats.rows["runner_up"]
+    assert computed, "the trace runs the lean pass"
+    assert all(computed)
+    staged = trace(spec, rows=3).stats.rows["runner_up"]
+    np.testing.assert_allclose(lean, want, rtol=1e-12, atol=0, err_msg="lean")
+    np.testing.assert_allclose(staged, want, rtol=1e-12, atol=0, err_msg="per stage")
+    if case == "saturated-and-tied":
+        assert want[0] == pytest.approx(math.exp(-40.0), rel=1e-6)
+        tied = trace(spec).stats.max_weight[1]  # the top weight, twice
+        assert lean[1] == pytest.approx(tied, rel=1e-15)
+        assert staged[1] == tied
