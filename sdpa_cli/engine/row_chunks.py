@@ -66,6 +66,9 @@ class Chunk:
         self.seen, self.top, self.rank = seen, top, rank
         self.key0, self.hidden_mass = key0, hidden_mass
         self.rows = np.arange(e.shape[0]) if rows is None else rows
+        # what the producer has is kept as it is (the cached properties are not run)
+        if isinstance(log_e, np.ndarray):
+            self.log_e = log_e
         if e_top is not None:
             self.e_top = e_top
 
@@ -105,17 +108,20 @@ class Chunk:
         return self.e, (self.rows, keys)
 
 
-@dataclass(frozen=True)
 class Rescale:
     """The lean pass's running max rising from m_old to m_new (row by row; α = 1 and
-    δ = 0 where it stays)."""
+    δ = 0 where it stays). A plain class: one is made per key block.
 
-    alpha: NDArray[Any]
-    """exp(m_old − m_new); 0 where no key was seen yet (m_old = −inf)."""
-    delta: NDArray[Any]
-    """m_old − m_new ≤ 0; −inf where no key was seen yet."""
-    total: NDArray[Any]
-    """ℓ_old = Σ exp(x − m_old) over the keys so far."""
+    Args:
+        alpha: exp(m_old − m_new); 0 where no key was seen yet (m_old = −inf).
+        delta: m_old − m_new ≤ 0; −inf where no key was seen yet.
+        total: ℓ_old = Σ exp(x − m_old) over the keys so far.
+    """
+
+    __slots__ = ("alpha", "delta", "total")
+
+    def __init__(self, alpha: NDArray[Any], delta: NDArray[Any], total: NDArray[Any]) -> None:
+        self.alpha, self.delta, self.total = alpha, delta, total
 
 
 class Final:

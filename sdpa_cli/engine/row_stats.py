@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -117,7 +118,7 @@ def _top_key(c: Chunk) -> Partial:
 def _later_top(a: Partial, b: Partial) -> Partial:
     """The first of the largest keys: the later keys' only where they rank strictly
     higher (NaN, which the per-stage path may rank, takes the later's, as argmax does)."""
-    return np.where(~(b[1] <= a[1]), b[0], a[0]), np.maximum(a[1], b[1])
+    return np.where(b[1] <= a[1], a[0], b[0]), np.maximum(a[1], b[1])
 
 
 def _top_key_finish(p: Partial, final: Final) -> NDArray[np.int64]:
@@ -308,6 +309,17 @@ def statistic(name: str) -> RowStatistic:
     return next(s for s in ROW_STATISTICS if s.name == name)
 
 
+Column = tuple[RowStatistic, str, str | None]
+"""A statistic, one of its columns and that column's format (None: not per format)."""
+
+
+@cache
+def layout(formats: tuple[str, ...]) -> tuple[Column, ...]:
+    """Every column of every statistic, in :data:`ROW_STATISTICS`' order, for the
+    narrow formats ``formats`` (made once per tuple of formats)."""
+    return tuple((s, name, d) for s in ROW_STATISTICS for name, d in s.columns(formats))
+
+
 def bytes_per_row(formats: int) -> int:
     """What :class:`~sdpa_cli.engine.stats.Stats` keeps per query row, checking
     ``formats`` narrow formats."""
@@ -336,10 +348,7 @@ class RowStats(dict[str, NDArray[Any]]):
     @classmethod
     def zeros(cls, shape: tuple[int, ...], formats: tuple[str, ...]) -> RowStats:
         """Every column zero, in the dtype its statistic is kept in."""
-        columns = {
-            name: np.zeros(shape, s.dtype) for s in ROW_STATISTICS for name, _ in s.columns(formats)
-        }
-        return cls(columns, formats)
+        return cls({name: np.zeros(shape, s.dtype) for s, name, _ in layout(formats)}, formats)
 
     def per_format(self, name: str) -> dict[str, NDArray[Any]]:
         """A per-format statistic's columns by format (the arrays themselves)."""
@@ -401,32 +410,31 @@ class Settle:
     (:attr:`rows`, picked by each statistic's prefilter), folded block by block."""
 
     def __init__(self, final: Final, formats: tuple[str, ...]) -> None:
-        n = final.total.shape[0]
-        need = np.zeros(n, np.bool_)
-        for s in SETTLED:
+        self.n, self.formats = final.total.shape[0], formats
+        self.columns = tuple(c for c in layout(formats) if c[0].settle is not None)
+        need = np.zeros(self.n, np.bool_)
+        for s, _, d in self.columns:
             assert s.reads is not None
-            for _, d in s.columns(formats):
-                need |= s.reads(final, d)
-        self.n, self.formats = n, formats
+            need |= s.reads(final, d)
         self.rows = np.flatnonzero(need)
-        self.parts = {
-            name: s.empty(self.rows.size, final.total.dtype)
-            for s in SETTLED
-            for name, _ in s.columns(formats)
-        }
+        self.parts: dict[str, Partial] = {}
+        self.dtype = final.total.dtype
 
     def add(self, settled: Settled) -> None:
         """One block of keys' final weights of :attr:`rows`."""
-        for s in SETTLED:
+        parts = self.parts
+        for s, name, d in self.columns:
             assert s.settle is not None
-            for name, d in s.columns(self.formats):
-                self.parts[name] = s.combine(self.parts[name], s.settle(settled, d))
+            part = parts[name] if name in parts else s.empty(self.rows.size, self.dtype)
+            parts[name] = s.combine(part, s.settle(settled, d))
 
-    def whole(self, s: RowStatistic, name: str, dtype: np.dtype[Any]) -> Partial:
+    def whole(self, s: RowStatistic, name: str) -> Partial:
         """A statistic's partial result over every row: the empty one where not read."""
+        if name not in self.parts:
+            return s.empty(self.n, self.dtype)
         if self.rows.size == self.n:
             return self.parts[name]
-        full = s.empty(self.n, dtype)
+        full = s.empty(self.n, self.dtype)
         for x, part in zip(full, self.parts[name], strict=True):
             x[self.rows] = part
         return full
@@ -434,12 +442,10 @@ class Settle:
 
 def collect(fold: Fold, settle: Settle, final: Final) -> RowStats:
     """Every statistic finished, in :data:`ROW_STATISTICS`' order."""
-    columns: dict[str, NDArray[Any]] = {}
-    dtype = final.total.dtype
-    for s in ROW_STATISTICS:
-        for name, _ in s.columns(settle.formats):
-            part = fold.parts[name] if s.chunk is not None else settle.whole(s, name, dtype)
-            columns[name] = s.finish(part, final)
+    columns = {
+        name: s.finish(fold.parts[name] if s.chunk is not None else settle.whole(s, name), final)
+        for s, name, _ in layout(settle.formats)
+    }
     return RowStats(columns, settle.formats)
 
 
