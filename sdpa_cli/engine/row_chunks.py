@@ -31,8 +31,8 @@ Partial = tuple[NDArray[Any], ...]
 
 class Chunk:
     """What an online statistic reads from one block of keys of some query rows, in
-    its producer's frame (see the module's docstring); costly views are computed on
-    first use, so a statistic that needs none costs nothing.
+    its producer's frame (see :mod:`sdpa_cli.engine.row_stats`); costly views are
+    computed on first use, so a statistic that needs none costs nothing.
 
     Args:
         e: ``(rows, keys)`` e = exp(x − m) at visible keys, 0 at hidden ones.
@@ -41,8 +41,8 @@ class Chunk:
         seen: ``(rows,)`` the visible keys of each row.
         top: ``(rows,)`` each row's largest key, an index into the chunk.
         rank: ``(rows,)`` how the producer ranks that key against another chunk's
-            (the lean pass: its logit; the per-stage path: its weight); −inf for a row
-            that sees no key of the chunk.
+            (the lean pass: its logit, −inf for a row that sees no key of the chunk;
+            the per-stage path: its weight).
         key0: the index of the chunk's first key.
         hidden_mass: ``(rows,)`` the e the row puts on keys it does not see.
         e_top: ``(rows,)`` e at each row's top key, when the producer has it.
@@ -129,8 +129,9 @@ class Final:
 
     Args:
         total: ``(rows,)`` ℓ = Σ e, 0 for a row with no weight.
-        log_total: ``(rows,)`` log ℓ without the frame's constant (see the module's
-            docstring), in the producer's float dtype; any value where ℓ is 0.
+        log_total: ``(rows,)`` log ℓ without the frame's constant c (see
+            :mod:`sdpa_cli.engine.row_stats`), in the producer's float dtype; any value
+            where ℓ is 0.
         uniform: the rows the producer knows to be uniform over every key, none of
             them visible (a finite mask value): all their weight is on hidden keys;
             None: no such row.
