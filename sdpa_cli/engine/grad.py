@@ -28,7 +28,7 @@ trace): ‖dS‖ ≤ (1 − Σ A²) · ‖dA‖, and a one-hot row passes back n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +36,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine.driver import InOrder, KeyMode, Place, Progress, block_rows, sweep
-from sdpa_cli.engine.grad_block import (
-    ROW_RECORDS,
-    BlockGrad,
-    backward_block,
-    lean_backward_block,
-)
+from sdpa_cli.engine.grad_block import BlockGrad, backward_block, lean_backward_block
+from sdpa_cli.engine.grad_health import GRAD_RECORDS, HealthRecords, record_bytes
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import check_memory, split_heads_of_output
@@ -115,7 +111,7 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Gradients:
+class Gradients(HealthRecords):
     """The gradients of ``Σ O ⊙ dO`` and what the health findings read.
 
     ``dq``, ``dk``, ``dv`` and ``dbias`` are float64 and shaped like ``spec.q``,
@@ -130,15 +126,8 @@ class Gradients:
     dk: F64
     dv: F64
     dbias: F64 | None
-    da_norm: F64
-    ds_norm: F64
-    gain: F64
-    max_weight: F64
-    rest: F64
-    argmax: NDArray[np.int64]
-    n_visible: NDArray[np.int64]
-    key_weight: F64
-    key_seen: NDArray[np.bool_]
+    health: Mapping[str, NDArray[Any]]
+    """Every record of :data:`~sdpa_cli.engine.grad_health.GRAD_RECORDS`, by name."""
     dsinks: F64 | None = None
     """With ``--sinks``: d(sink logit) per head, shaped like ``spec.sinks``:
     Σ over the head's rows of p_sink · (0 − Σ_j A_j dA_j)."""
@@ -225,9 +214,8 @@ def backward(
     sums = _SliceSums(spec, kept, on_slice)
     dbias = np.zeros(spec.bias.shape) if spec.bias is not None else None
     dsinks: F64 | None = np.zeros(spec.sinks.shape) if spec.sinks is not None else None
-    per_row = {n: np.zeros((*spec.lead, spec.L), dt) for n, dt in ROW_RECORDS.items()}
-    key_weight = np.zeros((*spec.lead, spec.S))
-    key_seen = np.zeros((*spec.lead, spec.S), np.bool_)
+    length = {"row": spec.L, "key": spec.S}
+    health = {r.name: np.zeros((*spec.lead, length[r.axis]), r.dtype) for r in GRAD_RECORDS}
 
     def merge(g: BlockGrad) -> None:
         li, r, ks = g.lead_index, g.rows, g.keys
@@ -246,10 +234,11 @@ def backward(
             head = heads[-1] if heads and dsinks.shape[0] > 1 else 0
             dsinks[head] += g.dsinks.sum()
         at: tuple[int | slice, ...] = (*li, r)
-        for name, values in per_row.items():
-            values[at] = getattr(g, name)
-        np.maximum(key_weight[li][ks], g.key_weight, out=key_weight[li][ks])
-        key_seen[li][ks] |= g.key_seen
+        for record in GRAD_RECORDS:
+            if record.merge is None:  # a row's record: one block's
+                health[record.name][at] = g.health[record.name]
+            else:  # a key's: every block of rows'
+                record.merge(health[record.name][li][ks], g.health[record.name])
 
     order = InOrder()
 
@@ -285,10 +274,8 @@ def backward(
         dv=sums.whole["dv"],
         dbias=dbias,
         dsinks=dsinks,
-        key_weight=key_weight,
-        key_seen=key_seen,
+        health=health,
         kept=kept,
-        **per_row,
     )
 
 
@@ -307,8 +294,8 @@ def check_fits(spec: AttentionSpec, kept: frozenset[Index] | None = None) -> Non
     else:
         values = (len(kept) + 1) * sum(sizes)
     values += math.prod(spec.bias.shape) if spec.bias is not None else 0
-    rows = math.prod((*spec.lead, spec.L)) * sum(np.dtype(t).itemsize for t in ROW_RECORDS.values())
-    need = 8 * values + rows + 9 * math.prod((*spec.lead, spec.S))
+    records = record_bytes(math.prod((*spec.lead, spec.L)), math.prod((*spec.lead, spec.S)))
+    need = 8 * values + records
     check_memory(
         need,
         f"gradients of Q {spec.shapes.get('q', spec.q.shape)}",

@@ -28,6 +28,10 @@ from sdpa_cli.engine.block import (
     visibility,
 )
 from sdpa_cli.engine.driver import Place
+from sdpa_cli.engine.grad_health import NORM_SLICES as NORM_SLICES
+from sdpa_cli.engine.grad_health import HealthBlock, HealthRecords, read_health
+from sdpa_cli.engine.grad_health import norm as norm
+from sdpa_cli.engine.grad_health import row_norm as row_norm
 from sdpa_cli.engine.records import Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
@@ -36,20 +40,8 @@ if TYPE_CHECKING:
     from sdpa_cli.engine.stats import Stats
 
 
-ROW_RECORDS: dict[str, type[np.generic]] = {
-    "da_norm": np.float64,
-    "ds_norm": np.float64,
-    "gain": np.float64,
-    "max_weight": np.float64,
-    "rest": np.float64,
-    "argmax": np.int64,
-    "n_visible": np.int64,
-}
-"""The per-row records a block gives and :class:`Gradients` keeps ``(*lead, L)``."""
-
-
 @dataclass(frozen=True)
-class BlockGrad:
+class BlockGrad(HealthRecords):
     """One block's share of the gradients, and its rows' and keys' records.
 
     ``dk``/``dv`` cover the block's keys ``keys``; ``dbias`` is the block's
@@ -63,18 +55,9 @@ class BlockGrad:
     dk: F64
     dv: F64
     dbias: F64 | None
-    da_norm: F64
-    ds_norm: F64
-    gain: F64
-    max_weight: F64
-    rest: F64
-    """The weight on every key but the top one (1 − max weight, without rounding)."""
-    argmax: NDArray[np.int64]
-    n_visible: NDArray[np.int64]
-    key_weight: F64
-    """The largest weight each key of ``keys`` gets from the block's rows."""
-    key_seen: NDArray[np.bool_]
-    """Whether any row of the block may attend to each key of ``keys``."""
+    health: Mapping[str, NDArray[Any]]
+    """Every record of :data:`~sdpa_cli.engine.grad_health.GRAD_RECORDS`: per row of
+    the block, or per key of ``keys``."""
     records: Records | None = None
     """The forward pass's statistics of the block, when asked for."""
     dsinks: F64 | None = None
@@ -147,7 +130,7 @@ def backward_block(
         dk = draw.T @ q
         dbias = _dbias(spec, dlogits)
         attended = None if block.all_visible else block.attended
-        health = _row_health(a, seen_norm(da, attended), ds, top, attended, block.keys.start)
+        health = read_health(HealthBlock(a, top, attended, block.keys.start, da=da, ds=ds))
     return BlockGrad(
         lead_index=lead_index,
         rows=rows,
@@ -156,7 +139,7 @@ def backward_block(
         dk=dk,
         dv=dv,
         dbias=dbias,
-        **health,
+        health=health,
         records=records,
         dsinks=dsinks,
         steps={"scaled": block.scaled, "d_weights": da, "d_scores": ds, "d_scaled": dscaled}
@@ -199,13 +182,15 @@ def lean_backward_block(
         # the forward pass's logits are spent: dA and dS take their scratch array
         da = online.scratch("x", np.dtype(np.float64), a.size).reshape(a.shape)
         np.matmul(dout, inputs.v[keys].T, out=da)
-        da_norm = seen_norm(da, vis)
+        reads = HealthBlock(a, top, vis, keys.start, max_weight=found.rows.max_weight, da=da)
+        health = read_health(reads, reads_da=True)  # dS is formed over dA below
         ds, _ = softmax_backward(a, da, top, in_place=True)  # hidden keys: A = 0, so dS = 0
+        reads.da, reads.ds = None, ds
+        health |= read_health(reads, reads_da=False)
         dq = ds @ inputs.k[keys]
         dq *= spec.factor
         dk = q.T @ ds
         dk *= spec.factor
-        health = _row_health(a, da_norm, ds, top, vis, keys.start, found.rows.max_weight)
     return BlockGrad(
         lead_index=place.lead,
         rows=place.rows,
@@ -214,7 +199,7 @@ def lean_backward_block(
         dk=dk.T,
         dv=dv,
         dbias=None,
-        **health,
+        health=health,
         records=records,
         steps=None,
     )
@@ -267,107 +252,3 @@ def _dbias(spec: AttentionSpec, dlogits: F64) -> F64 | None:
     if sb == 1:
         dbias = dbias.sum(axis=1, keepdims=True)
     return dbias
-
-
-def seen_norm(x: F64, attended: NDArray[np.bool_] | None) -> F64:
-    """:func:`row_norm` over the keys each row attends to (``attended`` None: every
-    key): a finite mask value gives a fully masked row uniform weights, yet its
-    logits were replaced and pass nothing back."""
-    return row_norm(x if attended is None else np.where(attended, x, 0.0))
-
-
-def _row_health(
-    a: F64,
-    da_norm: F64,
-    ds: F64,
-    top: NDArray[np.intp],
-    attended: NDArray[np.bool_] | None,
-    key0: int,
-    max_weight: F64 | None = None,
-) -> dict[str, NDArray[Any]]:
-    """The per-row and per-key records of :class:`BlockGrad`: norms of dA (given)
-    and dS, the top weight (given, or read from A) and what the rest of the row
-    holds, the gain 1 − Σ w², the attended keys (``attended`` None: every key;
-    ``key0`` the block's first key)."""
-    n_rows, n_keys = a.shape
-    if max_weight is None:
-        max_weight = a.max(axis=1) if n_keys else np.zeros(n_rows)
-    rest, gain = _off_top(a, top, max_weight)
-    if attended is None:
-        n_visible = np.full(n_rows, n_keys, dtype=np.int64)
-        key_seen = np.full(n_keys, n_rows > 0, dtype=np.bool_)
-    else:
-        n_visible = attended.sum(axis=1)
-        key_seen = np.asarray(attended.any(axis=0), dtype=np.bool_)
-    argmax = np.where(n_visible > 0, top + key0, -1)  # −1: no key to name
-    a_seen = a if attended is None else np.where(attended, a, 0.0)
-    return {
-        "da_norm": da_norm,
-        "ds_norm": seen_norm(ds, attended),
-        "gain": np.where(n_visible > 0, gain, 0.0),
-        "max_weight": max_weight,
-        "rest": rest,
-        "argmax": argmax.astype(np.int64),
-        "n_visible": n_visible.astype(np.int64),
-        "key_weight": a_seen.max(axis=0) if n_rows else np.zeros(n_keys),
-        "key_seen": key_seen,
-    }
-
-
-PRECISE_BELOW = 1e-4
-"""Rows whose 1 − Σ A² falls below this are recomputed without the cancellation."""
-
-
-def _off_top(a: F64, top: NDArray[np.intp], max_weight: F64) -> tuple[F64, F64]:
-    """Per row: the weight off the top key, and 1 − Σ A² (the Jacobian's norm bound).
-
-    1 − Σ A² = Σ A (1 − A); for a nearly one-hot row the top key's 1 − A_top is taken
-    as the weight on the other keys, since 1 − 0.99999999 keeps only rounding. The
-    cheap forms serve every other row.
-    """
-    rest = 1.0 - max_weight
-    gain = 1.0 - np.einsum("ij,ij->i", a, a)
-    with np.errstate(invalid="ignore"):
-        close = np.flatnonzero(gain < PRECISE_BELOW)
-    if close.size and a.shape[1]:
-        others = a[close]
-        others[np.arange(close.size), top[close]] = 0.0
-        rest[close] = others.sum(axis=1)
-        gain[close] = max_weight[close] * rest[close] + np.sum(others * (1.0 - others), axis=1)
-    return rest, gain
-
-
-NORM_SLICES = 1 << 20
-"""Elements above which :func:`norm` of a tensor goes one (batch, head) slice at a time."""
-
-
-def norm(x: NDArray[Any], axis: int | tuple[int, ...] | None = None) -> Any:
-    """The 2-norm along ``axis``, scaled by the largest magnitude first: the squares of
-    a vanishing row's dS (~1e-200) would underflow to 0 and hide it."""
-    x = np.asarray(x)
-    if x.ndim > 2 and axis in (None, (-2, -1)) and x.size > NORM_SLICES:
-        # slice by slice: the temporaries are a slice's, not the whole tensor's
-        per = np.empty(x.shape[:-2])
-        for at in np.ndindex(*per.shape):
-            per[at] = norm(x[at])
-        return per if axis is not None else norm(per)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        mags = np.abs(x)
-        top = np.max(mags, axis=axis, keepdims=True, initial=0.0)
-        safe = np.where((top > 0) & np.isfinite(top), top, 1.0)
-        total = np.sqrt(np.sum(np.square(mags / safe), axis=axis, keepdims=True)) * safe
-        total = np.where(np.isfinite(top), total, top)  # inf stays inf, NaN NaN
-        return np.squeeze(total, axis=axis) if axis is not None else total.reshape(())[()]
-
-
-def row_norm(x: F64) -> F64:
-    """:func:`norm` of each row of ``(rows, keys)``: the plain sum of squares, and the
-    scaled one for the rows whose squares could underflow or overflow."""
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        squares = np.einsum("ij,ij->i", x, x)
-        total: F64 = np.sqrt(squares)
-        # NaN compares False: such rows, and zero rows, take the careful path too
-        again = np.flatnonzero(~((squares > 1e-250) & (squares < 1e250)))
-    if again.size:
-        total[again] = norm(x[again], axis=1)
-    return total

@@ -3,9 +3,11 @@ statistic read from what the softmax computes anyway.
 
 For one (batch, head) slice and query rows i0..i1, key blocks of :data:`KEY_BLOCK`
 keys are visited in order, as FlashAttention does. Per row it keeps the running max
-m (and its key), the running sum ℓ = Σ exp(x − m), the running Σ exp(x − m)·(x − m)
-and the output accumulator; when a later key block raises m, the three are rescaled
-by exp(m_old − m_new). At the end
+m, the running sum ℓ = Σ exp(x − m) and the output accumulator, rescaled by
+exp(m_old − m_new) when a later key block raises m; every row statistic of
+:data:`~sdpa_cli.engine.row_stats.ROW_STATISTICS` is folded in key block by key block
+by its own rules (a :class:`~sdpa_cli.engine.row_stats.Chunk` of e = exp(x − m) and
+log e = x − m). At the end
 
     output     = acc / ℓ                         (normalised once, not every weight)
     LSE        = m + log ℓ
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import precision
+from sdpa_cli.engine import precision, row_stats
 from sdpa_cli.engine.block import (
     DENORMAL_FLOOR,
     Operands,
@@ -52,7 +54,7 @@ from sdpa_cli.engine.block import (
     visibility,
 )
 from sdpa_cli.engine.positions import valid_queries
-from sdpa_cli.engine.records import Records, RowStats
+from sdpa_cli.engine.records import Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
 
@@ -104,7 +106,7 @@ class Online:
     lse: F64
     """(rows,), float64: −inf for a row with no visible key (the mask value + log S
     under a finite one)."""
-    rows: RowStats
+    rows: row_stats.RowStats
     records: Records
     weights: NDArray[Any] | None = None
     """With ``keep_weights``: (rows, keys) the softmax's weights, hidden keys 0: this
@@ -170,12 +172,12 @@ def attend_online(
     )
 
     m = np.full(n, -np.inf, dtype=dt)  # running row max
-    top = np.zeros(n, dtype=np.int64)  # its key
     total = np.zeros(n, dtype=dt)  # Σ exp(x − m)
-    spread = np.zeros(n, dtype=dt)  # Σ exp(x − m)·(x − m)
     low = np.full(n, np.inf, dtype=dt)  # smallest visible logit
     acc = np.zeros((n, ev), dtype=dt)
-    n_visible = np.zeros(n, dtype=np.int64)
+    fold = row_stats.Fold(n, dt)  # every row statistic, chunk by chunk
+    nothing_hidden = np.zeros(n, dtype=dt)  # hidden keys weigh 0 here (checked below)
+    everyone = np.arange(n)
     hi_all, lo_all = -math.inf, math.inf
     exp_limit = min(precision.fmt(d).exp_limit for d in narrow)
 
@@ -189,19 +191,18 @@ def attend_online(
             inside = common.start <= c0 and c1 <= common.stop
             vis = None if inside else visibility(spec, lead, rows, slice(c0, c1))
             if vis is None:
-                n_visible += width
-                chunk_lo = np.min(x, axis=1)
+                seen = np.full(n, width, dtype=np.int64)
+                chunk_lo = x[everyone, np.argmin(x, axis=1)]  # argmin: faster than min
             else:
                 if added:
                     _mask_add_overflow(records, x, vis, added, (*lead, rows.start, c0))
                 seen = vis.sum(axis=1)
                 if not seen.any() and not keep_weights:  # no row sees them: they add nothing
                     continue
-                n_visible += seen
                 chunk_lo = np.min(x, axis=1, where=vis, initial=np.inf)
                 np.copyto(x, neg, where=~vis)
             at = np.argmax(x, axis=1)
-            chunk_max = x[np.arange(n), at]
+            chunk_max = x[everyone, at]
             if vis is not None:
                 chunk_max = np.where(seen > 0, chunk_max, -np.inf).astype(dt)
             hi = float(np.max(chunk_max, initial=-math.inf))
@@ -214,23 +215,35 @@ def attend_online(
             np.minimum(low, chunk_lo, out=low)
 
             new_m = np.maximum(m, chunk_max)
-            raised = chunk_max > m
-            top = np.where(raised, at + c0, top)
             shift = np.where(new_m == -np.inf, 0, new_m).astype(dt)
             alpha = np.exp(m - shift)  # m = −inf (nothing seen yet): 0
-            # Σ e·(x − m_new) = α·(Σ e·(x − m_old) + (m_old − m_new)·Σ e)
-            spread = alpha * (spread + np.where(total > 0, (m - shift) * total, 0))
+            fold.rescale(row_stats.Rescale(alpha, m - shift, total))
             total *= alpha
             acc *= alpha[:, None]
             m = new_m
 
             np.subtract(x, shift[:, None], out=x)
+            top_log = chunk_max - shift  # the top key's x − m, as x holds it now
             if np.min(chunk_lo - shift, initial=math.inf) < floor:
                 np.copyto(x, neg, where=x < floor)  # subnormal exp: see DENORMAL_FLOOR
+                top_log[top_log < floor] = neg
             e = scratch("e", dt, n * width).reshape(n, width)
             np.exp(x, out=e)
             total += e.sum(axis=1)
-            spread += np.einsum("ij,ij->i", e, x)
+            # x now holds log e = x − m (hidden keys: the most negative number)
+            fold.add(
+                row_stats.Chunk(
+                    e,
+                    x,
+                    seen,
+                    at,
+                    chunk_max,
+                    c0,
+                    nothing_hidden,
+                    e_top=np.exp(top_log),  # e[everyone, at], without a gather
+                    rows=everyone,
+                )
+            )
             acc += e @ inputs.v[c0:c1]
 
         seen_any = total > 0
@@ -250,10 +263,14 @@ def attend_online(
                     return None  # their weights are not e / ℓ: the per-stage path keeps them
                 output[uniform] = inputs.v[k0:k1].mean(axis=0, dtype=dt)
                 lse[uniform] = mask_value + math.log(k1 - k0)
-        max_weight = np.where(seen_any, 1.0 / safe.astype(np.float64), 0.0)
-        # entropy: −Σ w log w = log ℓ − Σ e·(x − m) / ℓ; terms ≤ 0 do not cancel
-        entropy = np.where(seen_any, np.maximum(log_total - spread / safe, 0.0), 0.0)
-        entropy = np.where(np.isfinite(entropy), entropy, 0.0)
+        finite_m = np.where(np.isfinite(m), m, 0).astype(dt)
+        final = row_stats.Final(
+            total,
+            log_total,
+            uniform,
+            # inf for a row that saw nothing (low = inf): it has no weight to lose
+            lambda: np.exp(low - finite_m) / safe,
+        )
         out_hi = float(np.max(np.abs(output), initial=0.0))
         weights = None
         if keep_weights:  # one key block: e holds every key's exp(x − m)
@@ -267,7 +284,9 @@ def attend_online(
     scaled_max = max(abs(hi_all), abs(lo_all)) if hi_all >= lo_all else 0.0
     if max(raw_max, scaled_max, out_hi) > smallest_max:
         return None
-    counted = int(n_visible.sum())
+    settle = _settle(spec, lead, rows, keys, qf, inputs, finite_m, final, narrow, key_block)
+    stats = row_stats.collect(fold, settle, final)
+    counted = int(stats.n_visible.sum())
     for stage, extreme, count in (
         ("raw", raw_max, counted),
         ("scaled", scaled_max, counted),
@@ -276,16 +295,6 @@ def attend_online(
     ):
         records.absmax[stage].count += count
         records.absmax[stage].extreme = extreme
-    underflow, lost = _flushed(spec, lead, rows, keys, qf, inputs, m, safe, low, narrow, key_block)
-    stats = RowStats(
-        n_visible=n_visible,
-        max_weight=max_weight,
-        argmax=np.where(seen_any, top, 0),
-        entropy=entropy,
-        underflow=underflow,
-        lost=lost,
-        hidden_weight=None if uniform is None else uniform.astype(np.float64),
-    )
     return Online(output.astype(dt, copy=False), lse, stats, records, weights)
 
 
@@ -341,7 +350,7 @@ def _mask_add_overflow(
         records.mask_add_overflow[d].add(hits, base, total, in_order=False)
 
 
-def _flushed(
+def _settle(
     spec: AttentionSpec,
     lead: Index,
     rows: slice,
@@ -349,37 +358,25 @@ def _flushed(
     qf: NDArray[Any],
     inputs: Operands,
     m: NDArray[Any],
-    total: NDArray[Any],
-    low: NDArray[Any],
+    final: row_stats.Final,
     narrow: tuple[str, ...],
     key_block: int,
-) -> tuple[dict[str, NDArray[np.int64]], dict[str, F64]]:
-    """Per narrow format, the visible weights of each row that would flush to zero
-    there (or that the engine already made 0) and the mass they carry. Only rows whose
-    smallest weight exp(min x − m) / ℓ could flush read their keys again."""
-    n = rows.stop - rows.start
-    dt = inputs.k.dtype
-    underflow = {d: np.zeros(n, dtype=np.int64) for d in narrow}
-    lost = {d: np.zeros(n) for d in narrow}
-    tiny = max(precision.fmt(d).tiny for d in narrow)
+) -> row_stats.Settle:
+    """The settled statistics (what would flush to zero in each narrow format): the
+    keys read again, block by block, for the rows their prefilter picks (those whose
+    smallest weight exp(min x − m) / ℓ could flush), w = exp(x − m) / ℓ (``m``: the
+    running max, 0 for a row that saw no key)."""
+    floor = DENORMAL_FLOOR[inputs.k.dtype]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        finite_m = np.where(np.isfinite(m), m, 0).astype(dt)
-        smallest = np.exp(low - finite_m) / total
-        # NaN compares False: a row that saw nothing has no weight to lose
-        again = np.flatnonzero(smallest <= tiny)
+        settle = row_stats.Settle(final, narrow)
+        again = settle.rows
         if not again.size:
-            return underflow, lost
-        floor = DENORMAL_FLOOR[dt]
+            return settle
         for c0 in range(keys.start, keys.stop, key_block):
             c1 = min(c0 + key_block, keys.stop)
             x = qf[again] @ inputs.k[c0:c1].T
-            x -= finite_m[again, None]
+            x -= m[again, None]
             vis = visibility(spec, lead, rows, slice(c0, c1))
-            w = np.where(x < floor, 0, np.exp(x)) / total[again, None]
-            ok = np.ones(w.shape, dtype=np.bool_) if vis is None else vis[again]
-            for d in narrow:
-                f = precision.fmt(d)
-                hit = ok & (w <= f.tiny) & ((w == 0) | f.flushes(w))
-                underflow[d][again] += hit.sum(axis=1)
-                lost[d][again] += np.where(hit, w, 0).sum(axis=1)
-    return underflow, lost
+            w = np.where(x < floor, 0, np.exp(x)) / final.safe[again, None]
+            settle.add(row_stats.Settled(w, None if vis is None else vis[again]))
+    return settle

@@ -222,23 +222,6 @@ class StageError:
         self.new_nonfinite.merge(later.new_nonfinite)
 
 
-@dataclass(frozen=True)
-class RowStats:
-    """Per query row of a block: visible keys, the largest weight and its key, the
-    entropy, and per narrow format the weights that would flush and the mass lost
-    (what :meth:`Stats.write_rows <sdpa_cli.engine.stats.Stats.write_rows>` keeps)."""
-
-    n_visible: NDArray[np.int64]
-    max_weight: F64
-    argmax: NDArray[np.int64]
-    entropy: F64
-    underflow: dict[str, NDArray[np.int64]]
-    lost: dict[str, F64]
-    hidden_weight: F64 | None = None
-    """The weight each row puts on keys it does not see (a finite mask value, a float
-    mask's sentinel); None: nothing, as with −inf."""
-
-
 @dataclass
 class Records:
     """The per-stage records of some blocks: what :meth:`Stats.measure` finds in one

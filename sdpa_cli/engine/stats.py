@@ -1,7 +1,8 @@
 """Statistics gathered block by block as the engine runs: what the diagnostics read.
 
-Per query row (arrays of shape ``(*lead, L)``): visible keys, the largest weight and
-its key, the entropy, and per format the weights that would flush to zero. Per stage
+Per query row (arrays of shape ``(*lead, L)``): every statistic of
+:data:`~sdpa_cli.engine.row_stats.ROW_STATISTICS` (visible keys, the largest weight and
+its key, the entropy, per format the weights that would flush to zero, ...). Per stage
 (a few numbers each): the largest magnitude, non-finite values, values that would
 overflow each checked format, with the first place each happened. Nothing here
 keeps a score-sized array, so the diagnostics cost little on huge inputs.
@@ -15,17 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine import positions, precision
+from sdpa_cli.engine import positions, precision, row_stats
 from sdpa_cli.engine.block import Block, native_dtype
 from sdpa_cli.engine.records import (
     OVERFLOW_STAGES,
     Moments,
     Records,
-    RowStats,
     largest,
     offset_index,
     product_moments,
 )
+from sdpa_cli.engine.row_stats import RowStats
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
 
@@ -80,19 +81,43 @@ class Stats:
     spec: AttentionSpec
     checked: tuple[str, ...]
     narrow: tuple[str, ...]
-    n_visible: NDArray[np.int32]
-    max_weight: F64
-    argmax: NDArray[np.int32]
-    entropy: F64
-    underflow: dict[str, NDArray[np.int32]]
-    lost: dict[str, F64]
-    hidden_weight: F64
-    """Per row, the weight on keys it does not see (a finite mask value's, a float
-    mask sentinel's): 0 where hidden keys get none."""
+    rows: RowStats
+    """Every row statistic of :data:`~sdpa_cli.engine.row_stats.ROW_STATISTICS`,
+    ``(*lead, L)`` each; the properties below name the ones the findings read."""
     records: Records
     """The per-stage records of every block so far, merged in block order."""
     moments: Moments
     _bad_keys: dict[tuple[str, Index], NDArray[np.bool_]] = field(default_factory=dict)
+
+    @property
+    def n_visible(self) -> NDArray[np.int32]:
+        return self.rows["n_visible"]
+
+    @property
+    def max_weight(self) -> F64:
+        return self.rows["max_weight"]
+
+    @property
+    def argmax(self) -> NDArray[np.int32]:
+        return self.rows["argmax"]
+
+    @property
+    def entropy(self) -> F64:
+        return self.rows["entropy"]
+
+    @property
+    def underflow(self) -> dict[str, NDArray[np.int32]]:
+        return self.rows.per_format("underflow")
+
+    @property
+    def lost(self) -> dict[str, F64]:
+        return self.rows.per_format("lost")
+
+    @property
+    def hidden_weight(self) -> F64:
+        """Per row, the weight on keys it does not see (a finite mask value's, a float
+        mask sentinel's): 0 where hidden keys get none."""
+        return self.rows["hidden_weight"]
 
     @property
     def empty_rows(self) -> NDArray[np.bool_]:
@@ -115,13 +140,7 @@ class Stats:
             spec=spec,
             checked=checked,
             narrow=narrow,
-            n_visible=np.zeros(rows, np.int32),
-            max_weight=np.zeros(rows),
-            argmax=np.zeros(rows, np.int32),
-            entropy=np.zeros(rows),
-            underflow={d: np.zeros(rows, np.int32) for d in narrow},
-            lost={d: np.zeros(rows) for d in narrow},
-            hidden_weight=np.zeros(rows),
+            rows=RowStats.zeros(rows, narrow),
             records=Records.empty(spec, checked, narrow),
             moments=Moments(),
         )
@@ -182,8 +201,10 @@ class Stats:
                 for e, b in ((ext, block), (ref_ext, reference)):
                     e.scaled_from(b, factor, None if b.all_visible else b.visible)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
-            underflow, lost = self._underflow(reference)
-            self.write_rows(at, self._rows(block, ext, underflow, lost))
+            found = row_stats.per_stage(
+                spec, block, reference, self.narrow, lambda: ext.finite(block.masked)
+            )
+            self.write_rows(at, found)
             self._overflow(reference, rec, base, out_base, ref_ext)
             self._logits(reference, rec, base, ref_ext)
             self._nonfinite(block, rec, base, out_base, ext)
@@ -194,95 +215,8 @@ class Stats:
 
     def write_rows(self, at: tuple[int | slice, ...], rows: RowStats) -> None:
         """Keep a block's row statistics (thread-safe: its rows are its own)."""
-        self.n_visible[at] = rows.n_visible
-        self.max_weight[at] = rows.max_weight
-        self.argmax[at] = rows.argmax
-        self.entropy[at] = rows.entropy
-        for d in self.narrow:
-            self.underflow[d][at] = rows.underflow[d]
-            self.lost[d][at] = rows.lost[d]
-        self.hidden_weight[at] = 0.0 if rows.hidden_weight is None else rows.hidden_weight
-
-    # --- rows: visible keys, the largest weight, the entropy ----------------------------
-
-    def _rows(
-        self,
-        block: Block,
-        ext: _Extremes,
-        underflow: dict[str, NDArray[np.int64]],
-        lost: dict[str, F64],
-    ) -> RowStats:
-        spec = self.spec
-        w = block.weights
-        n, n_keys = w.shape
-        n_visible = np.full(n, n_keys) if block.all_visible else block.visible.sum(axis=1)
-        if not n_keys:
-            zeros = np.zeros(n)
-            return RowStats(n_visible, zeros, np.zeros(n, np.int64), zeros, underflow, lost)
-        finite_hidden = not math.isinf(spec.options.effective_mask_value)
-        exact = native_dtype(spec) is not None
-        hidden_weight = None
-        if not block.all_visible and (finite_hidden or block.sentinel is not None or not exact):
-            # Over the visible keys only: a finite mask value (or a float mask's
-            # sentinel, added) leaves weight on hidden keys, which is not what a row
-            # attends to; how much it leaves is kept apart.
-            if finite_hidden or block.sentinel is not None:
-                hidden_weight = np.where(block.visible, 0.0, w).sum(axis=1)
-            w = np.where(block.visible, w, 0.0)
-            total = w.sum(axis=1, keepdims=True)
-            keep = 1.0 if block.sink is None else 1.0 - block.sink[:, None]
-            w = w / np.where(total > 0, total, 1.0) * keep
-            exact = False
-        if block.sink is not None:
-            # With sinks a row's weights sum to 1 − p_sink: the classifiers read them as
-            # they are (a row mostly on the sink is neither saturated nor uniform), and
-            # the entropy is summed directly (the LSE shortcut assumes a sum of 1).
-            exact = False
-        top = np.argmax(w, axis=1)
-        w_top = w[np.arange(n), top]
-        # A row with no visible key (all weights 0) reads key 0, whatever was skipped.
-        argmax = np.where(w_top == 0, 0, top + block.keys.start)
-        if exact:
-            # H = −Σ w log w = −log w_top − Σ w·(s − s_top), as log w = s − LSE and
-            # LSE = s_top − log w_top: a row dot instead of a log per weight, with
-            # terms ≤ 0 that do not cancel. Hidden keys (−inf, weight 0) drop out.
-            s = block.masked
-            gap = s - s[np.arange(n), top][:, None]
-            if not block.all_visible or not ext.finite(s):
-                # A hidden key (−inf, weight 0) adds 0 · (most negative number) = 0.
-                np.maximum(gap, np.finfo(gap.dtype).min, out=gap)
-            dot = np.einsum("ij,ij->i", w, gap)
-            entropy = np.where(w_top > 0, np.maximum(-np.log(w_top) - dot, 0.0), 0.0)
-            entropy = np.where(np.isfinite(entropy), entropy, 0.0)
-        else:
-            entropy = -np.sum(np.where(w > 0, w * np.log(w), 0.0), axis=1)
-        return RowStats(n_visible, w_top, argmax, entropy, underflow, lost, hidden_weight)
-
-    def _underflow(self, reference: Block) -> tuple[dict[str, NDArray[np.int64]], dict[str, F64]]:
-        """Weights that would flush to zero in each narrow format, and the mass lost.
-
-        A weight counts when its exact value is not zero (its logit is finite and its
-        key visible) but the format cannot hold it: whether the engine kept it as a
-        tiny number or already as 0 (below float32's or float64's own range), so the
-        count does not depend on the precision of the run.
-        """
-        ref_w = reference.weights
-        n = ref_w.shape[0]
-        underflow = {d: np.zeros(n, np.int64) for d in self.narrow}
-        lost = {d: np.zeros(n) for d in self.narrow}
-        visible = None if reference.all_visible else reference.visible
-        smallest = float(np.min(ref_w, where=True if visible is None else visible, initial=1.0))
-        for d in self.narrow:
-            f = precision.fmt(d)
-            if smallest > f.tiny:  # (NaN: look closer)
-                continue
-            flushed = (ref_w <= f.tiny) & np.isfinite(reference.masked)
-            if visible is not None:
-                flushed &= visible
-            flushed &= (ref_w == 0) | f.flushes(ref_w)
-            underflow[d] = flushed.sum(axis=1)
-            lost[d] = np.where(flushed, ref_w, 0.0).sum(axis=1)
-        return underflow, lost
+        for name, values in rows.items():
+            self.rows[name][at] = values
 
     # --- stages: magnitudes and overflow (reference values) -----------------------------
 

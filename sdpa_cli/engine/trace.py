@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.engine import row_stats
 from sdpa_cli.engine.block import Block, applicable_stages, attend_block
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
 from sdpa_cli.engine.forward import first_moments, forward, query_block
@@ -106,8 +107,9 @@ def loaded_index(spec: AttentionSpec, name: str, index: tuple[int, ...]) -> tupl
     return tuple(int(i) for i in np.unravel_index(flat, loaded))
 
 
-ROW_STATS_BYTES = 64
-"""What the statistics keep per query row (a few float64 and int64 arrays)."""
+ROW_STATS_BYTES = row_stats.bytes_per_row(formats=2)
+"""What the statistics keep per query row: every row statistic, two narrow formats
+checked (float16 and the run's)."""
 
 
 def _check_fits(spec: AttentionSpec, keep: set[str]) -> None:
