@@ -161,7 +161,8 @@ class Moments:
 
 def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
     """Mean and spread of every finite element of factor · Q Kᵀ, from Q (L, E) and
-    K (S, E) alone, in O((L + S)·E²) rather than O(L·S·E).
+    K (S, E) alone, in O((L + S)·E²) where that is less than O(L·S·E) (and the E × E
+    arrays are small), else in blocks of L·S.
 
     With q̄, k̄ the mean rows and A = Q − q̄, B = K − k̄ (centred), an element is
     q̄·k̄ + q̄·b_j + a_i·k̄ + a_i·b_j; the cross terms sum to zero, so the sum of squared
@@ -187,10 +188,31 @@ def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
         m2 = (
             n_q * float(np.square(b @ q_bar).sum())
             + n_k * float(np.square(a @ k_bar).sum())
-            + float(np.sum((a.T @ a) * (b.T @ b)))
+            + _gram_product(a, b)
         )
         mean = factor * float(q_bar @ k_bar)
     return Moments(n_q * n_k, mean, factor * factor * m2, nonfinite=nonfinite)
+
+
+GRAM_ELEMENTS = 1 << 20
+"""The most elements an (E, E) Gram matrix, or a block of A·Bᵀ, may take: 8 MiB."""
+
+
+def _gram_product(a: F64, b: F64) -> float:
+    """⟨AᵀA, BᵀB⟩ = ‖A·Bᵀ‖²_F for A (L, E) and B (S, E): through the (E, E) Gram
+    matrices where they are the cheaper and small; else A·Bᵀ a block of rows at a time,
+    so that a file declaring a long head dimension (E = 40,000 is a 640 KB input) costs
+    no E × E array (12.8 GB)."""
+    n_q, e = a.shape
+    n_k = b.shape[0]
+    if e * e <= GRAM_ELEMENTS and (n_q + n_k) * e <= n_q * n_k:
+        return float(np.sum((a.T @ a) * (b.T @ b)))
+    rows = max(1, GRAM_ELEMENTS // max(n_k, 1))
+    total = 0.0
+    for i in range(0, n_q, rows):
+        block = a[i : i + rows] @ b.T
+        total += float(np.einsum("ij,ij->", block, block))
+    return total
 
 
 def finite_std(a: NDArray[Any]) -> float:

@@ -448,3 +448,43 @@ def test_own_review_a_tolerance_or_timeout_of_nan_or_inf_is_refused(
         f"sdpa: error: Invalid value for '{args[-1]}': '{value}' is not a positive finite number.",
         f"sdpa: error: Invalid value for '{args[-1]}': {float(value)!r} is not in the range x>0.",
     )
+
+
+# --- what declared sizes cost -------------------------------------------------------------
+
+DECLARED = {
+    "E": ((1, 4, 40_000), (1, 4, 40_000), (1, 4, 4)),  # 640 KB; an E × E array is 12.8 GB
+    "Ev": ((1, 4, 4), (1, 4, 4), (1, 4, 400_000)),
+    "L": ((1, 200_000, 1), (1, 2, 1), (1, 2, 1)),
+    "S": ((1, 2, 1), (1, 200_000, 1), (1, 200_000, 1)),
+}
+
+
+@pytest.mark.parametrize("command", ["compute", "check", "grad", "explain"])
+@pytest.mark.parametrize("dimension", list(DECLARED))
+def test_what_declared_sizes_cost_is_bounded_by_the_data(
+    workdir: Path, dimension: str, command: str
+) -> None:
+    """A small file with one long dimension runs in memory proportional to its data:
+    under a 3 GB address-space limit (numpy's and BLAS's own reservations included),
+    where an E × E step (E = 40,000) ran out of memory."""
+    import resource
+
+    rng = np.random.default_rng(0)
+    for name, shape in zip("qkv", DECLARED[dimension], strict=True):
+        np.save(workdir / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+    done = subprocess.run(
+        [sdpa_executable(), command, *QKV],
+        cwd=workdir,
+        capture_output=True,
+        env=env,
+        preexec_fn=limited,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == ExitCode.OK, done.stderr

@@ -995,6 +995,24 @@ def test_product_moments_equal_those_of_the_explicit_scores(
         assert abs(naive - finite.std()) > 1e-4 * finite.std()  # the naive formula fails
 
 
+@pytest.mark.parametrize(("L", "S", "E"), [(7, 9, 4), (3, 5, 300), (40, 2, 1500)])
+def test_product_moments_of_a_long_head_dimension_equal_the_explicit_scores(
+    L: int, S: int, E: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (what declared sizes cost): ⟨AᵀA, BᵀB⟩ through (E, E) Gram matrices
+    cost a 640 KB file declaring E = 40,000 12.8 GB; where E × E is the larger, A·Bᵀ is
+    summed a block of rows at a time (blocks of 1 row here), to the same moments."""
+    import sdpa_cli.engine.records as records
+
+    monkeypatch.setattr(records, "GRAM_ELEMENTS", S)  # one row of A·Bᵀ per block
+    rng = np.random.default_rng(E)
+    q, k = 3.0 + rng.normal(size=(L, E)), rng.normal(size=(S, E))
+    scores = 0.5 * (q @ k.T)
+    got = product_moments(q, k, 0.5)
+    np.testing.assert_allclose(got.mean, scores.mean(), rtol=1e-12)
+    np.testing.assert_allclose(got.std, scores.std(), rtol=1e-10)
+
+
 # --- 9. the command line --------------------------------------------------------------------
 
 
