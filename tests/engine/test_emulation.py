@@ -264,7 +264,12 @@ def test_emulation_equals_pytorch_operators_in_the_format(
     assert t.raw is not None
     assert t.weights is not None
     assert t.output is not None
-    assert ulps(t.raw, raw.double().numpy(), name).max() <= 1
+    # PyTorch's own 16-bit matmul sums in an order its CPU kernel picks: on OpenBLAS's
+    # Haswell kernel a rare score lands 2 ulps from the emulation's (1.35 ulps from the
+    # exact sum, where the emulation's float32 sum rounds to 0.65)
+    raw_steps = ulps(t.raw, raw.double().numpy(), name)
+    assert raw_steps.max() <= 2
+    assert np.mean(raw_steps <= 1) >= 0.999
     steps = ulps(t.weights, weights.double().numpy(), name)
     assert steps.max() <= 1
     assert np.mean(steps == 0) >= 0.99
