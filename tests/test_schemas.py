@@ -159,8 +159,28 @@ def _enums(node: Any, pointer: str = "") -> dict[str, list[Any]]:
     return found
 
 
+SCHEMAS = Path(__file__).parent.parent / "sdpa_cli" / "schemas"
+
+
+def write_enums() -> None:
+    """Every enum of :data:`ENUMS` written into its schema file from the names table
+    (``python tests/test_schemas.py --regen``, after a name is added): the enums are
+    generated, and the test below holds them to it."""
+    for name in sorted({file for file, _ in ENUMS}):
+        path = SCHEMAS / f"{name}.json"
+        data = json.loads(path.read_text())
+        for (file, pointer), names_ in ENUMS.items():
+            if file != name:
+                continue
+            node = data
+            for part in pointer.strip("/").split("/"):
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            node["enum"] = list(names_)
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
 def test_every_enum_of_every_schema_is_a_list_of_the_names_table() -> None:
-    folder = Path(__file__).parent.parent / "sdpa_cli" / "schemas"
+    folder = SCHEMAS
     found = {
         (path.stem, pointer): enum
         for path in sorted(folder.glob("*.json"))
@@ -387,3 +407,11 @@ def test_the_hook_knows_each_command_s_schema() -> None:
     assert schema_name(["report", "model", "m.yaml"]) == "report-model"
     assert schema_name(["--debug", "inspect", "a.npz"]) == "inspect"
     assert schema_name(["capture", "script.py"]) is None
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--regen"]:
+        sys.exit("usage: python tests/test_schemas.py --regen")
+    write_enums()

@@ -70,8 +70,9 @@ class CheckRun:
         return check_exit_code(self.results)
 
     def writers(self) -> dict[str, Writer]:
-        """The writers of the report files a run writes: ``report`` (the JSON report)
-        and ``junit``."""
+        """The writers of the report files a run writes, one for each kind of
+        :data:`~sdpa_cli.api.outputs.REPORTS`: ``report`` (the JSON report) and
+        ``junit``."""
         return {
             "report": lambda fh: fh.write(self.json_text.encode()),
             "junit": lambda fh: fh.write(junit_xml(self.results)),

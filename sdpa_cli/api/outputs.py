@@ -49,6 +49,11 @@ order a run checks and writes them."""
 PICTURES = ("svg", "html")
 """The kinds that picture what a command shows: its tables, recorded in color."""
 
+REPORTS = ("junit", "report")
+"""The documents a check's run writes (:meth:`~sdpa_cli.api.check.CheckRun.writers`),
+which ``sdpa check`` and ``sdpa report merge`` offer: a new format is its entry in
+:data:`OUTPUT_FILES`, here, and its writer there."""
+
 
 @dataclass(frozen=True)
 class Outputs:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from sdpa_cli.api.outputs import PICTURES, REPORTS
 from sdpa_cli.cli.completion import files, finding_kinds, word_list
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
@@ -143,7 +144,7 @@ QUIET_OPTION = click.option(
     "(default: the number of cores).",
 )
 @format_option("A summary for a person, or one JSON object on stdout.")
-@output_files("junit", "report", "svg", "html", what="the summary")
+@output_files(*REPORTS, *PICTURES, what="the summary")
 @QUIET_OPTION
 @diagnostic_options
 @COLOR_OPTION
@@ -194,7 +195,7 @@ def write_reports(run: CheckRun, outputs: Outputs, color: bool | None) -> None:
     """The report files ``outputs`` asks for, all or none: the JSON report, the JUnit
     XML, and the summary's pictures."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.api.outputs import PICTURES, write_outputs
+    from sdpa_cli.api.outputs import write_outputs
     from sdpa_cli.render.check import render_results
 
     shown = []

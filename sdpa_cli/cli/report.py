@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from sdpa_cli.api.outputs import REPORTS
 from sdpa_cli.cli.check import show_results, write_reports
 from sdpa_cli.cli.completion import files
 from sdpa_cli.cli.options import (
@@ -48,7 +49,7 @@ def report() -> None:
 @report.command(epilog=MERGE_EXIT_CODES_HELP)
 @click.argument("shards", nargs=-1, required=True, metavar="SHARD.json...", shell_complete=files)
 @format_option("A summary for a person, or the merged JSON report on stdout.")
-@output_files("junit", "report", report="Also write the merged JSON report.")
+@output_files(*REPORTS, report="Also write the merged JSON report.")
 @click.option(
     "--manifest",
     metavar="FILE",

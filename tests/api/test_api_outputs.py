@@ -72,3 +72,20 @@ def test_every_commands_file_options_are_the_tables(name: str, command: click.Co
             kind = OUTPUT_FILES[param.name]
             assert param.opts == [kind.flag], name
             assert param.metavar == kind.metavar, name
+
+
+def test_a_check_run_writes_every_report_it_offers() -> None:
+    """A new report format is its entry in OUTPUT_FILES and REPORTS and its writer:
+    ``sdpa check`` and ``sdpa report merge`` offer it with no change of theirs."""
+    from sdpa_cli.api.check import CheckRun
+    from sdpa_cli.api.outputs import REPORTS
+
+    assert set(CheckRun([]).writers()) == set(REPORTS)
+    offered = {
+        p.name
+        for name in ("check", "report")
+        for command in [cli.commands[name]]
+        for c in ([command] if not isinstance(command, click.Group) else command.commands.values())
+        for p in c.params
+    }
+    assert set(REPORTS) <= offered

@@ -889,8 +889,9 @@ def test_e2e_python_m_bad_input(qkv: dict[str, F64], workdir: Path) -> None:
 def test_e2e_help_does_not_import_numpy(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from sdpa_cli.cli import main\n"
-        "for args in (['--help'], ['compute', '--help']):\n"
+        "from sdpa_cli.cli import COMMANDS, main\n"
+        "for args in (['--help'], *([c, '--help'] for c in COMMANDS), ['report', 'merge', '--help'],\n"
+        "             ['report', 'model', '--help']):\n"
         "    try:\n"
         "        main(args)\n"
         "    except SystemExit as exc:\n"
