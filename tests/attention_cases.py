@@ -181,3 +181,22 @@ def random_qkv(
         rng.normal(size=(B, H, S, E)),
         rng.normal(size=(B, H, S, Ev)),
     )
+
+
+def causal_over_keys(
+    q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], start: int, stop: int
+) -> tuple[NDArray[Any], NDArray[Any]]:
+    """Causal attention (upper-left, scale 1/√E with E = 4) over keys start:stop alone,
+    a float64 loop per row: a split-KV kernel's partial output and LSE (−inf for a row
+    that sees no key of the range)."""
+    out = np.zeros(q.shape)
+    lse = np.full(q.shape[:-1], -math.inf)
+    for b, h, i in np.ndindex(*q.shape[:-1]):
+        logits = [q[b, h, i] @ k[b, h, j] / 2.0 for j in range(start, min(stop, i + 1))]
+        if not logits:
+            continue
+        m = max(logits)
+        w = [math.exp(x - m) for x in logits]
+        lse[b, h, i] = m + math.log(sum(w))
+        out[b, h, i] = sum(wj * v[b, h, start + j] for j, wj in enumerate(w)) / sum(w)
+    return out, lse

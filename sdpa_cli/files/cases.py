@@ -17,19 +17,9 @@ from sdpa_cli.files.loaders import Source, load_array, sniff
 from sdpa_cli.files.opening import claim_stdin, is_stdin, is_stream, open_input
 from sdpa_cli.files.samples import expand
 from sdpa_cli.files.structured import TEXT_SUFFIXES, nested_to_array, parse_text
+from sdpa_cli.names import INPUT_TENSORS
 from sdpa_cli.text import echoed, readable, shown, unechoed
 
-TENSOR_KEYS = (
-    "q",
-    "k",
-    "v",
-    "bias",
-    "mask",
-    "sinks",
-    "segment_ids",
-    "segment_ids_kv",
-    "dropout_mask",
-)
 TEXT_KEYS = ("description",)
 
 
@@ -68,7 +58,7 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
     if is_stdin(src.path):
         claim_stdin("the case file")
     data = _read_mapping(src)
-    known = set(TENSOR_KEYS) | set(TEXT_KEYS) | set(option_names)
+    known = set(INPUT_TENSORS) | set(TEXT_KEYS) | set(option_names)
     tensors: dict[str, NDArray[Any]] = {}
     sources: dict[str, str] = {}
     options: dict[str, Any] = {}
@@ -80,7 +70,7 @@ def load_case(path_text: str, option_names: tuple[str, ...]) -> Case:
             raise InputError(
                 src.label, f"unknown key {shown(raw_key)} (known: {', '.join(sorted(known))})"
             )
-        if key in TENSOR_KEYS:
+        if key in INPUT_TENSORS:
             tensors[key], sources[key] = _tensor(key, value, src)
         elif key == "description":
             # shown above a command's tables: no escape sequence or lone surrogate of

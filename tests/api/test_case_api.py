@@ -6,13 +6,13 @@ of a run hold for every caller."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from attention_cases import causal_over_keys
 from clirunner import assert_one_error_line, invoke, strict_json
 
 from sdpa_cli.api.case import Case
@@ -37,7 +37,7 @@ def folder(tmp_path: Path) -> Path:
     for listing, wrong in (("partials.json", None), ("wrong.json", 1)):
         entries = []
         for n, (start, stop) in enumerate(RANGES):
-            out, lse = _loop(q, k, v, start, stop)
+            out, lse = causal_over_keys(q, k, v, start, stop)
             np.save(tmp_path / f"out{n}.npy", out)
             np.save(tmp_path / f"lse{n}{listing[0]}.npy", lse + (0.5 if n == wrong else 0.0))
             entries.append(
@@ -48,23 +48,8 @@ def folder(tmp_path: Path) -> Path:
                 }
             )
         (tmp_path / listing).write_text(json.dumps(entries))
-    np.save(tmp_path / "out.npy", _loop(q, k, v, 0, 16)[0])
+    np.save(tmp_path / "out.npy", causal_over_keys(q, k, v, 0, 16)[0])
     return tmp_path
-
-
-def _loop(q: Any, k: Any, v: Any, start: int, stop: int) -> tuple[Any, Any]:
-    """Causal attention (upper-left, L = S) over keys start:stop alone, row by row."""
-    out = np.zeros(q.shape)
-    lse = np.full(q.shape[:-1], -math.inf)
-    for b, h, i in np.ndindex(*q.shape[:-1]):
-        logits = [q[b, h, i] @ k[b, h, j] / 2.0 for j in range(start, min(stop, i + 1))]
-        if not logits:
-            continue
-        m = max(logits)
-        w = [math.exp(x - m) for x in logits]
-        lse[b, h, i] = m + math.log(sum(w))
-        out[b, h, i] = sum(wj * v[b, h, start + j] for j, wj in enumerate(w)) / sum(w)
-    return out, lse
 
 
 def _verdicts(document: dict[str, Any]) -> list[dict[str, bool]]:

@@ -5,11 +5,11 @@ float64 loop per key range."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from attention_cases import causal_over_keys
 from clirunner import assert_one_error_line, invoke
 
 from sdpa_cli.check.partials import merge_partials
@@ -30,17 +30,7 @@ def _inputs(tmp_path: Path) -> tuple[str, ...]:
 def _loop(tmp_path: Path, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Causal attention over keys start:stop alone, a float64 loop per row."""
     q, k, v = (np.load(tmp_path / f"{n}.npy") for n in "qkv")
-    out = np.zeros(q.shape)
-    lse = np.full(q.shape[:-1], -math.inf)
-    for b, h, i in np.ndindex(*q.shape[:-1]):
-        logits = [q[b, h, i] @ k[b, h, j] / 2.0 for j in range(start, min(stop, i + 1))]
-        if not logits:
-            continue
-        m = max(logits)
-        w = [math.exp(x - m) for x in logits]
-        lse[b, h, i] = m + math.log(sum(w))
-        out[b, h, i] = sum(wj * v[b, h, start + j] for j, wj in enumerate(w)) / sum(w)
-    return out, lse
+    return causal_over_keys(q, k, v, start, stop)
 
 
 def _write(
