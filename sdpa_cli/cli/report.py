@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 MERGE_EXIT_CODES_HELP = (
     "Exit codes: the merged run's: 0 every check passed · 1 a check failed · 2 a case could "
     "not be checked, or bad input (a file that is not a shard's report, shards of "
-    "different runs, a shard missing or given twice) · 3 internal error · 130 interrupted (143 SIGTERM, 129 SIGHUP)."
+    "different runs, a shard missing or given twice, a report that contradicts itself or "
+    "its manifest) · 3 internal error · 130 interrupted (143 SIGTERM, 129 SIGHUP)."
 )
 
 
