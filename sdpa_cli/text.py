@@ -22,9 +22,11 @@ _REPR.maxstring = _REPR.maxother = 60
 _REPR.maxlong = 40
 
 
-def sig(x: float, digits: int = 4) -> str:
-    """``x`` in ``digits`` significant digits, ASCII: ``0.1235``, ``1e-09``, ``inf``."""
-    return f"{x:.{digits}g}"
+def sig(x: float, digits: int = 4, *, zeros: bool = False) -> str:
+    """``x`` in ``digits`` significant digits, ASCII: ``0.1235``, ``1e-09``, ``inf``;
+    with ``zeros`` its trailing zeros kept (``-0.652100``), so that two values shown
+    side by side show as many digits."""
+    return f"{x:#.{digits}g}" if zeros and math.isfinite(x) else f"{x:.{digits}g}"
 
 
 def compact(x: float, digits: int = 4) -> str:

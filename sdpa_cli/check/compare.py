@@ -377,7 +377,7 @@ def apart(got: float, reference: float, fewest: int = 6, most: int = 9) -> tuple
     digits = fewest
     while digits < most and sig(got, digits) == sig(reference, digits):
         digits += 1
-    return sig(got, digits), sig(reference, digits)
+    return sig(got, digits, zeros=True), sig(reference, digits, zeros=True)
 
 
 def _at(at: Index | None) -> str:
