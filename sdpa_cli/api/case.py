@@ -74,11 +74,6 @@ class Case:
             if export not in EXPORTS:
                 raise ValueError(f"unknown export {export!r}; expected one of {EXPORTS}")
 
-    @property
-    def judged(self) -> bool:
-        """Whether the case names anything to judge besides its inputs."""
-        return bool(self.expect or self.partials or self.decode)
-
     def files(self) -> list[str]:
         """Every file the case reads, for the check that no output destroys one."""
         return [*self.inputs, *self.tensors.values(), *self.expect.values()] + (

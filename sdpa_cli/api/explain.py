@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from sdpa_cli.api.case import Watch, unwatched
-from sdpa_cli.api.picks import check_index, parse_rows
+from sdpa_cli.api.picks import check_slice, parse_rows
 from sdpa_cli.diagnosis.explain import explain as build
 from sdpa_cli.diagnosis.explain import slice_at
 from sdpa_cli.diagnosis.explain_grad import explain_backward
@@ -38,14 +38,7 @@ def shown_rows(
         SpecError: naming the option that picks what the inputs do not have, or
             ``--query`` beside ``--rows``.
     """
-    if spec.lead:
-        check_index("--head", head, spec.lead[-1], "head")
-    elif head:
-        check_index("--head", head, None, "head")
-    if len(spec.lead) >= 2:
-        check_index("--batch", batch, spec.lead[-2], "batch item")
-    elif batch:
-        check_index("--batch", batch, None, "batch item")
+    check_slice(spec.lead, batch, head, zero_without_axis=True)
     if query is None:
         picked = parse_rows(rows, spec.L)
         return range(spec.L)[picked] if picked is not None else range(min(spec.L, max_rows))

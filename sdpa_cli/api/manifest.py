@@ -149,7 +149,7 @@ def load_manifest(path: str) -> list[Case]:
             raise InputError(where, "must be a mapping (q, k, v or case, expect-..., options)")
         paths, options, option_where, check = _entries(entry, where, base)
         paths = {**d_paths, **paths}
-        name = printable(str(paths.pop("name", f"case-{n}")))  # it heads error lines
+        name = _case_name(paths.pop("name", None), n)
         paths.pop("description", None)
         if name in names:
             raise InputError(where, f"the name {name!r} is used twice")
@@ -195,11 +195,16 @@ def manifest_names(path: str) -> list[str]:
         raise InputError(label, "a manifest is a mapping with a list of cases under 'cases'")
     given_defaults = data.get("defaults")
     defaults: dict[Any, Any] = given_defaults if isinstance(given_defaults, dict) else {}
-    names = []
-    for n, entry in enumerate(data["cases"], start=1):
-        given = entry.get("name", defaults.get("name")) if isinstance(entry, dict) else None
-        names.append(printable(str(given if given is not None else f"case-{n}")))
-    return names
+    return [
+        _case_name(entry.get("name", defaults.get("name")) if isinstance(entry, dict) else None, n)
+        for n, entry in enumerate(data["cases"], start=1)
+    ]
+
+
+def _case_name(given: Any, n: int) -> str:
+    """Case ``n``'s name (its entry's, else its defaults'; ``case-N`` where neither
+    gives one), printable: it heads error lines and reports."""
+    return printable(str(given if given is not None else f"case-{n}"))
 
 
 WORKER_DIED = (

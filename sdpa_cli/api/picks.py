@@ -55,3 +55,23 @@ def check_index(option: str, value: int | None, size: int | None, what: str) -> 
         raise SpecError(
             option, f"{value} is out of range: the inputs have {size} {what}s (0..{size - 1})"
         )
+
+
+def check_slice(
+    lead: tuple[int, ...], batch: int | None, head: int | None, *, zero_without_axis: bool = False
+) -> None:
+    """``--batch`` and ``--head`` within the leading axes ``lead`` (``(..., B, H)``);
+    with ``zero_without_axis``, 0 is taken where the axis is absent (``explain``'s
+    default slice).
+
+    Raises:
+        SpecError: naming the option that picks what the inputs do not have.
+    """
+    for option, value, axis, what in (
+        ("--head", head, -1, "head"),
+        ("--batch", batch, -2, "batch item"),
+    ):
+        size = lead[axis] if len(lead) >= -axis else None
+        if size is None and zero_without_axis and not value:
+            continue
+        check_index(option, value, size, what)

@@ -144,11 +144,11 @@ def explain(
 
     limits = read_thresholds(thresholds)
     spec, description = case.load(outputs, also=[walk.dout])
-    at = (view.batch or 0, view.head or 0)
+    at = (view.batch or 0, view.head or 0)  # explain's options default to 0
     shown = shown_rows(spec, *at, view.rows, walk.query, view.max_rows)
     console = make_console(color)
     # the tables' keys (--batch, --head and --rows picked the slice and rows, above)
-    table = ViewFlags(keys=view.keys, max_rows=view.max_rows, precision=view.precision)
+    table = dataclasses.replace(view, batch=None, head=None, rows=None)
     shown_view = table.view(spec, console.width)
     plotter = _plotter(outputs.paths["plot"]) if "plot" in outputs else None
     walked = dataclasses.asdict(walk)  # query, compare_scales, backward, dout

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from sdpa_cli.api.outputs import OUTPUT_FILES, Outputs
-from sdpa_cli.api.picks import check_index, parse_rows, parse_stages
+from sdpa_cli.api.picks import check_slice, parse_rows, parse_stages
 from sdpa_cli.cli.attention import ATTENTION_OPTIONS
 from sdpa_cli.cli.completion import files, stage_names, word_list
 from sdpa_cli.names import EXPORTS, STAGES
@@ -264,9 +264,7 @@ class ViewFlags:
         from sdpa_cli.render.common import View
 
         stages = parse_stages(self.stages, available)
-        check_index("--head", self.head, spec.lead[-1] if spec.lead else None, "head")
-        batches = spec.lead[-2] if len(spec.lead) >= 2 else None
-        check_index("--batch", self.batch, batches, "batch item")
+        check_slice(spec.lead, self.batch, self.head)
         return View(
             stages=stages,
             batch=self.batch,
