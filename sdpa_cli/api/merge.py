@@ -145,6 +145,9 @@ def _mismatch(data: dict[str, Any], label: str, where: str) -> Mismatch:
         worst_reference=_get(data, "worst_reference", "number|None", label, where),
         passing_atol=_get(data, "passing_atol", "number|None", label, where),
         passing_rtol=_get(data, "passing_rtol", "number|None", label, where),
+        passing_factor=_get(data, "passing_factor", "number|None", label, where)
+        if "passing_factor" in data
+        else None,
     )
 
 
@@ -194,6 +197,7 @@ def _check(data: Any, label: str, where: str) -> Check:
             rtol=_get(tol, "rtol", "number", label, at),
             atol=_get(tol, "atol", "number", label, at),
             source=_line(_get(tol, "source", "str", label, at)),
+            factor=_get(tol, "factor", "number", label, at) if "factor" in tol else None,
         )
     if data.get("mismatch") is not None:
         mismatch = _mismatch(

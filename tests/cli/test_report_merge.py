@@ -265,3 +265,29 @@ def test_junit_escapes_what_xml_forbids_in_every_run() -> None:
     root = ET.fromstring(junit_xml([CaseResult("c\x1b", error=error)]))
     assert root.find("testsuite").get("name") == "c\\x1b"  # type: ignore[union-attr]
     assert root.findtext("testsuite/testcase/error") == "bad \\x00\\x1b\\xff\\ufffe\ttab\nline é"
+
+
+def test_a_kernel_rule_failure_merges_to_the_unsharded_runs_table(workdir: Path) -> None:
+    """Regression: a shard's report read back lost the kernel rule's factor and the
+    factor that would pass, so the merged table said "tolerance: rtol 0, atol 0" and
+    "would pass with: no tolerance" where the run said "--fudge 554"."""
+    from sdpa_cli.files.samples import samples_dir
+
+    manifest = str(samples_dir() / "check" / "checks.yaml")  # float16 exports
+    whole = invoke("check", "--manifest", manifest, "--jobs", "1")
+    for i in (1, 2):
+        invoke(
+            "check",
+            "--manifest",
+            manifest,
+            "--jobs",
+            "1",
+            "--shard",
+            f"{i}/2",
+            "--report",
+            f"s{i}.json",
+        )
+    merged = merge("s1.json", "s2.json")
+    assert merged.exit_code == whole.exit_code == ExitCode.CHECK_FAILED
+    assert merged.stdout == whole.stdout
+    assert "would pass with: --fudge" in merged.stdout
