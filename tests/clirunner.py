@@ -39,6 +39,12 @@ CLEAN_ENV: dict[str, str | None] = {
 ANSI = "\x1b["
 
 
+def clean_environ(**extra: str) -> dict[str, str]:
+    """This process's environment for a real ``sdpa`` process: the variables
+    :data:`CLEAN_ENV` names left out (no color forced, no GitHub Actions), ``extra`` on top."""
+    return {**{k: v for k, v in os.environ.items() if k not in CLEAN_ENV}, **extra}
+
+
 def invoke(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
     """``sdpa ARGS`` through CliRunner, with a clean environment."""
     runner = CliRunner(env={**CLEAN_ENV, **(env or {})})

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from clirunner import (
     ANSI,
-    CLEAN_ENV,
     assert_one_error_line,
+    clean_environ,
     decode_non_finite,
     invoke,
     strict_json,
@@ -847,9 +847,7 @@ def sdpa_executable() -> str:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
-    env.update(COLUMNS="100", **extra)
-    return env
+    return clean_environ(**{"COLUMNS": "100", **extra})
 
 
 def run_process(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from clirunner import CLEAN_ENV, assert_one_error_line, invoke, sdpa_executable
+from clirunner import CLEAN_ENV, assert_one_error_line, clean_environ, invoke, sdpa_executable
 
 from sdpa_cli.errors import ExitCode
 
@@ -35,9 +35,8 @@ def run(
     *args: str, cwd: Path | None = None, stdin: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
     """The installed ``sdpa`` in a process: its bytes as a terminal would get them."""
-    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
-    env.update({k: v for k, v in CLEAN_ENV.items() if v is not None})
-    env["PYTHONIOENCODING"] = "utf-8"
+    set_ = {k: v for k, v in CLEAN_ENV.items() if v is not None}
+    env = clean_environ(**set_, PYTHONIOENCODING="utf-8")
     return subprocess.run(
         [sdpa_executable(), *args],
         cwd=cwd,
@@ -477,12 +476,11 @@ def test_what_declared_sizes_cost_is_bounded_by_the_data(
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
-    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
     done = subprocess.run(
         [sdpa_executable(), command, *QKV],
         cwd=workdir,
         capture_output=True,
-        env=env,
+        env=clean_environ(),
         preexec_fn=limited,
         timeout=300,
         check=False,
