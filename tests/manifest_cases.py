@@ -62,3 +62,27 @@ def write_manifest(d: Path, *, broken: bool = True, name: str = "m.yaml") -> Pat
     path = d / name
     path.write_text(CASES + (BROKEN if broken else ""))
     return path
+
+
+def write_shards(count: int, *args: str, manifest: str = "m.yaml") -> list[str]:
+    """The report files of shards 1..count of ``manifest`` (run with ``args``), in the
+    working directory: ``s1-of-2.json``, ..."""
+    from clirunner import invoke  # imported here: the manifest alone needs no runner
+
+    paths = []
+    for i in range(1, count + 1):
+        path = f"s{i}-of-{count}.json"
+        invoke(
+            "check",
+            "--manifest",
+            manifest,
+            "--jobs",
+            "1",
+            "--shard",
+            f"{i}/{count}",
+            "--report",
+            path,
+            *args,
+        )
+        paths.append(path)
+    return paths

@@ -296,22 +296,11 @@ def test_integers_at_the_edges_the_largest_offset_computes_right(qkv: Path) -> N
 
 @pytest.fixture
 def shard_reports(workdir: Path) -> tuple[str, str]:
-    from manifest_cases import write_manifest
+    from manifest_cases import write_manifest, write_shards
 
     write_manifest(workdir)
-    for i in (1, 2):
-        invoke(
-            "check",
-            "--manifest",
-            "m.yaml",
-            "--jobs",
-            "1",
-            "--shard",
-            f"{i}/2",
-            "--report",
-            f"s{i}.json",
-        )
-    return "s1.json", "s2.json"
+    one, two = write_shards(2)
+    return one, two
 
 
 def _lie(path: str, change: Callable[[dict[str, Any]], None]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 from clirunner import assert_one_error_line, invoke, strict_json
-from manifest_cases import write_manifest
+from manifest_cases import write_manifest, write_shards
 
 from sdpa_cli.errors import ExitCode
 
@@ -24,12 +24,7 @@ def check(*args: str) -> Result:
 
 def shards(count: int, *args: str) -> list[str]:
     """The report files of shards 1..count of ``m.yaml``, written with ``args``."""
-    paths = []
-    for i in range(1, count + 1):
-        path = f"s{i}-of-{count}.json"
-        check("--shard", f"{i}/{count}", "--report", path, *args)
-        paths.append(path)
-    return paths
+    return write_shards(count, *args)
 
 
 def merge(*args: str) -> Result:
@@ -275,19 +270,7 @@ def test_a_kernel_rule_failure_merges_to_the_unsharded_runs_table(workdir: Path)
 
     manifest = str(samples_dir() / "check" / "checks.yaml")  # float16 exports
     whole = invoke("check", "--manifest", manifest, "--jobs", "1")
-    for i in (1, 2):
-        invoke(
-            "check",
-            "--manifest",
-            manifest,
-            "--jobs",
-            "1",
-            "--shard",
-            f"{i}/2",
-            "--report",
-            f"s{i}.json",
-        )
-    merged = merge("s1.json", "s2.json")
+    merged = merge(*write_shards(2, manifest=manifest))
     assert merged.exit_code == whole.exit_code == ExitCode.CHECK_FAILED
     assert merged.stdout == whole.stdout
     assert "would pass with: --fudge" in merged.stdout
