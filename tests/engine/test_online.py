@@ -247,8 +247,14 @@ def assert_block_matches_one_shot(
     block = attend_block(spec, lead, rows)  # every key, every stage
     assert block.output.dtype == got.output.dtype, label
     want = stats.measure(block, block)
+    # the output is a weighted sum of V's rows over S keys, summed in another order (and
+    # rescaled key block by key block): S roundings of max |V|, beside the fixed floor,
+    # where the rows' weights cancel (a float32 output of 0.07 from |V| ≈ 1.6 was 2e-6 off)
+    v = np.asarray(spec.v[spec.operand_index("v", lead)], dtype=np.float64)
+    eps = float(np.finfo(block.output.dtype).eps)
+    out_atol = max(tol.atol, 4 * spec.S * eps * float(np.abs(v).max(initial=0.0)))
     np.testing.assert_allclose(
-        got.output, block.output, rtol=tol.rtol, atol=tol.atol, err_msg=label
+        got.output, block.output, rtol=tol.rtol, atol=out_atol, err_msg=label
     )
     np.testing.assert_allclose(
         got.lse, block_lse(block), rtol=tol.rtol, atol=tol.atol, err_msg=label
