@@ -60,7 +60,7 @@ NUMERIC_OPTIONS = [
     click.option(
         "--samples",
         type=click.IntRange(min=1),
-        default=20,
+        default=NumericFlags.samples,
         show_default=True,
         metavar="N",
         help="Entries per gradient the numeric check samples (drawn with --seed).",
@@ -68,7 +68,7 @@ NUMERIC_OPTIONS = [
     click.option(
         "--tolerance",
         type=PositiveFinite(),
-        default=1e-5,
+        default=NumericFlags.tolerance,
         show_default=True,
         metavar="R",
         help="Largest relative error the numeric check accepts.",

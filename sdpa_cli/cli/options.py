@@ -96,41 +96,6 @@ JOBS_OPTION = click.option(
     metavar="N",
     help="Threads computing blocks (default: the number of cores).",
 )
-KEYS_OPTION = click.option(
-    "--keys", metavar="I|START:STOP", help="Key columns to show (default from key 0)."
-)
-MAX_ROWS_OPTION = click.option(
-    "--max-rows",
-    metavar="N",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Most rows and columns per table (and keys listed in a scorecard).",
-)
-PRECISION_OPTION = click.option(
-    "--precision",
-    metavar="N",
-    type=click.IntRange(0, 12),
-    default=4,
-    show_default=True,
-    help="Digits after the point.",
-)
-BATCH_OPTION = click.option("--batch", type=int, metavar="B", help="Show only batch item B.")
-HEAD_OPTION = click.option("--head", type=int, metavar="H", help="Show only head H.")
-MAX_SLICES_OPTION = click.option(
-    "--max-slices",
-    metavar="N",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Most (batch, head) slices shown.",
-)
-STAGES_OPTION = click.option(
-    "--stages",
-    metavar="LIST",
-    shell_complete=word_list(stage_names),
-    help=f"Stages to show, comma-separated: {','.join(STAGES)} (default all that apply).",
-)
 
 
 def format_option(help: str, choices: tuple[str, ...] = ("table", "json")) -> Callable[[F], F]:
@@ -280,11 +245,46 @@ class ViewFlags:
 
 
 def view_options(*options: Option) -> Callable[[F], F]:
-    """What a table shows (``options``, the command's choice of :class:`ViewFlags`'),
+    """What a table shows (``options``, the command's choice of :class:`ViewFlags`),
     given to the command as ``view``."""
     return grouped("view", ViewFlags, options)
 
 
+KEYS_OPTION = click.option(
+    "--keys", metavar="I|START:STOP", help="Key columns to show (default from key 0)."
+)
+MAX_ROWS_OPTION = click.option(
+    "--max-rows",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=ViewFlags.max_rows,
+    show_default=True,
+    help="Most rows and columns per table (and keys listed in a scorecard).",
+)
+PRECISION_OPTION = click.option(
+    "--precision",
+    metavar="N",
+    type=click.IntRange(0, 12),
+    default=ViewFlags.precision,
+    show_default=True,
+    help="Digits after the point.",
+)
+BATCH_OPTION = click.option("--batch", type=int, metavar="B", help="Show only batch item B.")
+HEAD_OPTION = click.option("--head", type=int, metavar="H", help="Show only head H.")
+MAX_SLICES_OPTION = click.option(
+    "--max-slices",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=ViewFlags.max_slices,
+    show_default=True,
+    help="Most (batch, head) slices shown.",
+)
+STAGES_OPTION = click.option(
+    "--stages",
+    metavar="LIST",
+    shell_complete=word_list(stage_names),
+    help=f"Stages to show, comma-separated: {','.join(STAGES)} (default all that apply).",
+)
 ROWS_OPTION = click.option("--rows", metavar="I|START:STOP", help="Query rows to show.")
 DISPLAY_OPTIONS = [
     STAGES_OPTION,
