@@ -119,6 +119,10 @@ def run_check(
         )
     if manifest.cluster is not None and jobs is not None:
         raise SpecError("--jobs", "the cluster's workers run the cases; give --jobs or --cluster")
+    if manifest.cluster is None and manifest.timeout is not None:
+        raise SpecError(
+            "--cluster-timeout", "bounds the wait for a --cluster scheduler; give --cluster ADDRESS"
+        )
     return _run_manifest(manifest, over, outputs, threads)
 
 

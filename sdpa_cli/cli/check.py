@@ -86,8 +86,9 @@ def _manifest_run(manifest: str | None, **given: Any) -> ManifestRun | None:
     """``--manifest`` and how its cases run; the others belong to it."""
     if manifest is None:
         for name, value in given.items():
-            if value is not None and name != "timeout":
-                raise SpecError(f"--{name}", "runs the cases of a manifest; give --manifest FILE")
+            if value is not None:
+                flag = "--cluster-timeout" if name == "timeout" else f"--{name}"
+                raise SpecError(flag, "runs the cases of a manifest; give --manifest FILE")
         return None
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.check import ManifestRun
