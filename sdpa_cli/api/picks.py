@@ -46,17 +46,6 @@ def parse_stages(text: str | None, available: tuple[str, ...]) -> tuple[str, ...
     return chosen
 
 
-def check_index(option: str, value: int | None, size: int | None, what: str) -> None:
-    if value is None:
-        return
-    if size is None:
-        raise SpecError(option, f"the inputs have no {what} axis")
-    if not 0 <= value < size:
-        raise SpecError(
-            option, f"{value} is out of range: the inputs have {size} {what}s (0..{size - 1})"
-        )
-
-
 def check_slice(
     lead: tuple[int, ...], batch: int | None, head: int | None, *, zero_without_axis: bool = False
 ) -> None:
@@ -71,7 +60,14 @@ def check_slice(
         ("--head", head, -1, "head"),
         ("--batch", batch, -2, "batch item"),
     ):
-        size = lead[axis] if len(lead) >= -axis else None
-        if size is None and zero_without_axis and not value:
+        if value is None:
             continue
-        check_index(option, value, size, what)
+        if len(lead) < -axis:
+            if zero_without_axis and value == 0:
+                continue
+            raise SpecError(option, f"the inputs have no {what} axis")
+        size = lead[axis]
+        if not 0 <= value < size:
+            raise SpecError(
+                option, f"{value} is out of range: the inputs have {size} {what}s (0..{size - 1})"
+            )
