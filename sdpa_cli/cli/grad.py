@@ -71,7 +71,7 @@ NUMERIC_OPTIONS = [
         default=NumericFlags.tolerance,
         show_default=True,
         metavar="R",
-        help="Largest relative error the numeric check accepts.",
+        help="Largest relative error the numeric check accepts, past the rounding of the differences.",
     ),
 ]
 DOUT_OPTION = click.option(

@@ -205,6 +205,7 @@ def numeric_table(checks: Sequence[NumericCheck], tolerance: float) -> Renderabl
             Text("ok" if ok else "FAIL", THEME["ok"] if ok else SEVERITY_STYLE["error"]),
         )
     title = titled(
-        "numeric check", f"central differences in float64, tolerance {sig(tolerance, 6)} (relative)"
+        "numeric check",
+        f"float64 central differences; rel. error past rounding ≤ {sig(tolerance, 6)}",
     )
     return Group(title, table, Text(""))

@@ -32,6 +32,7 @@ from clirunner import ANSI, assert_one_error_line, decode_non_finite, invoke, st
 from numpy.typing import NDArray
 
 from sdpa_cli.errors import ExitCode
+from sdpa_cli.files.samples import samples_dir
 
 F64 = NDArray[np.float64]
 Bool = NDArray[np.bool_]
@@ -39,6 +40,7 @@ Bool = NDArray[np.bool_]
 H, L, S, E, EV = 2, 4, 5, 3, 2
 QKV = ("q.npy", "k.npy", "v.npy")
 NARROW = {"COLUMNS": "80"}
+SAMPLES = samples_dir()
 SQRT_E = 1 / np.sqrt(E)
 
 
@@ -558,16 +560,71 @@ def test_numeric_check_passes(qkv: dict[str, F64]) -> None:
     assert len(re.findall(r"\bok$", numeric, flags=re.MULTILINE)) == 4
 
 
-def test_numeric_check_fails_past_the_tolerance(qkv: dict[str, F64]) -> None:
+def test_numeric_check_fails_a_gradient_past_the_tolerance(
+    qkv: dict[str, F64], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backward pass whose dQ is 1% off fails: exit 1, its worst entry named."""
+    import dataclasses
+
+    import sdpa_cli.api.grad as api_grad
+
+    exact = api_grad.backward_health
+
+    def one_percent_off(*args: Any, **kwargs: Any) -> Any:
+        grads, health = exact(*args, **kwargs)
+        return dataclasses.replace(grads, dq=grads.dq * 1.01), health
+
+    monkeypatch.setattr(api_grad, "backward_health", one_percent_off)
     args = (*QKV, "--check-numeric", "--samples", "10", "--tolerance", "1e-30")
     data = grad_json(*args, code=ExitCode.CHECK_FAILED)
     check = data["numeric_check"]
     assert check["passed"] is False
     assert any(c["max_rel_error"] > 1e-30 for c in check["tensors"])
+    dq, dk, dv = check["tensors"]
+    assert dq["max_rel_error"] == pytest.approx(0.01 / 1.01, rel=1e-4)
+    assert dq["analytic"] == pytest.approx(1.01 * dq["numeric"], rel=1e-7)
+    assert dk["max_rel_error"] == dv["max_rel_error"] == 0.0
     result = invoke("grad", *args, env=NARROW)
     assert result.exit_code == ExitCode.CHECK_FAILED
     assert result.stderr == ""
     assert "FAIL" in section(result.stdout, "numeric check", "╭")
+
+
+def test_rounding_of_the_differences_is_no_error(qkv: dict[str, F64]) -> None:
+    """Exact gradients pass any tolerance, a one-hot row's too: its dQ (~1e-9 against
+    outputs ~1) is resolved by central differences to a few digits only (it was 7e-3
+    off, and the run exited 1), yet the analytic value is the 50-digit one."""
+    exact = grad_json(*QKV, "--check-numeric", "--tolerance", "1e-30")["numeric_check"]
+    assert exact["passed"] is True
+    assert [c["max_rel_error"] for c in exact["tensors"]] == [0.0, 0.0, 0.0]
+    data = grad_json(str(SAMPLES / "vanishing.yaml"), "--check-numeric")
+    dq = data["numeric_check"]["tensors"][0]
+    assert data["numeric_check"]["passed"] is True
+    assert dq["worst_at"] == [1, 3]  # the one-hot row, its smallest entry
+    assert abs(dq["numeric"] - dq["analytic"]) > 1e-3 * abs(dq["analytic"])
+    assert dq["analytic"] == pytest.approx(one_hot_row_dq()[3], rel=1e-12)
+
+
+def one_hot_row_dq() -> F64:
+    """dQ of the vanishing sample's one-hot row (query 1) for dO = 1, in exact rational
+    steps but for the exponentials, which are taken with 50 digits."""
+    from decimal import Decimal, getcontext
+
+    getcontext().prec = 50
+    case = yaml.safe_load((SAMPLES / "vanishing.yaml").read_text())
+    q = [Decimal(str(x)) for x in case["q"][1]]
+    k = [[Decimal(str(x)) for x in row] for row in case["k"]]
+    v = [[Decimal(str(x)) for x in row] for row in case["v"]]
+    scale = 1 / Decimal(len(q)).sqrt()
+    logits = [sum(a * b for a, b in zip(q, key, strict=True)) * scale for key in k]
+    top = max(logits)
+    e = [(x - top).exp() for x in logits]
+    w = [x / sum(e) for x in e]
+    da = [sum(row) for row in v]
+    mean = sum(a * b for a, b in zip(w, da, strict=True))
+    ds = [a * (b - mean) for a, b in zip(w, da, strict=True)]
+    dq = [sum(ds[j] * k[j][e] for j in range(len(k))) * scale for e in range(len(q))]
+    return np.array([float(x) for x in dq])
 
 
 # --- gradient health -----------------------------------------------------------------------
