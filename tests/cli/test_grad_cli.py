@@ -566,15 +566,13 @@ def test_numeric_check_fails_a_gradient_past_the_tolerance(
     """A backward pass whose dQ is 1% off fails: exit 1, its worst entry named."""
     import dataclasses
 
-    import sdpa_cli.api.grad as api_grad
-
-    exact = api_grad.backward_health
+    from sdpa_cli.diagnosis.grad import backward_health
 
     def one_percent_off(*args: Any, **kwargs: Any) -> Any:
-        grads, health = exact(*args, **kwargs)
+        grads, health = backward_health(*args, **kwargs)
         return dataclasses.replace(grads, dq=grads.dq * 1.01), health
 
-    monkeypatch.setattr(api_grad, "backward_health", one_percent_off)
+    monkeypatch.setattr("sdpa_cli.api.grad.backward_health", one_percent_off)
     args = (*QKV, "--check-numeric", "--samples", "10", "--tolerance", "1e-30")
     data = grad_json(*args, code=ExitCode.CHECK_FAILED)
     check = data["numeric_check"]
