@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import yaml
 
 from sdpa_cli.errors import InputError
+from sdpa_cli.files.writers import create_new, temporary_beside
 
 PREFIX = "sample:"
 """A file argument naming a shipped sample: ``sample:scorecard``, ``sample:cross.npz:q``."""
@@ -183,15 +183,16 @@ def _copy_into(source: Path, path: Path) -> None:
     a symbolic link or a hard link there is replaced, never written through."""
     if path.parent.is_symlink():  # planted since the check: never write through it
         raise OSError(f"{path.parent} is a symbolic link")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = temporary_beside(path)
     try:
-        with os.fdopen(fd, "wb") as fh, source.open("rb") as src:
+        with os.fdopen(create_new(tmp), "wb") as fh, source.open("rb") as src:
             shutil.copyfileobj(src, fh)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0o600; a sample is no secret
+        os.chmod(tmp, 0o666 & ~_umask())  # made 0o600; a sample is no secret
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as exc:  # a Ctrl-C just after the file is made included
+        if not isinstance(exc, FileExistsError):  # that one: the name was another's
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
 
 

@@ -212,25 +212,39 @@ def _open_through(label: str) -> int:
 def _write_temporary(label: str, target: Path, write: Writer, stage: Stage) -> None:
     """Call ``write(fh)`` on a new temporary file beside ``target``, adding it to
     ``stage`` as soon as it exists so that it is removed on a failure."""
-    import tempfile  # imported here: see the top of the module
-    from pathlib import Path
-
+    tmp = temporary_beside(target)
+    # Known to the stage before it exists: a Ctrl-C just after it is created (the
+    # moment a watcher sees it appear) still finds it to remove.
+    stage.pending.append((label, tmp, target))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except FileNotFoundError:
-        raise InputError(
-            label, f"cannot be written: directory {str(target.parent)!r} does not exist"
-        ) from None
+        fd = create_new(tmp)
     except OSError as exc:
+        stage.pending.pop()  # not created: nothing of ours is there
+        if isinstance(exc, FileNotFoundError):
+            raise InputError(
+                label, f"cannot be written: directory {str(target.parent)!r} does not exist"
+            ) from None
         raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
-    stage.pending.append((label, Path(tmp), target))
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
-        # mkstemp makes 0o600; a saved file is not a secret
+        # made 0o600; a saved file is not a secret
         os.chmod(tmp, _new_file_mode(target))
     except OSError as exc:
         raise InputError(label, f"cannot be written: {exc.strerror or exc}") from None
+
+
+def temporary_beside(target: Path) -> Path:
+    """A fresh name for a temporary file beside ``target``: hidden, random, ``.tmp``.
+
+    Unlike ``tempfile.mkstemp``, the name is known before the file exists, so that
+    whoever will remove it can record it first (:func:`create_new` then makes it)."""
+    return target.with_name(f".{target.name}.{os.urandom(6).hex()}.tmp")
+
+
+def create_new(path: Path) -> int:
+    """Create ``path``, which must not exist, for writing (mode 0o600, as mkstemp)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
 
 
 def _new_file_mode(target: Path) -> int:

@@ -121,6 +121,19 @@ def test_copy_writes_every_file_byte_for_byte(tmp_path: Path) -> None:
         assert (target / f).read_bytes() == (REPO_SAMPLES / f).read_bytes()
 
 
+def test_copy_interrupted_the_moment_a_temporary_appears_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def made_then_interrupted(path: Path) -> int:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(samples, "create_new", made_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        copy_samples(tmp_path / "out")
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
 def test_copy_refuses_to_overwrite_and_writes_nothing(tmp_path: Path) -> None:
     target = tmp_path / "samples"
     target.mkdir()

@@ -4,6 +4,7 @@ staged writes wait for ``commit``."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -193,6 +194,39 @@ def test_staged_writes_are_removed_on_failure(tmp_path: Path) -> None:
         interrupted()
     assert a.read_bytes() == b"old"
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("in_stage", [False, True], ids=["alone", "staged"])
+def test_ctrl_c_the_moment_the_temporary_appears_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_stage: bool
+) -> None:
+    """A watcher that interrupts as soon as it sees the temporary file (as a user's
+    Ctrl-C may land) finds it removed: its name was recorded before it was made."""
+
+    def made_then_interrupted(path: Path) -> int:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        raise KeyboardInterrupt
+
+    def save() -> None:
+        with staged() if in_stage else contextlib.nullcontext():
+            write_atomic(tmp_path / "out.npz", writes(b"A"))
+
+    monkeypatch.setattr(writers, "create_new", made_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_temporary_name_taken_by_another_file_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    theirs = tmp_path / ".out.npz.taken.tmp"
+    theirs.write_bytes(b"theirs")
+    monkeypatch.setattr(writers, "temporary_beside", lambda target: theirs)
+    with pytest.raises(InputError, match=r"out\.npz: cannot be written: File exists"):
+        write_atomic(tmp_path / "out.npz", writes(b"A"))
+    assert theirs.read_bytes() == b"theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [theirs.name]
 
 
 def test_immediate_writes_inside_a_stage(tmp_path: Path) -> None:
