@@ -54,6 +54,10 @@ class Trace:
     summaries: Mapping[str, Moments] = field(default_factory=dict)
     """Per stage asked to be summarised: range, mean and non-finite count of its
     visible values over the whole tensor (gathered block by block)."""
+    hidden: int = 0
+    """The score entries (query, key) no summary counts: those a mask, the causal
+    diagonal, a window or padding hides (their −inf is not counted as non-finite).
+    0 when no score-shaped stage is summarised."""
 
     def stage(self, name: str) -> F64 | None:
         return getattr(self, name)  # type: ignore[no-any-return]
@@ -203,25 +207,32 @@ def trace(
             moments.add(values[name], None if name == "output" else where)
         for name, arr in arrays.items():
             arr[place.at] = values[name]
-        return records, seen, first_moments(place, stats if gather_stats else None)
+        n_seen = 0 if where is None else int(np.count_nonzero(where))
+        return records, seen, first_moments(place, stats if gather_stats else None), n_seen
 
     # Score-shaped stages are kept whole, every key of them; otherwise only the keys a
     # block can see are computed (the output is the same either way).
     keys: KeyMode = "all" if visible is not None else "visible"
     rows = rows or (query_block(spec) if lean else None)
     walk = sweep(spec, visit, jobs=jobs, rows=rows, keys=keys, progress=progress)
-    for records, seen, moments in walk:
+    n_visible = 0
+    for records, seen, moments, n_seen in walk:
+        n_visible += n_seen
         if records is not None:
             stats.merge(records)
         if moments is not None:
             stats.moments.merge(moments)
         for name, summary in seen.items():
             summaries[name].merge(summary)
+    # Counted from the visible entries: blocks of keys hidden whole are never computed.
+    scored = summaries.keys() - {"output"}
+    hidden = math.prod(spec.weights_shape) - n_visible if scored else 0
     return Trace(
         spec=spec,
         visible=visible,
         stats=stats,
         summaries=summaries,
+        hidden=hidden,
         **{s: arrays.get(s) for s in STAGES},
     )
 

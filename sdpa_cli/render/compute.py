@@ -18,6 +18,7 @@ from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.stats import working_formats
 from sdpa_cli.engine.trace import Trace
 from sdpa_cli.render.common import (
+    MUTED,
     Layout,
     View,
     layout,
@@ -32,18 +33,30 @@ from sdpa_cli.render.heatmap import stage_table
 from sdpa_cli.text import sig
 
 
-def summary(summaries: Mapping[str, Moments], stages: Sequence[str]) -> Table:
-    """Range of each stage over the whole tensor (finite, visible values)."""
+def summary(
+    summaries: Mapping[str, Moments], stages: Sequence[str], hidden: int = 0
+) -> RenderableType:
+    """Range of each stage over the whole tensor (finite, visible values). ``hidden``:
+    the score entries a mask hides, left out of every score stage's figures and
+    counted in a column of their own, so the masked stage's −inf is not read as
+    non-finite."""
     table = Table(title="whole tensor", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("stage", "min", "max", "mean", "non-finite"):
+    columns = ("stage", "min", "max", "mean", "non-finite") + (("hidden",) if hidden else ())
+    for col in columns:
         table.add_column(col, justify="left" if col == "stage" else "right")
     for stage in stages:
         m = summaries.get(stage)
         if m is None:
             continue
         row = [sig(m.lo), sig(m.hi), sig(m.mean)] if m.count else ["—", "—", "—"]
-        table.add_row(stage, *row, str(m.nonfinite))
-    return table
+        row.append(str(m.nonfinite))
+        if hidden:
+            row.append("—" if stage == "output" else str(hidden))
+        table.add_row(stage, *row)
+    if not hidden:
+        return table
+    note = "hidden: scores a mask hides (set to the mask value), not counted in min, max, mean or non-finite"
+    return Group(table, Text(note, MUTED))
 
 
 def render_compute(
@@ -68,7 +81,7 @@ def render_compute(
     if not view.explicit_stages and nothing_hidden and spec.mask is None:
         stages = [s for s in stages if s != "masked"]  # nothing was masked: it repeats the logits
     if n_positions > view.max_slices or cut_rows or view.max_rows < spec.S:
-        parts.append(summary(trace.summaries, stages))
+        parts.append(summary(trace.summaries, stages, trace.hidden))
     for idx, block in shown.items():
         label = slice_label(spec, idx)
         if label:

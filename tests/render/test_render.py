@@ -178,3 +178,38 @@ def test_headroom_has_no_negative_zero() -> None:
 )
 def test_headroom_text(bits: float, text: str) -> None:
     assert headroom_text(bits) == text
+
+
+def test_the_whole_tensor_summary_counts_hidden_scores_apart_not_as_non_finite() -> None:
+    # Regression: the masked stage holds −inf at every hidden key, yet the summary said
+    # "non-finite 0" with nothing to say the −inf were left out.
+    text = render_text(sample_spec("causal.yaml"), 80, max_rows=2)
+    summary = text.split("whole tensor\n")[1].split("raw scores")[0]
+    assert summary.splitlines() == [
+        " stage         min     max     mean   non-finite   hidden",
+        "──────────────────────────────────────────────────────────",
+        " raw             1       9    4.167            0        3",
+        " scaled     0.7071   6.364    2.946            0        3",
+        " masked     0.7071   6.364    2.946            0        3",
+        " weights   0.01267       1      0.5            0        3",
+        " output          0   2.869   0.9456            0        —",
+        "hidden: scores a mask hides (set to the mask value), not counted in min, max,",
+        "mean or non-finite",
+    ]
+
+
+def test_hidden_scores_are_counted_where_whole_blocks_of_keys_are_skipped() -> None:
+    """Summaries alone skip the key blocks a row block cannot see: the count holds."""
+    x = np.random.default_rng(2).normal(size=(2, 40, 4))
+    spec = build_spec(x, x, x, options=Options(causal=True))
+    skipping = trace(spec, stages=(), summarize=("masked",), rows=4)
+    keeping = trace(spec, stages=("masked",), summarize=("masked",), rows=4)
+    assert skipping.hidden == keeping.hidden == 2 * 40 * 39 // 2
+    assert skipping.summaries["masked"].nonfinite == 0
+
+
+def test_a_summary_without_hidden_scores_has_no_hidden_column() -> None:
+    x = np.random.default_rng(1).normal(size=(3, 4, 5, 4))
+    text = render_text(build_spec(x, x, x), 100, max_slices=2)
+    assert "non-finite\n" in text.split("whole tensor")[1]
+    assert "hidden" not in text.split("whole tensor")[1].split("──")[0]
