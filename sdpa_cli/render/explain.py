@@ -233,14 +233,23 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     return parts
 
 
+def _factor(x: float) -> str:
+    """A factor of a product: a negative one in parentheses, first or second alike,
+    ``(-0.49)·(-0.46)``, so every term reads as written and ``+`` joins them all
+    (−0 and −inf too: the sign decides, as written)."""
+    text = sig(x)
+    return f"({text})" if text.startswith("-") else text
+
+
 def _dot_products(card: Scorecard, keys: Sequence[KeyScore], width: int) -> list[RenderableType]:
-    """``q0·k1 = 1·2 + 0·(-1) = 2`` per listed key, when the terms are few enough to list."""
+    """``q0·k1 = 1·2 + (-0.5)·(-1) = 2.5`` per listed key, when the terms are few
+    enough to list."""
     if not keys or keys[0].terms is None:
         return []
     lines: list[RenderableType] = []
     for k in keys:
         assert k.terms is not None
-        terms = " + ".join(f"{sig(a)}·{sig(b) if b >= 0 else f'({sig(b)})'}" for a, b in k.terms)
+        terms = " + ".join(f"{_factor(a)}·{_factor(b)}" for a, b in k.terms)
         line = f"q{card.query}·k{k.key} = {terms} = {sig(k.raw)}"
         lines.append(note_text(line, width, 4, first=2))
     return lines

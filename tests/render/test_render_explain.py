@@ -150,6 +150,22 @@ def test_scorecard_shows_seed_003() -> None:
     assert "Z = Σ e^(x − m) = 1.1342 (Σ e^x = 38.9196)" in " ".join(text.split())
 
 
+def test_a_scorecards_negative_factors_are_parenthesised_first_or_second() -> None:
+    # Regression: a negative first factor read "0.3·0.5 + -0.49·(-0.46)", a sign after
+    # a plus; every negative factor is now in parentheses and "+" joins every term.
+    spec = build_spec(
+        np.array([[0.3, -0.49]]),
+        np.array([[0.5, -0.46], [-1.0, 2.0], [0.0, -0.0]]),
+        np.eye(3, 2),
+        names={n: "" for n in "qkv"},
+    )
+    text = render_text(explanation(spec, query=0), walk=False)
+    assert "q0·k0 = 0.3·0.5 + (-0.49)·(-0.46) = 0.3754" in text
+    assert "q0·k1 = 0.3·(-1) + (-0.49)·2 = -1.28" in text
+    assert "q0·k2 = 0.3·0 + (-0.49)·(-0) = 0" in text
+    assert "+ -" not in text
+
+
 def test_four_scores_show_seed_001() -> None:
     text = four_scores_q0()
     weights = [row_of(text, f"k{j}")[3] for j in range(4)]
