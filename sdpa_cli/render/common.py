@@ -67,6 +67,11 @@ class View:
         those of them that fit."""
         return _picked(n, self.keys)
 
+    def query_rows(self, n: int) -> range:
+        """The query rows ``--rows`` picks out of ``n`` (every one by default); a table
+        shows the first ``max_rows`` of them and says how many there were."""
+        return _picked(n, self.rows)
+
 
 # --- heat colors ------------------------------------------------------------------------------
 

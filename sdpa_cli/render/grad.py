@@ -84,8 +84,9 @@ def render_grad(
         )
     )
     parts.append(Text(""))
-    positions, rows, _, picked = layout(spec, view)
-    keys = view.key_columns(spec.S)
+    positions, _, _, picked = layout(spec, view)
+    # Every row picked, as every key picked: the table cuts them and says so.
+    rows, keys = view.query_rows(spec.L), view.key_columns(spec.S)
     for lead in positions:
         label = slice_label(spec, lead)
         if label:

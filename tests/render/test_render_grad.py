@@ -110,3 +110,29 @@ def test_the_goldens_show_the_vanishing_row() -> None:
     text = render(*CASES["grad_batched_gqa_100.txt"])
     assert "── batch 1 · head 2 (kv head 1) ─" in text
     assert "summed over query heads 2–3" in text
+
+
+def test_the_dq_table_says_its_rows_were_cut_as_the_dk_table_does() -> None:
+    # Regression: the dQ table got the rows already cut to --max-rows, so it showed
+    # neither the "…" row nor "rows 0–2 of 6"; the dK table below it showed both.
+    text = render((*BATCHED, "--batch", "0", "--head", "0", "--max-rows", "3"), 80)
+    dq = text.split("dQ  dS · K · scale\n")[1].split("\n\n")[0].splitlines()
+    dk = text.split("dK  dSᵀ · Q · scale")[1].split("\n\n")[0].splitlines()
+    assert dq[2:] == [
+        "q0   0.0051   -0.0299   -0.0670   …    0.57",
+        "q1   0.0128   -0.1348   -0.0952   …   0.749",
+        "q2   0.1124    0.0576   -0.0829   …   0.815",
+        "…         …         …         …   …       …",
+        "rows 0–2 of 6, columns 0–2 of 8 shown",
+    ]
+    assert dk[-2:] == [
+        "…          …         …         …   …",
+        "rows 0–2 of 6, columns 0–2 of 8 shown",
+    ]
+
+
+def test_grad_rows_picks_the_rows_of_the_dq_table() -> None:
+    text = render((*BATCHED, "--batch", "0", "--head", "0", "--rows", "2:6", "--max-rows", "2"), 80)
+    dq = text.split("dQ  dS · K · scale\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[0] for line in dq[2:]] == ["q2", "q3", "…", "rows"]
+    assert dq[-1] == "rows 2–3 of 6, columns 0–1 of 8 shown"
