@@ -26,6 +26,7 @@ from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
 from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.text import plural
 
 
 def _as_array(x: Any, name: str) -> tuple[NDArray[Any], str]:
@@ -50,8 +51,9 @@ def report_text(report: CheckReport) -> str:
     A failure's lines that repeat its summary or an earlier line of its own report
     are left out (a check without a mismatch report restates its summary).
     """
-    verdict = "passed" if report.passed else f"{len(report.failed)} failed"
-    lines = [f"sdpa check {verdict} (export {report.export_dtype}, reference {report.reference}):"]
+    lines = [
+        f"sdpa check: {_verdict(report)} (export {report.export_dtype}, reference {report.reference}):"
+    ]
     for c in report.checks:
         lines.append(f"  {c.status.upper():4} {c.name}: {c.summary}")
         if c.status == "fail":
@@ -61,6 +63,17 @@ def report_text(report: CheckReport) -> str:
                     seen.add(line)
                     lines.append("         " + line)
     return "\n".join(lines)
+
+
+def _verdict(report: CheckReport) -> str:
+    """``2 of 5 checks failed, output.range and output.close``, or ``all 5 checks
+    passed``: a report's first line after ``sdpa check:``."""
+    total = plural(len(report.checks), "check")
+    if report.passed:
+        return f"{'the' if len(report.checks) == 1 else 'all'} {total} passed"
+    names = [c.name for c in report.failed]
+    named = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{len(names)} of {total} failed, {named}"
 
 
 def _check_keywords(options: Mapping[str, Any]) -> None:

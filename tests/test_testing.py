@@ -134,6 +134,36 @@ def test_a_failure_message_says_no_line_twice() -> None:
     assert message.count("mismatched elements:") == 2  # one report per failed comparison
 
 
+def test_a_failure_message_begins_with_how_many_checks_failed_of_how_many_and_which() -> None:
+    # Regression: it began "sdpa check 4 failed (...)", a count with nothing counted.
+    q, k, v = qkv()
+    full = attention(q, k, v)
+    with pytest.raises(AssertionError) as caught:
+        assert_attention_close(q, k, v, output=full.output, weights=full.weights, causal=True)
+    assert str(caught.value).splitlines()[0] == (
+        "sdpa check: 4 of 8 checks failed, output.range, output.close, weights.rows and "
+        "weights.close (export float64, reference float64):"
+    )
+
+
+def test_a_report_with_one_check_says_which_one_failed_or_that_it_passed() -> None:
+    q, k, v = qkv()
+    spec = build_spec(q, k, v, options=parse_options({}))
+    report = run_checks(spec, [])
+    failed = Check("findings.nonfinite", "fail", "3 findings")
+    text = report_text(
+        CheckReport((failed,), report.diagnosis, "float64", "float64", ("nonfinite",), None)
+    )
+    assert text.splitlines()[0] == (
+        "sdpa check: 1 of 1 check failed, findings.nonfinite (export float64, reference float64):"
+    )
+    passed = Check("findings", "pass", "nothing worth a warning")
+    text = report_text(CheckReport((passed,), report.diagnosis, "float64", "float64", (), None))
+    assert text.splitlines()[0] == (
+        "sdpa check: the 1 check passed (export float64, reference float64):"
+    )
+
+
 def test_report_text_keeps_the_order_of_a_failures_lines() -> None:
     """Two findings with the same message: the second bullet goes, the rest stays in order."""
     q, k, v = qkv()

@@ -1101,7 +1101,10 @@ def test_assert_attention_close_raises_with_the_mismatch_report() -> None:
     with pytest.raises(AssertionError) as caught:
         assert_attention_close(q, k, v, output=out, causal=True)
     message = str(caught.value)
-    assert message.startswith("sdpa check 2 failed (export float64, reference float64)")
+    assert message.startswith(
+        "sdpa check: 2 of 4 checks failed, output.range and output.close "
+        "(export float64, reference float64):"
+    )
     assert "FAIL output.range" in message
     assert "FAIL output.close" in message
     assert "mismatched elements: 1 / 18" in message
