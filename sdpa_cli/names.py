@@ -150,6 +150,43 @@ FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8
 REFERENCE_FORMATS = ("float32", "float64")
 """Formats a check's reference may be computed in (``--reference``)."""
 
+FORMAT_ALIASES = {
+    "fp64": "float64",
+    "f64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "f32": "float32",
+    "float": "float32",
+    "single": "float32",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp8_e4m3fn": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e4m3fn": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
+}
+"""The names people type for a format (PyTorch's ``half``, ``float``, ``double``;
+``fp16``, ``bf16``...) → its name in :data:`FORMATS`. ``float`` and ``single`` are
+float32, as in C and PyTorch (``torch.float``; numpy's ``float`` is Python's, float64,
+but that name is not typed for a format). FP8's E4M3 is the ``fn`` one (no inf, max 448)
+that NVIDIA's and OCP's "E4M3" name; ml_dtypes' ``float8_e4m3`` (with inf) is another
+format, so it is no alias."""
+
+
+def format_name(value: object) -> str | None:
+    """The :data:`FORMATS` name ``value`` means: a format's own name or an alias of
+    :data:`FORMAT_ALIASES`, in any case, with PyTorch's ``torch.`` before it or not
+    (``str(tensor.dtype)``); None for anything else."""
+    if not isinstance(value, str):
+        return None
+    typed = value.strip().lower().removeprefix("torch.")
+    return typed if typed in FORMATS else FORMAT_ALIASES.get(typed)
+
+
 # --- frameworks -------------------------------------------------------------------------
 
 FRAMEWORKS = ("torch", "flash", "jax", "onnx", "hf")

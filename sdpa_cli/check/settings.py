@@ -18,7 +18,14 @@ from sdpa_cli.engine.options import parse_bool, parse_number
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.files.config import ConfigFile, read_config
 from sdpa_cli.files.confine import outside_allowed
-from sdpa_cli.names import ERROR_STATS, KINDS, REFERENCE_FORMATS, SEVERITIES, TOLERANCE_RULES
+from sdpa_cli.names import (
+    ERROR_STATS,
+    KINDS,
+    REFERENCE_FORMATS,
+    SEVERITIES,
+    TOLERANCE_RULES,
+    format_name,
+)
 from sdpa_cli.text import as_typed, printable, shown
 
 CHECK_NAMES = (
@@ -114,10 +121,18 @@ def _one_of(choices: tuple[str, ...]) -> Any:
     return parse
 
 
+def _reference(value: Any, where: str) -> str:
+    """float32 or float64, by name or alias (``fp32``, ``double``: names.FORMAT_ALIASES)."""
+    name = format_name(value)
+    if name not in REFERENCE_FORMATS:
+        raise SpecError(where, f"must be {' or '.join(REFERENCE_FORMATS)}, got {shown(value)}")
+    return name
+
+
 _CHECK_PARSERS: dict[str, Any] = {
     "rtol": _tolerance,
     "atol": _tolerance,
-    "reference": _one_of(REFERENCE_FORMATS),
+    "reference": _reference,
     "tolerance": _one_of(TOLERANCE_RULES),
     "fudge": _fudge,
     "fail_on": _kinds,
@@ -216,8 +231,10 @@ class CheckSettings:
             raise SpecError(
                 "--rtol/--atol", "give both rtol and atol, or neither (defaults by the dtype)"
             )
-        # Each value as the config file and the flags are checked (one set of rules).
-        check_values({name: getattr(self, name) for name in CHECK_NAMES})
+        # Each value as the config file and the flags are checked (one set of rules),
+        # and the reference by its format's name (fp32 → float32).
+        parsed = check_values({name: getattr(self, name) for name in CHECK_NAMES})
+        object.__setattr__(self, "reference", parsed.get("reference"))
         if self.tolerance == "measured" and self.rtol is not None:
             raise SpecError("--tolerance", "measured computes rtol and atol; drop --rtol/--atol")
 

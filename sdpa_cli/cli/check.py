@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sdpa_cli.api.outputs import PICTURES, REPORTS
-from sdpa_cli.cli.completion import files, finding_kinds, word_list
+from sdpa_cli.cli.completion import files, finding_kinds, word_list, words
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     PositiveFinite,
@@ -40,8 +40,9 @@ SETTINGS_OPTIONS = [
     click.option("--atol", metavar="X", help="Fixed absolute tolerance (with --rtol)."),
     click.option(
         "--reference",
-        type=click.Choice(REFERENCE_FORMATS),
-        help="Format of the reference (default: float32 for 16- and 8-bit exports, else float64).",
+        metavar="FORMAT",
+        shell_complete=words(*REFERENCE_FORMATS),
+        help=f"Format of the reference: {' or '.join(REFERENCE_FORMATS)} (default: float32 for 16- and 8-bit exports, else float64).",
     ),
     click.option(
         "--tolerance",

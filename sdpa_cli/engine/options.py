@@ -17,7 +17,14 @@ from sdpa_cli.engine import precision
 from sdpa_cli.engine.conventions import convention
 from sdpa_cli.engine.expressions import parse_mask_mod, parse_score_mod
 from sdpa_cli.errors import SpecError
-from sdpa_cli.names import ALIGNMENTS, FORMATS, LAYOUTS, MASK_TRUE_MEANS, SCALE_NAMES
+from sdpa_cli.names import (
+    ALIGNMENTS,
+    FORMATS,
+    LAYOUTS,
+    MASK_TRUE_MEANS,
+    SCALE_NAMES,
+    format_name,
+)
 from sdpa_cli.text import shown
 
 FINFO_MIN = float(np.finfo(np.float64).min)
@@ -70,8 +77,9 @@ class Options:
     :func:`parse_options`, see :mod:`sdpa_cli.engine.conventions`)."""
 
     def __post_init__(self) -> None:
-        # Options built directly (the Python API) get the checks parse_options makes.
-        _choice(self.dtype, "dtype", FORMATS)
+        # Options built directly (the Python API) get the checks parse_options makes,
+        # and an alias (fp16, bf16) their format's name.
+        object.__setattr__(self, "dtype", parse_format(self.dtype, "dtype"))
         _choice(self.layout, "layout", LAYOUTS)
         for name in ("accumulate", "softmax_dtype", "logits_dtype"):
             value = getattr(self, name)
@@ -185,6 +193,19 @@ def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+def parse_format(value: Any, where: str, words: tuple[str, ...] = ()) -> str:
+    """A format (:data:`~sdpa_cli.names.FORMATS`) by its name or an alias people type
+    (``fp16``, ``half``, ``bf16``, ``fp32``, ``torch.float16``: :data:`~sdpa_cli.names.FORMAT_ALIASES`),
+    as its name; or one of ``words`` (``same``). Errors list the names only."""
+    if isinstance(value, str) and value.strip().lower() in words:
+        return value.strip().lower()
+    name = format_name(value)
+    if name is None:
+        choices = ", ".join((*FORMATS, *words))
+        raise SpecError(where, f"expected one of {choices}, got {shown(value)}")
+    return name
+
+
 def parse_bool(value: Any, where: str) -> bool:
     """A true boolean (a YAML or JSON ``true``/``false``); text such as ``"yes"`` is refused."""
     if isinstance(value, bool):
@@ -255,10 +276,10 @@ _PARSERS: dict[str, Any] = {
     "heads": lambda v, w: _int(v, w, minimum=1),
     "kv_heads": lambda v, w: _int(v, w, minimum=1),
     "layout": lambda v, w: _choice(v, w, LAYOUTS),
-    "dtype": lambda v, w: _choice(v, w, FORMATS),
-    "accumulate": lambda v, w: _choice(v, w, (*FORMATS, "same")),
-    "softmax_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
-    "logits_dtype": lambda v, w: _choice(v, w, (*FORMATS, "same")),
+    "dtype": parse_format,
+    "accumulate": lambda v, w: parse_format(v, w, ("same",)),
+    "softmax_dtype": lambda v, w: parse_format(v, w, ("same",)),
+    "logits_dtype": lambda v, w: parse_format(v, w, ("same",)),
     "prescale": parse_bool,
     "framework": lambda v, w: convention(v, w).name,
 }
@@ -286,7 +307,7 @@ def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None
     dtype = values.get("dtype", "float64")
     for name in ("accumulate", "softmax_dtype", "logits_dtype"):
         label = where.get(name, "--" + name.replace("_", "-"))
-        values[name] = _working_format(name, values.get(name), dtype, label)
+        values[name] = _working_format(name, values.get(name), dtype, label, raw.get(name))
     return Options(**values)
 
 
@@ -311,14 +332,20 @@ def _apply_convention(values: dict[str, Any], where: Mapping[str, str]) -> None:
 _FORMAT_DEFAULTS = {"accumulate": "float32", "softmax_dtype": "float32", "logits_dtype": "same"}
 
 
-def _working_format(name: str, chosen: str | None, dtype: str, label: str) -> str:
+def _working_format(
+    name: str, chosen: str | None, dtype: str, label: str, typed: Any = None
+) -> str:
     """``--accumulate``/``--softmax-dtype``/``--logits-dtype``: float64, float32 or the
-    ``--dtype`` format (``same``)."""
-    chosen = _FORMAT_DEFAULTS[name] if chosen is None else chosen
+    ``--dtype`` format (``same``), by name or alias; ``typed``: as the user gave it,
+    for the message (default ``chosen``)."""
+    given = chosen
+    chosen = _FORMAT_DEFAULTS[name] if chosen is None else parse_format(chosen, label, ("same",))
     if chosen == "same":
         chosen = dtype
     if chosen not in ("float64", "float32", dtype):
+        shown_as = typed if typed is not None else given
         raise SpecError(
-            label, f"must be float64, float32 or the --dtype format ({dtype}), got {shown(chosen)}"
+            label,
+            f"must be float64, float32 or the --dtype format ({dtype}), got {shown(shown_as)}",
         )
     return chosen

@@ -619,6 +619,9 @@ def test_float16_output_with_a_float64_reference_and_measured_tolerance(fp16_exp
     assert doc["reference"] == "float64"
     doc = check_json(*FP16, "--tolerance", "measured", code=ExitCode.OK)
     tol = by_name(doc)["output.close"]["tolerance"]
+    # The usual aliases name the reference too, reported by the format's name.
+    assert check_json(*FP16, "--reference", "fp64", code=ExitCode.OK)["reference"] == "float64"
+    assert check_json(*FP16, "--reference", "single", code=ExitCode.OK)["reference"] == "float32"
     assert tol["source"].startswith("measured ×2")
     assert tol["rtol"] >= 2e-3
     assert tol["atol"] >= 2e-3  # floored at the float16 defaults, times the fudge
@@ -889,7 +892,7 @@ USAGE: list[tuple[str, list[str], str]] = [
     (
         "bad-reference",
         [*QKV, "--reference", "float16"],
-        "Invalid value for '--reference': 'float16' is not one of 'float32', 'float64'.",
+        "--reference: must be float32 or float64, got 'float16'",
     ),
     (
         "bad-format",

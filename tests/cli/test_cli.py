@@ -88,7 +88,7 @@ QKV = ("q.npy", "k.npy", "v.npy")
 
 def make_bad_inputs(d: Path) -> None:
     """Every file the error catalogue below refers to."""
-    (d / "case_dtype.yaml").write_text("q: [1]\nk: [[1]]\nv: [[1]]\ndtype: double\n")
+    (d / "case_dtype.yaml").write_text("q: [1]\nk: [[1]]\nv: [[1]]\ndtype: float128\n")
     rng = np.random.default_rng(1)
 
     def save(name: str, shape: tuple[int, ...], dtype: Any = np.float64) -> None:
@@ -201,7 +201,7 @@ CATALOGUE: list[tuple[str, list[str], str, str]] = [
     ("uniform-zero", [*QKV, "--uniform", "0"], "--uniform: ", "(0, 1]"),
     ("head-fraction-text", [*QKV, "--head-fraction", "most"], "--head-fraction: ", "'most'"),
     ("max-findings-negative", [*QKV, "--max-findings", "-1"], "--max-findings: ", "≥ 0"),
-    ("case-bad-dtype", ["case_dtype.yaml"], "case_dtype.yaml: dtype: ", "'double'"),
+    ("case-bad-dtype", ["case_dtype.yaml"], "case_dtype.yaml: dtype: ", "'float128'"),
 ]
 
 
@@ -1011,6 +1011,31 @@ def test_prescale_keeps_the_raw_scores_in_range() -> None:
     assert all(f["kind"] != "nonfinite" for f in data["findings"])
     # Q·√0.5 and K·√0.5 first: the raw product is the scaled logits, 33800.
     assert data["raw"][0][0] == pytest.approx(33800, rel=1e-3)
+
+
+def test_dtype_takes_the_usual_aliases_and_reports_the_formats_name() -> None:
+    # Regression: --dtype fp16 and bf16 were refused; they now mean float16, bfloat16.
+    data = run_json(
+        sample("scorecard.yaml"),
+        "--dtype",
+        "fp16",
+        "--accumulate",
+        "half",
+        "--softmax-dtype",
+        "fp32",
+    )
+    assert data["options"]["dtype"] == "float16"
+    assert data["options"]["accumulate"] == "float16"
+    assert data["options"]["softmax_dtype"] == "float32"
+    assert run_json(sample("scorecard.yaml"), "--dtype", "bf16")["options"]["dtype"] == "bfloat16"
+
+
+def test_an_unknown_dtype_is_refused_with_the_formats_names() -> None:
+    line = assert_one_error_line(invoke("compute", sample("scorecard.yaml"), "--dtype", "fp12"))
+    assert line == (
+        "sdpa: error: --dtype: expected one of float64, float32, float16, bfloat16, "
+        "float8_e4m3fn, float8_e5m2, got 'fp12'"
+    )
 
 
 def test_without_dtype_there_is_no_emulation_report() -> None:

@@ -214,3 +214,67 @@ def test_errors_use_the_given_label() -> None:
 )
 def test_accepted_forms(raw: dict[str, Any], expected: Options) -> None:
     assert parse_options(raw) == expected
+
+
+# --- formats by their usual aliases ---
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("fp16", "float16"),
+        ("half", "float16"),
+        ("f16", "float16"),
+        ("FP16", "float16"),
+        ("torch.float16", "float16"),
+        ("bf16", "bfloat16"),
+        ("torch.bfloat16", "bfloat16"),
+        ("fp32", "float32"),
+        ("f32", "float32"),
+        ("float", "float32"),  # C's and torch.float
+        ("single", "float32"),
+        ("fp64", "float64"),
+        ("double", "float64"),
+        ("fp8_e4m3", "float8_e4m3fn"),
+        ("e5m2", "float8_e5m2"),
+        ("float16", "float16"),
+    ],
+)
+def test_a_format_is_taken_by_its_usual_alias_and_kept_by_its_name(typed: str, meant: str) -> None:
+    assert parse_options({"dtype": typed}).dtype == meant
+    assert Options(dtype=typed).dtype == meant  # the Python API, built directly
+
+
+def test_working_formats_take_aliases_and_same() -> None:
+    options = parse_options(
+        {"dtype": "bf16", "accumulate": "fp32", "softmax_dtype": "double", "logits_dtype": "same"}
+    )
+    assert (options.dtype, options.accumulate, options.softmax_dtype, options.logits_dtype) == (
+        "bfloat16",
+        "float32",
+        "float64",
+        "bfloat16",
+    )
+    assert Options(dtype="half", accumulate="half").accumulate == "float16"
+
+
+def test_an_unknown_format_is_refused_naming_the_formats_not_the_aliases() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_options({"dtype": "fp12"})
+    assert (info.value.where, info.value.problem) == (
+        "--dtype",
+        "expected one of float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, "
+        "got 'fp12'",
+    )
+    # ml_dtypes' float8_e4m3 (with inf) is another format than e4m3fn: no alias.
+    with pytest.raises(SpecError):
+        parse_options({"dtype": "float8_e4m3"})
+
+
+def test_a_working_format_refused_is_quoted_as_typed() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_options({"dtype": "fp32", "accumulate": "fp16"})
+    assert (info.value.where, info.value.problem) == (
+        "--accumulate",
+        "must be float64, float32 or the --dtype format (float32), got 'fp16'",
+    )
