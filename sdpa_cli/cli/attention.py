@@ -97,7 +97,7 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         "mask_path",
         metavar="FILE",
         shell_complete=files,
-        help="Boolean mask (True = may attend) or float mask (added to the logits), broadcastable to (..., L, S).",
+        help="Boolean mask (True = may attend) or float mask (added to the logits; an integer one is added too, never read as boolean), broadcastable to (..., L, S).",
     ),
     click.option(
         "--mask-true-means",

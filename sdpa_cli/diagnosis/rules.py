@@ -221,7 +221,9 @@ def _mask_suspect(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
 
 
 def _zero_one_masks(spec: AttentionSpec) -> Iterator[Finding]:
-    """A float mask or bias holding only 0 and 1: a boolean mask cast to float?"""
+    """A float or integer mask or bias holding only 0 and 1: a boolean mask cast to
+    numbers? An integer one (Hugging Face's int64 attention_mask) is said to be one:
+    it is read as numbers, as a float mask, not as boolean."""
     for name in ("mask", "bias"):
         arr = getattr(spec, name)
         if arr is None or arr.dtype == np.bool_:
@@ -229,13 +231,17 @@ def _zero_one_masks(spec: AttentionSpec) -> Iterator[Finding]:
         a = np.asarray(arr)
         zeros, ones = a == 0, a == 1
         if (zeros | ones).all() and zeros.any() and ones.any():
+            integer = a.dtype.kind in "iu"
+            kind = f"integer ({a.dtype})" if integer else "float"
+            refused = "PyTorch's SDPA refuses an integer mask. " if integer else ""
             yield Finding(
                 "mask_suspect",
                 "warning",
-                f"the float {name} ({spec.names.get(name, name)}) holds only 0 and 1: it adds "
-                "+1 to some logits instead of hiding keys",
-                hint="a boolean mask cast to float? Pass it as bool (True = may attend), "
-                "or as 0 / −inf",
+                f"the {kind} {name} ({spec.names.get(name, name)}) holds only 0 and 1: "
+                "it is read as numbers added to the logits, +1 to some, not as a boolean "
+                "mask, so it hides no key",
+                hint=f"{refused}A boolean mask cast to numbers? Pass it as bool "
+                "(True = may attend), or as 0 / −inf",
                 stage="input",
                 count=int(ones.sum()),
                 details={"tensor": name},

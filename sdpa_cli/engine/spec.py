@@ -89,6 +89,18 @@ class AttentionSpec:
     def mask_is_bool(self) -> bool:
         return self.mask is not None and self.mask.dtype == np.bool_
 
+    @property
+    def mask_kind(self) -> str:
+        """How ``--mask`` is read, as messages name it: ``boolean`` (True hides or
+        shows), ``float`` (added to the logits) or ``integer`` (numbers, added as a
+        float mask is: 0/1 shows every key; PyTorch's SDPA refuses such a mask);
+        ``""`` without a mask."""
+        if self.mask is None:
+            return ""
+        if self.mask_is_bool:
+            return "boolean"
+        return "integer" if self.mask.dtype.kind in "iu" else "float"
+
     @cached_property
     def sentinels(self) -> Sentinels | None:
         """The values of a float mask that hide keys for the findings (≤ −1e4, −inf

@@ -141,14 +141,18 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         lines.append(("key lengths", f"first {lengths} keys valid ({per}; the rest is padding)"))
     if spec.mask is not None:
         kind = "boolean, True = " + ("masked" if o.mask_true_means == "masked" else "may attend")
-        if not spec.mask_is_bool:
+        if spec.mask_kind == "float":
             kind = "float, added to the logits"
+        elif spec.mask_kind == "integer":
+            kind = (
+                f"integer ({spec.mask.dtype}), its numbers added to the logits, not read as boolean"
+            )
         lines.append(
             ("mask", f"{spec.names.get('mask', 'mask')} {shape(spec.shapes['mask'])}, {kind}")
         )
         if spec.sentinels and spec.sentinels.values:
             hiding = f"{spec.sentinels.label()} read as hiding (any value ≤ {HIDES:g})"
-            lines.append(("float mask", hiding))
+            lines.append((f"{spec.mask_kind} mask", hiding))
     if lines:
         lines.append(("mask value", o.mask_value_label))
     return lines

@@ -148,7 +148,7 @@ def _stage_captions(
         sentinels = spec.sentinels
         how = f"the finite mask value {spec.options.mask_value_label} spreads their weight uniformly over hidden keys"
         if sentinels is not None and sentinels.finite:
-            how = f"the float mask's finite sentinel {sentinels.label()} leaves their weight on the keys it hides"
+            how = f"the {spec.mask_kind} mask's finite sentinel {sentinels.label()} leaves their weight on the keys it hides"
         captions.append(
             Text(
                 f"rows {', '.join(f'q{i}' for i in leaking[:6])}{' …' if len(leaking) > 6 else ''} have no visible key, "

@@ -702,6 +702,28 @@ def test_nonfinite_k_or_v_at_padded_keys_is_suspect(tensor: str) -> None:
         ((1, 8, 64, 64), (1, 2, 64, 64), False),  # grouped-query: 8 query heads, 2 K/V heads
     ],
 )
+def test_an_integer_mask_of_zeros_and_ones_is_called_integer_and_read_as_numbers() -> None:
+    # Regression: an int64 0/1 mask (Hugging Face's attention_mask) was "the float mask".
+    mask = np.tril(np.ones((3, 3), dtype=np.int64))
+    d = run(np.ones((3, 2)), np.ones((3, 2)), mask=mask)
+    f = only(d, "mask_suspect")
+    assert (f.severity, f.stage, f.count) == ("warning", "input", 6)
+    assert f.message == (
+        "the integer (int64) mask (--mask) holds only 0 and 1: it is read as numbers added "
+        "to the logits, +1 to some, not as a boolean mask, so it hides no key"
+    )
+    assert f.hint == (
+        "PyTorch's SDPA refuses an integer mask. A boolean mask cast to numbers? Pass it "
+        "as bool (True = may attend), or as 0 / −inf"
+    )
+    assert "float" not in f.message
+
+
+def test_a_float_mask_of_zeros_and_ones_is_called_float() -> None:
+    d = run(np.ones((3, 2)), np.ones((3, 2)), mask=np.tril(np.ones((3, 3))))
+    assert only(d, "mask_suspect").message.startswith("the float mask (--mask) holds only 0 and 1")
+
+
 def test_normal_inputs_with_the_default_scale_raise_no_warning(
     q_shape: tuple[int, ...], kv_shape: tuple[int, ...], causal: bool, dtype: type
 ) -> None:

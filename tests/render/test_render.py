@@ -213,3 +213,18 @@ def test_a_summary_without_hidden_scores_has_no_hidden_column() -> None:
     text = render_text(build_spec(x, x, x), 100, max_slices=2)
     assert "non-finite\n" in text.split("whole tensor")[1]
     assert "hidden" not in text.split("whole tensor")[1].split("──")[0]
+
+
+def test_the_header_calls_an_integer_mask_integer_not_float() -> None:
+    # Regression: an int64 0/1 mask read "float, added to the logits" in the header.
+    x = np.eye(3, 2)
+    spec = build_spec(
+        x, x, x, mask=np.tril(np.ones((3, 3), dtype=np.int64)), names={"mask": "m.npy"}
+    )
+    assert spec.mask_kind == "integer"
+    header = " ".join(render_text(spec, 100, stages=("weights",)).split("╰")[0].split())
+    assert (
+        "mask m.npy (3, 3), integer (int64), its numbers added to the logits, not read as boolean"
+        in header
+    )
+    assert "float" not in header
