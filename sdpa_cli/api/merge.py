@@ -148,6 +148,9 @@ def _mismatch(data: dict[str, Any], label: str, where: str) -> Mismatch:
         passing_factor=_get(data, "passing_factor", "number|None", label, where)
         if "passing_factor" in data
         else None,
+        worst_allowed=_get(data, "worst_allowed", "number|None", label, where)
+        if "worst_allowed" in data
+        else None,
     )
 
 

@@ -87,7 +87,11 @@ class Mismatch:
     passing_atol: float | None
     passing_rtol: float | None
     passing_factor: float | None = None
-    """Under the kernel-relative judgement: the smallest factor that would pass."""
+    """Under the kernel-relative judgement: the smallest factor that would pass (None
+    where the error is no rounding: no factor is suggested)."""
+    worst_allowed: float | None = None
+    """Under the kernel-relative judgement: the largest |Δ| the worst element was
+    allowed (under a fixed tolerance it is ``atol + rtol·|reference|``)."""
 
     @property
     def fraction(self) -> float:
@@ -140,7 +144,10 @@ def compare(
         a = np.asarray(flat_a[i0 : i0 + CHUNK], dtype=np.float64)
         r = np.asarray(flat_r[i0 : i0 + CHUNK], dtype=np.float64)
         parts.append((i0, _compare_chunk(a, r, rtol, atol, equal_nan)))
-    return _combine(parts, shape, rtol, atol)
+    m = _combine(parts, shape, rtol, atol)
+    if m.worst_reference is None or not math.isfinite(m.worst_reference):
+        return m
+    return dataclasses.replace(m, worst_allowed=atol + rtol * abs(m.worst_reference))
 
 
 def _combine(
@@ -335,8 +342,12 @@ def mismatch_summary(m: Mismatch, tol: Tolerance) -> str:
     return f"{head}{kinds} beyond rtol {sig(tol.rtol, 6)}, atol {sig(tol.atol, 6)}; greatest |Δ| {sig(m.max_abs, 3)}"
 
 
-def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
-    """A mismatch as the lines of the report (shared by the table, JUnit and assertions)."""
+def mismatch_lines(
+    m: Mismatch, tol: Tolerance | None, diagnosis: Mapping[str, Any] | None = None
+) -> list[str]:
+    """A mismatch as the lines of the report (shared by the table, JUnit and
+    assertions); ``diagnosis`` says whether the error looks like rounding
+    (:mod:`~sdpa_cli.check.structure`): only rounding is told the --fudge that passes."""
     lines = [
         f"mismatched elements: {m.mismatched:,} / {m.total:,} ({percent(m.fraction)})",
         f"NaN mismatches: {m.nan_mismatches:,} · inf mismatches: {m.inf_mismatches:,}",
@@ -348,6 +359,17 @@ def mismatch_lines(m: Mismatch, tol: Tolerance | None) -> list[str]:
         assert m.worst_reference is not None
         got, ref = apart(m.worst_actual, m.worst_reference)
         lines.append(f"worst element: index {format_index(m.worst_at)}: got {got}, reference {ref}")
+        allowed, delta = m.worst_allowed, abs(m.worst_actual - m.worst_reference)
+        if allowed is not None and math.isfinite(allowed) and math.isfinite(delta):
+            over = f" ({sig(delta / allowed, 3)}×)" if allowed > 0 else ""
+            lines.append(
+                f"at the worst element: |Δ| {sig(delta, 3)}, allowed {sig(allowed, 3)}{over}"
+            )
+    if diagnosis is not None and diagnosis.get("error") == "structural":
+        ratio = diagnosis.get("times_plain_rms")
+        how = f"{sig(ratio, 3)}× the plain computation's RMS error, " if ratio else ""
+        where = diagnosis.get("where") or "where rounding does not put it"
+        lines.append(f"not rounding: {how}{where}; a larger --fudge would hide it, not fix it")
     if tol is not None and tol.factor is not None:
         lines.append(f"judged: {tol.source}")
         if (

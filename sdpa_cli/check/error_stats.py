@@ -126,6 +126,10 @@ class ErrorFigures:
         if n_elements <= KEEP_ELEMENTS:  # small: the errors themselves, no second read
             self.kept = {k: np.empty(n_elements, np.float32) for k in ("abs", "rel")}
         self.dot = np.zeros(n_slices)
+        self.slice_count = np.zeros(n_slices, np.int64)
+        self.slice_sum = np.zeros(n_slices)
+        self.slice_max = np.zeros(n_slices)
+        self.slice_max_rel = np.zeros(n_slices)
         self.norm_a = np.zeros(n_slices)
         self.norm_r = np.zeros(n_slices)
 
@@ -144,6 +148,14 @@ class ErrorFigures:
             self.count += diff.size
             aa = np.where(pf, pa, 0.0)
             rr = np.where(pf, pr, 0.0)
+            with np.errstate(over="ignore", invalid="ignore"):
+                d = np.abs(aa - rr)
+                rel = relative_error(d, np.abs(rr))
+            rows = np.arange(len(pa)) + at.start + piece.start
+            self.slice_count[rows] += pf.sum(axis=1)
+            self.slice_sum[rows] += d.sum(axis=1)
+            np.maximum.at(self.slice_max, rows, d.max(axis=1, initial=0.0))
+            np.maximum.at(self.slice_max_rel, rows, rel.max(axis=1, initial=0.0))
             self.dot[at][piece] += np.einsum("ij,ij->i", aa, rr)
             self.norm_a[at][piece] += np.einsum("ij,ij->i", aa, aa)
             self.norm_r[at][piece] += np.einsum("ij,ij->i", rr, rr)
@@ -217,6 +229,17 @@ class ErrorFigures:
         if cos.size and lead:
             worst = [int(i) for i in np.unravel_index(int(np.argmin(cos)), lead)]
         out["cosine"] = {"min": float(np.min(cos, initial=1.0)), "min_at": worst}
+        means = self.slice_sum / np.maximum(self.slice_count, 1)
+        out["by_slice"] = [
+            {
+                "index": [int(i) for i in np.unravel_index(k, lead)] if lead else [],
+                "abs_mean": float(means[k]),
+                "abs_max": float(self.slice_max[k]),
+                "rel_max": float(self.slice_max_rel[k]),
+                "cosine": float(cos[k]),
+            }
+            for k in range(len(cos))
+        ]
         return out
 
 

@@ -88,7 +88,39 @@ def fit_expected(spec: AttentionSpec, exp: Expected) -> Fitted:
             )
             return Fitted(exp, values, merged)
     want = " or ".join(str(s) for s in expected_shapes(spec, exp.name))
-    raise SpecError(exp.label, f"has shape {got}; the computation's {exp.name} is {want}")
+    raise SpecError(
+        exp.label,
+        f"has shape {got}; the computation's {exp.name} is {want}{_layout_hint(spec, exp.name, got)}",
+    )
+
+
+def _layout_hint(spec: AttentionSpec, name: str, got: tuple[int, ...]) -> str:
+    """Where an export's shape is the computation's with the head and query axes
+    swapped: the words that say so (a (B, L, H, E) file beside (B, H, L, E) inputs, or
+    the other way round), else ``""``."""
+    if name not in ("output", "lse") or spec.options.heads is not None:
+        return ""
+    shape = spec.merged_output_shape if spec.output_rearranged else spec.output_shape
+    if name == "lse":
+        shape = (*spec.lead, spec.L)
+    if len(shape) < 3 or len(got) != len(shape):
+        return ""
+    axes = (-3, -2) if name == "output" else (-2, -1)
+    swapped = list(shape)
+    swapped[axes[0]], swapped[axes[1]] = swapped[axes[1]], swapped[axes[0]]
+    if got != tuple(swapped) or got == shape:
+        return ""
+    if name == "lse":
+        return "; it looks saved as (B, L, H): swap its last two axes"
+    if spec.options.layout == "bshd":
+        return (
+            "; it looks saved as (B, H, L, E) while --layout bshd reads Q, K and V as "
+            "(B, L, H, E): swap its axes 1 and 2, or give every tensor one layout"
+        )
+    return (
+        "; it looks saved as (B, L, H, E) (FlashAttention's layout): swap its axes 1 "
+        "and 2, or, if Q, K and V are so too, pass --layout bshd"
+    )
 
 
 def merged_index(spec: AttentionSpec, at: Index) -> Index:

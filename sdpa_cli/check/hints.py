@@ -111,14 +111,18 @@ def _option(label: str) -> str:
 
 
 def _traced(
-    spec: AttentionSpec, ref_format: str, view: Callable[[F64], F64] | None = None
+    spec: AttentionSpec,
+    ref_format: str,
+    view: Callable[[F64], F64] | None = None,
+    viewed: str = "output",
 ) -> Values:
     """The values of ``spec`` in the reference's format, traced once on first use.
-    With ``view``, the output only, read through it (the other exports: None)."""
+    With ``view``, the export ``viewed`` only (in the engine's layout), read through
+    it (the other exports: None)."""
     runs: list[Trace] = []
 
     def values(name: str, merged: bool) -> F64 | None:
-        if view is not None and (name != "output" or merged):
+        if view is not None and (name != viewed or merged):
             return None
         if not runs:
             runs.append(trace(as_reference(spec, ref_format), RUN_STAGES, gather_stats=False))
@@ -133,6 +137,9 @@ def alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alternative]:
     only where it applies: the options first, then the tensors read another way."""
     for label, alt in _option_alternatives(spec):
         yield Alternative(label, _option(label), _traced(alt, ref_format))
+    for label, alt in _kernel_slips(spec):
+        hint = f"the export matches the computation with {label}: a bug in the kernel"
+        yield Alternative(label, hint, _traced(alt, ref_format))
     yield from _tensor_alternatives(spec, ref_format)
 
 
@@ -150,6 +157,13 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
         if o.scale != rule and not math.isclose(spec.scale, scale_factor(rule, spec.E)):
             yield f"--scale {rule} (scale {what}{slips.get(rule, '')})", spec.with_scale(rule)
     yield ("--no-causal" if o.causal else "--causal"), alt(causal=not o.causal)
+    if o.temperature != 1.0:
+        t = sig(o.temperature, 6)
+        yield f"no --temperature (the scores not divided by {t})", alt(temperature=1.0)
+        yield (
+            f"--temperature {sig(1.0 / o.temperature, 6)} (the scores multiplied by {t}, not divided)",
+            alt(temperature=1.0 / o.temperature),
+        )
     if (o.causal or o.window is not None) and spec.L != spec.S and o.query_offset is None:
         other = "lower-right" if o.causal_align == "upper-left" else "upper-left"
         yield f"--causal-align {other}", alt(causal_align=other)
@@ -169,6 +183,66 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
     if o.window is not None:
         for window, why in _windows(*o.window):
             yield f"--window {window[0]},{window[1]} ({why})", alt(window=window)
+
+
+def _kernel_slips(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
+    """Computations no option asks for, which a kernel's bug makes: the causal mask
+    built the wrong way round, the packed documents' boundaries ignored."""
+    yield from _flipped_causal(spec)
+    mask = spec.mask
+    if (
+        mask is not None
+        and mask.ndim >= 2
+        and mask.shape[-2:] == (spec.L, spec.L) == (spec.L, spec.S)
+    ):
+        yield (
+            "the mask transposed (mask[..., j, i]: keys and queries swapped)",
+            dataclasses.replace(spec, mask=np.swapaxes(mask, -1, -2)),
+        )
+    if spec.segment_ids is not None:
+        yield (
+            "the segment ids ignored (attention leaks across the packed documents)",
+            dataclasses.replace(spec, segment_ids=None),
+        )
+    if spec.options.cu_seqlens is not None:
+        yield (
+            "--cu-seqlens ignored (attention leaks across the packed documents)",
+            dataclasses.replace(
+                spec,
+                options=dataclasses.replace(spec.options, cu_seqlens=None, cu_seqlens_k=None),
+            ),
+        )
+
+
+def _flipped_causal(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
+    """The causal mask built the wrong way round, as a boolean mask file would carry it
+    (only without a mask, a window or a per-item offset of the user's own): transposed
+    (``triu`` where ``tril`` was meant: each query sees itself and the keys after it)
+    and inverted (``~tril``: the keys after it only)."""
+    o = spec.options
+    if not o.causal or spec.mask is not None or o.window is not None:
+        return
+    if o.query_offset is not None:
+        return
+    L, S = spec.L, spec.S
+    diagonal = S - L if o.causal_align == "lower-right" else 0
+    rows, keys = np.arange(L)[:, None], np.arange(S)[None, :]
+    slips = (
+        (
+            "transposed (torch.triu where torch.tril was meant: each query sees itself and the keys after it)",
+            keys >= rows + diagonal,
+        ),
+        ("inverted (~tril: each query sees only the keys after it)", keys > rows + diagonal),
+    )
+    for what, visible in slips:
+        yield (
+            f"the causal mask {what}",
+            dataclasses.replace(
+                spec,
+                mask=visible.reshape((1,) * len(spec.lead) + (L, S)),
+                options=dataclasses.replace(o, causal=False, mask_true_means="attend"),
+            ),
+        )
 
 
 def _offset_alternatives(
@@ -230,6 +304,9 @@ def _tensor_alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alter
         )
         hint = f"{label}; the export matches the computation on them transposed"
         yield Alternative(label, hint, _traced(transposed, ref_format, _swap_middle))
+    label = "the LSE is in base 2 (log₂ Σ eˣ, as FlashAttention's kernels keep it inside): multiply it by ln 2"
+    hint = f"{label}; the export matches the natural-log LSE divided by ln 2"
+    yield Alternative(label, hint, _traced(spec, ref_format, _base_two, viewed="lse"))
     padding = _key_padding_mask(spec)
     if padding is not None:
         label = "the mask is a (B, S) key-padding mask: give it as (B, 1, 1, S)"
@@ -241,6 +318,12 @@ def _tensor_alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alter
         )
         hint = f"{label}: the export matches the computation in that order"
         yield Alternative(label, hint, _bias_before_softcap(spec))
+
+
+def _base_two(lse: F64) -> F64:
+    """A natural-log LSE as log₂: ``lse / ln 2``."""
+    out: F64 = lse / math.log(2.0)
+    return out
 
 
 def _swap_middle(values: F64) -> F64:

@@ -12,6 +12,7 @@ from typing import Any
 from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import Mismatch, Tolerance, mismatch_lines
+from sdpa_cli.check.structure import slice_line
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.engine.types import Index
 from sdpa_cli.text import format_index, plural
@@ -77,7 +78,10 @@ def failure_lines(check: Check) -> list[str]:
     lines: list[str] = []
     findings = check.details.get("findings")
     if check.mismatch is not None:
-        lines += mismatch_lines(check.mismatch, check.tolerance)
+        lines += mismatch_lines(check.mismatch, check.tolerance, check.details.get("diagnosis"))
+        by_slice = slice_line(check.details.get("error_stats", {}).get("by_slice", ()))
+        if by_slice is not None:
+            lines.append(by_slice)
     elif findings:
         count = check.details.get("count", len(findings))
         lines.append(f"{plural(count, 'finding')}{', the first' if count > len(findings) else ''}:")

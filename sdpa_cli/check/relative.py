@@ -36,6 +36,7 @@ from numpy.typing import NDArray
 from sdpa_cli.check.compare import Tolerance, compare
 from sdpa_cli.check.error_stats import ErrorFigures, by_slice, pairs
 from sdpa_cli.check.records import Check
+from sdpa_cli.check.structure import ErrorShape
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.types import F64
 from sdpa_cli.text import ceil_sig, format_index, percent, plural, sig
@@ -151,11 +152,13 @@ def _shifted_slices(
     # The plain computation's own bias (times the factor), a share of its RMS error,
     # and six standard errors of the export's mean; in a slice of a few elements the
     # spread is not known, and the floor stands in for it (weighing 1/√n).
-    allowed = (
-        factor * plain_mean
-        + MEAN_SHARE * plain_rms
-        + 6.0 * np.maximum(spread, floor_rms / np.sqrt(n)) / np.sqrt(n)
-    )
+    standard_error = np.maximum(spread, floor_rms / np.sqrt(n)) / np.sqrt(n)
+    if slices > 1:
+        # A row's errors share the rounding of its normaliser (a row of weights sums
+        # to 1, so all of them move with it): they are not independent, and the mean
+        # is known only as well as the rows' own means vary.
+        standard_error = np.maximum(standard_error, _row_standard_error(err, finite, slices))
+    allowed = factor * plain_mean + MEAN_SHARE * plain_rms + 6.0 * standard_error
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(allowed > 0, np.abs(mean) / allowed, np.where(mean != 0, np.inf, 0.0))
     out = []
@@ -163,6 +166,25 @@ def _shifted_slices(
         idx = tuple(int(x) for x in at)
         out.append((idx, float(mean[idx]), float(allowed[idx])))
     return out, float(np.max(ratio, initial=0.0))
+
+
+def _row_standard_error(err: F64, finite: NDArray[np.bool_], slices: int) -> F64:
+    """Per slice, the standard error of its mean error counted over its rows: the
+    spread of the rows' mean errors over √(rows), each row weighing its elements."""
+    axes = tuple(range(-(slices - 1), 0))  # a row's elements
+    counts = finite.sum(axis=axes)
+    sums = err.sum(axis=axes)
+    k = len(err)
+    counts, sums = counts.reshape(k, -1), sums.reshape(k, -1)
+    n = np.maximum(counts.sum(axis=1), 1)
+    rows = np.maximum(np.count_nonzero(counts, axis=1), 1)
+    mean = sums.sum(axis=1) / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        row_mean = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+    # the rows' spread about the slice's mean, each weighing its share of the elements
+    var = (counts * np.square(row_mean - mean[:, None])).sum(axis=1) / n
+    out: F64 = np.sqrt(var / rows)
+    return out
 
 
 def needs_plain(
@@ -222,6 +244,7 @@ class _Tally:
     beyond: int = 0
     ratio: float = 0.0
     worst: tuple[int, ...] | None = None
+    worst_allowed: float | None = None
     shift_ratio: float = 0.0
     squares: float = 0.0
     plain_squares: float = 0.0
@@ -259,6 +282,9 @@ def relative_check(
     slice_rms, slice_plain = np.zeros(n), np.zeros(n)
     row_rms = np.zeros((n, *tail[:-1])) if slices > 1 else np.zeros(0)
     row_plain = np.zeros_like(row_rms)
+    slice_allowed, slice_beyond = np.zeros(n), np.zeros(n, np.int64)
+    square = len(tail) == 2 and tail[0] == tail[1]
+    spread = ErrorShape(n, tail[0] if tail else 1, triangle=name == "weights" and square)
 
     def index(k: int, within: tuple[int, ...] = ()) -> tuple[int, ...]:
         head = tuple(int(i) for i in np.unravel_index(k, lead)) if lead else ()
@@ -283,7 +309,12 @@ def relative_check(
             largest = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
             ratio = np.abs(err)
             ratio /= judgement.factor * np.maximum(largest, floor)
-        tally.beyond += int(np.count_nonzero(ratio > 1.0))
+        beyond = ratio > 1.0
+        tally.beyond += int(np.count_nonzero(beyond))
+        spread.add(at, a, r, finite, beyond if beyond.ndim > 1 else beyond[:, None])
+        slice_beyond[at] = beyond.reshape(len(a), -1).sum(axis=1)
+        widest = np.max(np.broadcast_to(floor, err.shape), axis=axes, initial=0.0)
+        slice_allowed[at] = judgement.factor * np.maximum(largest.reshape(-1), widest.reshape(-1))
         top = float(np.max(ratio, initial=0.0))
         if top > tally.ratio:
             local = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
@@ -291,6 +322,7 @@ def relative_check(
                 top,
                 index(at.start + int(local[0]), tuple(int(i) for i in local[1:])),
             )
+            tally.worst_allowed = float(abs(err[local]) / top)
         found, most = _shifted_slices(err, plain_err, floor, finite, slices, judgement.factor)
         shifted += [(index(at.start + k[0]), mean, allowed) for k, mean, allowed in found]
         tally.shift_ratio = max(tally.shift_ratio, most)
@@ -308,9 +340,9 @@ def relative_check(
         tally.known += int(known.sum())
 
     need = tally.ratio * judgement.factor
-    worst_at = m.worst_at
+    worst_at, worst_allowed = m.worst_at, None
     if worst_at is None and tally.beyond:
-        worst_at = tally.worst
+        worst_at, worst_allowed = tally.worst, tally.worst_allowed
     a_full, r_full = np.asarray(actual), np.asarray(reference)
     mismatch = replace(
         m,
@@ -321,6 +353,7 @@ def relative_check(
         passing_atol=None,
         passing_rtol=None,
         passing_factor=need,
+        worst_allowed=worst_allowed,
     )
     bad_slices, _ = outliers(
         slice_rms.reshape(lead or (1,)), slice_plain.reshape(lead or (1,)), judgement.factor
@@ -334,8 +367,16 @@ def relative_check(
         )
     plain_rms = math.sqrt(tally.plain_squares / tally.known) if tally.known else None
     rms = math.sqrt(tally.squares / tally.finite) if tally.finite else 0.0
+    stats = figures.figures(lead, lambda: pairs(a_view, r_view))
+    for k, entry in enumerate(stats["by_slice"]):
+        entry.update(
+            rms_error=float(slice_rms[k]),
+            plain_rms_error=float(slice_plain[k]),
+            allowed=float(slice_allowed[k]),
+            beyond=int(slice_beyond[k]),
+        )
     details: dict[str, Any] = {
-        "error_stats": figures.figures(lead, lambda: pairs(a_view, r_view)),
+        "error_stats": stats,
         "plain_rms_error": plain_rms,
         "rms_error": rms,
         "factor_needed": need,
@@ -347,7 +388,20 @@ def relative_check(
         ],
     }
     failed = bool(mismatch.mismatched or shifted)
-    summary = _summary(mismatch, tally.beyond, need, rms, plain_rms, shifted, judgement)
+    diagnosis = None
+    if failed:
+        diagnosis = spread.diagnosis(
+            lead=lead,
+            need=need,
+            rms=rms,
+            plain_rms=plain_rms,
+            shifted=[i for i, _, _ in shifted],
+            concentrated=bool(bad_rows or bad_slices),
+        )
+        details["diagnosis"] = diagnosis
+        if diagnosis["error"] == "structural":
+            mismatch = replace(mismatch, passing_factor=None)
+    summary = _summary(mismatch, tally.beyond, need, rms, plain_rms, shifted, judgement, diagnosis)
     if failed:
         # A few rows name the bug better than their slice; many rows, the slice.
         by_row = bool(bad_rows) and (n_rows <= len(bad_rows) or not bad_slices)
@@ -371,6 +425,9 @@ def relative_check(
     )
 
 
+SHIFTS_NAMED = 3
+"""Shifted slices a summary names one by one."""
+
 RMS_DIGITS = 2
 """Significant digits of an RMS error in a summary (the full figure is in the JSON)."""
 
@@ -383,9 +440,10 @@ def _summary(
     plain_rms: float | None,
     shifted: list[tuple[tuple[int, ...], float, float]],
     judgement: Judgement,
+    diagnosis: dict[str, Any] | None = None,
 ) -> str:
     """One line: how the export's error compares with the plain computation's (when
-    the rule needed it)."""
+    the rule needed it), and for a failure whether it looks like rounding."""
     # Two digits: the third of a 16- or 8-bit export's RMS error is the float32
     # reference's own rounding, which moves with the CPU's BLAS kernel.
     if plain_rms is None:
@@ -396,18 +454,24 @@ def _summary(
             f"the plain {judgement.export} computation's {sig(plain_rms, RMS_DIGITS)}"
         )
     parts = []
+    structural = diagnosis is not None and diagnosis["error"] == "structural"
     if m.mismatched:
+        passing = "" if structural else f" (would pass at {ceil_sig(need)}×)"
         parts.append(
             f"{m.mismatched:,} of {m.total:,} ({percent(m.fraction)}) beyond "
-            f"{sig(judgement.factor, 6)}× the plain computation's largest error in their slice (would "
-            f"pass at {ceil_sig(need)}×)"
+            f"{sig(judgement.factor, 6)}× the plain computation's largest error in their slice{passing}"
         )
     if shifted:
-        i, mean, allowed = shifted[0]
-        parts.append(
-            f"{plural(len(shifted), 'slice')} shifted: {format_index(i)} by "
-            f"{sig(mean, 3)} on average, where rounding allows {sig(allowed, 3)}"
+        named = "; ".join(
+            f"{format_index(i)} by {sig(mean, 3)} on average, where rounding allows {sig(allowed, 3)}"
+            for i, mean, allowed in shifted[:SHIFTS_NAMED]
         )
+        more = "; …" if len(shifted) > SHIFTS_NAMED else ""
+        parts.append(f"{plural(len(shifted), 'slice')} shifted: {named}{more}")
+    if structural:
+        assert diagnosis is not None
+        where = f": {diagnosis['where']}" if diagnosis["where"] else ""
+        parts.append(f"not rounding{where}")
     if not parts and plain_rms is None:
         ulps = sig(judgement.factor * judgement.floor_ulps, 6)
         return (

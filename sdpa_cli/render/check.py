@@ -62,12 +62,19 @@ def failure_panel(check: Check) -> Panel:
         else:
             bullets = None
             body.append(Text(line))
-            if line.startswith("worst element:") and check.mismatch is not None:
+            if line.startswith("at the worst element:") or (
+                line.startswith("worst element:") and not _allowed_told(check)
+            ):
                 body.append(Text(WORST_VERSUS_GREATEST, style=MUTED))
     title = Text(check.name, style=STATUS_STYLE["fail"])
     if check.file:
         title.append(f" · {check.file}", style="default")
     return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED)
+
+
+def _allowed_told(check: Check) -> bool:
+    """Whether the failure's lines tell what the worst element was allowed."""
+    return any(line.startswith("at the worst element:") for line in failure_lines(check))
 
 
 def _verdict(failed: int, total: int, unit: str, warned: int = 0, errors: int = 0) -> Text:

@@ -46,9 +46,12 @@ def spec_of(
     v: NDArray[Any],
     bias: NDArray[Any] | None = None,
     mask: NDArray[Any] | None = None,
+    segment_ids: NDArray[Any] | None = None,
     **options: Any,
 ) -> AttentionSpec:
-    return build_spec(q, k, v, bias=bias, mask=mask, options=parse_options(options))
+    return build_spec(
+        q, k, v, bias=bias, mask=mask, options=parse_options(options), segment_ids=segment_ids
+    )
 
 
 def close_check(
@@ -147,6 +150,7 @@ def test_a_plain_case_gets_only_the_option_alternatives() -> None:
         "--scale dk (scale 1/E: 1/√E applied twice)",
         "--scale none (scale 1: the scale omitted)",
         "--causal",
+        LSE_BASE_TWO,
     ]
 
 
@@ -165,9 +169,34 @@ def test_every_alternative_applies_where_its_option_or_shape_is_given() -> None:
         "--window 2,0 (one key fewer on the right)",
         "--window 2,2 (one key more on the right)",
         "K/V heads tiled (head h uses K/V head h mod G) instead of interleaved (h div r)",
+        LSE_BASE_TWO,
         "the mask is a (B, S) key-padding mask: give it as (B, 1, 1, S)",
         "the bias was added before the softcap (softcap(QKᵀ·scale + bias)); sdpa adds it after",
     ]
+
+
+LSE_BASE_TWO = (
+    "the LSE is in base 2 (log₂ Σ eˣ, as FlashAttention's kernels keep it inside): "
+    "multiply it by ln 2"
+)
+
+
+def test_an_lse_in_base_two_is_named() -> None:
+    """log₂ of the row sums where ln was meant: the export is the LSE ÷ ln 2, which the
+    hint names, and the diagnosis finds the constant factor 1/ln 2 = 1.443."""
+    q, k, v = normal(1, 2, 6, 4, scale=2.0), normal(2, 2, 6, 4), normal(3, 2, 6, 3)
+    masked = attention(q, k, v, causal=True).masked
+    top = masked.max(axis=-1)
+    lse = top + np.log(np.exp(masked - top[..., None]).sum(axis=-1))
+    close = close_check(
+        spec_of(q, k, v, causal=True), (lse / math.log(2)).astype(np.float16), "lse"
+    )
+    assert close.status == "fail"
+    assert close.hint is not None
+    assert close.hint.startswith(LSE_BASE_TWO)
+    fit = close.details["diagnosis"]["fit"]
+    assert fit["factor"] == pytest.approx(1 / math.log(2), rel=1e-3)  # the float16 rounding
+    assert "1/ln 2: a base-2 logarithm" in fit["words"]
 
 
 def test_a_window_with_nothing_on_the_left_is_not_narrowed() -> None:
@@ -285,6 +314,44 @@ def bias_inside_softcap() -> Case:
     return spec_of(q, k, v, bias=bias, softcap=1.5), out, fix
 
 
+def causal_mask_transposed() -> Case:
+    """torch.triu where torch.tril was meant: each query sees itself and later keys."""
+    q, k, v = normal(1, 2, 4, 4, scale=2.0), normal(2, 2, 4, 4), normal(3, 2, 4, 3)
+    out = attention(q, k, v, mask=np.triu(np.ones((4, 4), dtype=np.bool_))).output
+    return spec_of(q, k, v, causal=True), out, "the causal mask transposed"
+
+
+def causal_mask_inverted() -> Case:
+    """~tril (L = 3 < S = 5, so that every query still sees a key): the later keys only."""
+    q, k, v = normal(1, 2, 3, 4, scale=2.0), normal(2, 2, 5, 4), normal(3, 2, 5, 3)
+    later = np.arange(5)[None, :] > np.arange(3)[:, None]
+    out = attention(q, k, v, mask=later).output
+    return spec_of(q, k, v, causal=True), out, "the causal mask inverted"
+
+
+def mask_transposed() -> Case:
+    """A square boolean mask file read with its query and key axes swapped."""
+    q, k, v = normal(1, 2, 4, 4, scale=2.0), normal(2, 2, 4, 4), normal(3, 2, 4, 3)
+    mask = np.array([[1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 1], [0, 0, 0, 1]], dtype=np.bool_)
+    out = attention(q, k, v, mask=mask.T).output
+    return spec_of(q, k, v, mask=mask), out, "the mask transposed"
+
+
+def documents_leak() -> Case:
+    """Two packed documents (rows 0–1 and 2–4) under --causal: the kernel ignored them."""
+    q, k, v = normal(1, 2, 5, 4, scale=2.0), normal(2, 2, 5, 4), normal(3, 2, 5, 3)
+    out = attention(q, k, v, causal=True).output
+    segments = np.array([0, 0, 1, 1, 1])
+    spec = spec_of(q, k, v, causal=True, segment_ids=segments)
+    return spec, out, "the segment ids ignored (attention leaks across the packed documents)"
+
+
+def temperature_forgotten() -> Case:
+    q, k, v = normal(1, 2, 3, 4, scale=2.0), normal(2, 2, 5, 4), normal(3, 2, 5, 3)
+    out = attention(q, k, v).output
+    return spec_of(q, k, v, temperature=4.0), out, "no --temperature"
+
+
 HF = "--window 2,0 (one key fewer on the left: Hugging Face's sliding_window counts the query itself)"
 FA = "--window 4,0 (one key more on the left: FlashAttention's window_size leaves the query itself out)"
 CASES: dict[str, Callable[[], Case]] = {
@@ -308,6 +375,11 @@ CASES: dict[str, Callable[[], Case]] = {
     "flash_attention_layout": flash_layout,
     "key_padding_mask_as_rows": key_padding_as_rows,
     "bias_inside_the_softcap": bias_inside_softcap,
+    "causal_mask_transposed": causal_mask_transposed,
+    "causal_mask_inverted": causal_mask_inverted,
+    "mask_transposed": mask_transposed,
+    "packed_documents_leak": documents_leak,
+    "temperature_forgotten": temperature_forgotten,
 }
 
 
@@ -349,6 +421,10 @@ def oracle_output(spec: AttentionSpec) -> F64:
     o = spec.options
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (spec.q, spec.k, spec.v))
     mask = None if spec.mask is None else np.asarray(spec.mask)
+    if spec.segment_ids is not None:  # the documents as a boolean mask of their own
+        assert mask is None
+        ids_q, ids_k = (np.asarray(ids).reshape(-1) for ids in spec.segment_ids)
+        mask = ids_q[:, None] == ids_k[None, :]
     bias = None if spec.bias is None else np.asarray(spec.bias, dtype=np.float64)
     return attention(
         q,
@@ -357,6 +433,7 @@ def oracle_output(spec: AttentionSpec) -> F64:
         bias=bias,
         mask=mask,
         scale=o.scale,
+        temperature=o.temperature,
         softcap=o.softcap,
         causal=o.causal,
         causal_align=o.causal_align,

@@ -11,7 +11,9 @@ import pytest
 from sdpa_cli.check import error_stats as error_stats_module
 from sdpa_cli.check.compare import compare
 from sdpa_cli.check.error_stats import error_limit_check, error_stats
+from sdpa_cli.check.records import failure_lines
 from sdpa_cli.check.relative import Judgement, relative_check, ulp
+from sdpa_cli.check.structure import slice_line
 
 
 @pytest.mark.parametrize(
@@ -237,3 +239,118 @@ def test_the_figures_the_rule_reads_first_are_those_of_a_plain_comparison() -> N
     assert short.passing_atol is None  # no tolerance passes a NaN
     a[0, 0, 0] = r[0, 0, 0]
     assert compare(a, r, 0.0, math.inf).passing_atol == short.max_abs
+
+
+# --- rounding or structure ----------------------------------------------------------------
+
+
+def weights_case(seed: int, rows_off: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Float32 weights of (1, 2, 9, 9) slices near uniform: the reference, and the plain
+    computation and an export whose every row is the reference's times (1 + δᵢ), δᵢ a
+    fraction of 2**-24 (``rows_off`` for the export): a row's normaliser rounded, all
+    its weights moving with it."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(scale=0.05, size=(1, 2, 9, 9))  # near uniform, as at random init
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    ref = e / e.sum(axis=-1, keepdims=True)
+    plain_off = np.array([0.5, -0.75, 0.25, -0.25, 1.0, -1.0, 0.5, -0.5, 0.25])
+    plain = ref * (1.0 + plain_off[:, None] * 2.0**-24)  # its rows' sums unbiased
+    export = ref * (1.0 + rows_off[:, None] * 2.0**-24)
+    return export, ref, plain
+
+
+def judged_weights(export: np.ndarray, ref: np.ndarray, plain: np.ndarray):  # type: ignore[no-untyped-def]
+    return relative_check(
+        "weights",
+        export,
+        ref,
+        plain,
+        Judgement("float32", factor=4.0),
+        "w.npy",
+        False,
+        rows=True,
+        slices=2,
+    )
+
+
+def test_a_rows_normaliser_rounding_is_no_shift() -> None:
+    """Nine rows of weights, each a few ulp off as a whole, mostly one way (as a
+    faithful float32 kernel's normalisers may round in a random-init BERT): the slice's
+    mean error is known only as well as its nine rows' means vary, so no slice is
+    called shifted. The same weights all moved by 8 ulp more are."""
+    # each row's sum − 1 in a random-init BERT's float32 weights, in units of 2**-24
+    nudges = np.array([0.625, 1.25, 0.25, 1.0, 0.25, -0.375, 0.5, 1.5, 0.25])
+    c = judged_weights(*weights_case(0, nudges))
+    assert c.status == "pass", c.summary
+    c = judged_weights(*weights_case(0, nudges + 8.0))
+    assert c.status == "fail"
+    assert c.details["diagnosis"]["error"] == "structural"
+
+
+def test_a_bug_is_told_where_it_sits_and_offered_no_fudge() -> None:
+    """The rows from 40 on of head 2 wrong by 20%: structural, in 1 slice, rows 40–63;
+    neither the summary nor the report suggests a --fudge."""
+    _, ref, plain = noisy_case(5)
+    export = ref + 0.5 * (plain - ref)
+    export[0, 2, 40:] *= 1.2
+    c = judged(export, ref, plain)
+    assert c.status == "fail"
+    d = c.details["diagnosis"]
+    assert d["error"] == "structural"
+    assert d["slices"] == [[0, 2]]
+    assert d["rows"] == [[40, 63]]
+    assert "not rounding: in 1 slice of 4 ([0, 2]), rows 40–63 of 64" in c.summary
+    assert "would pass" not in c.summary
+    assert c.mismatch is not None
+    assert c.mismatch.passing_factor is None
+    text = "\n".join(failure_lines(c))
+    assert "--fudge" in text  # said only as what not to reach for
+    assert "would pass with" not in text
+
+
+def test_rounding_a_little_past_the_factor_is_offered_its_fudge() -> None:
+    """Every element 3× the plain computation's error, spread over every slice and
+    row: that looks like rounding, and the report says which --fudge passes it."""
+    _, ref, plain = noisy_case(6)
+    c = judged(ref + 3.0 * (plain - ref), ref, plain, floor_ulps=0.0)
+    assert c.status == "fail"
+    assert c.details["diagnosis"]["error"] == "rounding"
+    assert "would pass with: --fudge 3" in "\n".join(failure_lines(c))
+
+
+def test_each_slice_has_its_error_statistics_and_allowance() -> None:
+    """JSON's per-(batch, head) figures: one entry per slice, the bad head's cosine
+    lowest and its RMS error far above its plain computation's."""
+    _, ref, plain = noisy_case(7)
+    export = ref + 0.5 * (plain - ref)
+    export[0, 1] = np.roll(ref[0, 1], 1, axis=-1)  # its features rolled by one
+    c = judged(export, ref, plain)
+    by_slice = c.details["error_stats"]["by_slice"]
+    assert [s["index"] for s in by_slice] == [[0, 0], [0, 1], [0, 2], [0, 3]]
+    bad = by_slice[1]
+    assert bad["cosine"] == min(s["cosine"] for s in by_slice)
+    assert bad["rms_error"] > 10 * bad["plain_rms_error"]
+    assert bad["abs_max"] == pytest.approx(float(np.max(np.abs(export[0, 1] - ref[0, 1]))))
+    good = by_slice[0]
+    assert good["rms_error"] == pytest.approx(0.5 * good["plain_rms_error"])
+    assert good["beyond"] == 0 < bad["beyond"]
+    assert good["allowed"] >= 2 * float(np.max(np.abs(plain[0, 0] - ref[0, 0])))
+    assert slice_line(by_slice).startswith(
+        "by slice, RMS error ÷ the plain computation's: worst [0, 1] "
+    )
+
+
+def test_the_worst_element_shows_what_it_was_allowed() -> None:
+    _, ref, plain = noisy_case(8)
+    export = ref + 0.5 * (plain - ref)
+    at = (0, 3, 5, 7)
+    export[at] += 1.0
+    c = judged(export, ref, plain)
+    assert c.mismatch is not None
+    assert c.mismatch.worst_at == at
+    largest = float(np.max(np.abs(plain[0, 3] - ref[0, 3])))
+    assert c.mismatch.worst_allowed == pytest.approx(2.0 * largest)
+    assert any(
+        line.startswith("at the worst element: |Δ| ") and ", allowed " in line
+        for line in failure_lines(c)
+    )

@@ -81,6 +81,7 @@ MISMATCH_KEYS = {
     "passing_atol",
     "passing_rtol",
     "passing_factor",
+    "worst_allowed",
     "fraction",
 }
 CASE_KEYS = {
@@ -148,6 +149,7 @@ def validate_check(c: Any) -> None:
             "passing_atol",
             "passing_rtol",
             "passing_factor",
+            "worst_allowed",
         ):
             assert is_number(m[key], optional=True)
         assert (m["worst_at"] is None) == (m["mismatched"] == 0)
@@ -617,11 +619,11 @@ def test_float16_output_fails_at_float32_tolerances(fp16_export: str) -> None:
 def test_float16_output_with_a_float64_reference_and_measured_tolerance(fp16_export: str) -> None:
     doc = check_json(*FP16, "--reference", "float64", code=ExitCode.OK)
     assert doc["reference"] == "float64"
-    doc = check_json(*FP16, "--tolerance", "measured", code=ExitCode.OK)
-    tol = by_name(doc)["output.close"]["tolerance"]
     # The usual aliases name the reference too, reported by the format's name.
     assert check_json(*FP16, "--reference", "fp64", code=ExitCode.OK)["reference"] == "float64"
     assert check_json(*FP16, "--reference", "single", code=ExitCode.OK)["reference"] == "float32"
+    doc = check_json(*FP16, "--tolerance", "measured", code=ExitCode.OK)
+    tol = by_name(doc)["output.close"]["tolerance"]
     assert tol["source"].startswith("measured ×2")
     assert tol["rtol"] >= 2e-3
     assert tol["atol"] >= 2e-3  # floored at the float16 defaults, times the fudge

@@ -95,7 +95,8 @@ def test_the_goldens_say_what_failed_and_why() -> None:
     assert text.rstrip().endswith("PASS: 5 checks passed")
     text = render(*CASES["check_scale_bug_80.txt"])
     assert "236 of 256 (92.19%) beyond 2× the plain computation's" in text
-    assert "would pass with: --fudge 554" in text
+    assert "not rounding:" in text
+    assert "--fudge 5" not in text  # no tolerance suggested over a bug (it needs 554)
     assert "greatest absolute difference: 0.907478 at index [0, 1, 2, 3]" in text
     assert "matches the computation with --scale dk" in text
     assert text.rstrip().endswith("FAIL: 1 of 4 checks failed")
@@ -111,7 +112,8 @@ def test_worst_element_is_told_apart_from_the_greatest_difference() -> None:
     lines = render(*CASES["check_scale_bug_80.txt"]).splitlines()
     at = next(n for n, line in enumerate(lines) if "worst element: index [0, 1, 14, 4]" in line)
     assert "greatest absolute difference: 0.907478 at index [0, 1, 2, 3]" in lines[at - 2]
-    assert lines[at + 1].strip(" │") == (
+    assert lines[at + 1].strip(" │") == "at the worst element: |Δ| 0.68, allowed 0.00246 (277×)"
+    assert lines[at + 2].strip(" │") == (
         "(worst: furthest past its own tolerance; not always the greatest |Δ|)"
     )
     passing = render(*CASES["check_pass_80.txt"])
