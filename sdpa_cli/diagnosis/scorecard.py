@@ -56,7 +56,9 @@ class Scorecard:
     """One query against every key, as a hand calculation works it: dot products, scaled
     scores, weights e^(x − m) / Z, contributions weight · v_j and their sum.
 
-    ``shown`` are the keys to list (all, or the heaviest ``limit`` in key order);
+    ``shown`` are the keys to list: every key in key order when they all fit, else
+    the heaviest ``limit`` of the visible keys, heaviest first (never a key a mask
+    hides: its weight is 0; the heaviest of all keys in a row with none visible);
     ``rest_weight`` and ``rest_contribution`` sum the others.
     """
 
@@ -71,6 +73,11 @@ class Scorecard:
     rest_weight: float
     rest_contribution: F64
     dropout: bool
+
+    @property
+    def n_visible(self) -> int:
+        """The keys the query sees (not hidden by a mask)."""
+        return sum(k.visible for k in self.keys)
 
     @property
     def sum_exp(self) -> float:
@@ -130,8 +137,11 @@ def scorecard(spec: AttentionSpec, lead: Index, query: int, limit: int = 16) -> 
     if limit >= spec.S:
         shown = tuple(range(spec.S))
     else:
-        heaviest = np.argsort(-mixing, kind="stable")[:limit]
-        shown = tuple(sorted(int(j) for j in heaviest))
+        # A hidden key weighs 0 (or what a finite mask value leaks): it is listed only
+        # in a row that sees no key at all, where the weights are all there is.
+        candidates = np.flatnonzero(visible) if visible.any() else np.arange(spec.S)
+        order = np.argsort(-mixing[candidates], kind="stable")  # ties: the first key first
+        shown = tuple(int(j) for j in candidates[order[:limit]])
     rest = np.ones(spec.S, dtype=np.bool_)
     rest[list(shown)] = False
     return Scorecard(

@@ -211,17 +211,9 @@ def render_scorecard(card: Scorecard, ex: Explanation, view: View) -> list[Rende
     keys = [card.keys[j] for j in card.shown]
     parts.extend(_dot_products(card, keys, view.width))
     parts.append(_score_table(card, keys, view))
-    rest = spec.S - len(keys)
-    if rest:
+    if len(keys) < spec.S:
         parts.append(
-            note_text(
-                f"… {plural(rest, 'other key')} (the heaviest {len(keys)} listed) hold weight "
-                f"{decimals(card.rest_weight, p)} together",
-                view.width,
-                2,
-                first=0,
-                style=MUTED,
-            )
+            note_text(_listed_note(card, len(keys), p), view.width, 2, first=0, style=MUTED)
         )
     parts.append(_softmax_note(card, ex, view))
     parts.append(Text(""))
@@ -239,6 +231,28 @@ def _factor(x: float) -> str:
     (−0 and −inf too: the sign decides, as written)."""
     text = sig(x)
     return f"({text})" if text.startswith("-") else text
+
+
+def _listed_note(card: Scorecard, listed: int, precision: int) -> str:
+    """Which keys a scorecard of more keys than it lists shows, and what the others
+    weigh: ``… only 6 of the 40 keys are visible: all listed, heaviest first; the 34
+    masked keys hold weight 0.0000 together``."""
+    S, seen = len(card.keys), card.n_visible
+    masked, rest = S - seen, S - listed
+    weight = f"hold weight {decimals(card.rest_weight, precision)} together"
+    if not seen:
+        return f"… no key is visible: the heaviest {listed} of the {S} listed; the other {rest} {weight}"
+    if seen <= listed:
+        shown = "is visible, listed" if seen == 1 else "are visible: all listed, heaviest first"
+        return f"… only {seen} of the {S} keys {shown}; the {plural(masked, 'masked key')} {weight}"
+    if masked:
+        return (
+            f"… the heaviest {listed} of the {seen} visible keys listed, heaviest first; the "
+            f"other {plural(rest, 'key')} ({masked} of them masked) {weight}"
+        )
+    return (
+        f"… the heaviest {listed} of the {S} keys listed, heaviest first; the other {rest} {weight}"
+    )
 
 
 def _dot_products(card: Scorecard, keys: Sequence[KeyScore], width: int) -> list[RenderableType]:

@@ -997,15 +997,18 @@ def test_a_nan_in_a_kv_head_is_an_input_finding_of_the_query_heads_that_read_it(
 # --- 6. a scorecard over many keys ------------------------------------------------------------
 
 
-def test_scorecard_lists_the_heaviest_keys_in_key_order() -> None:
+def test_scorecard_lists_the_heaviest_keys_heaviest_first() -> None:
     S, limit = 40, 5
     logits = np.random.default_rng(60).permutation(S) * 0.1  # distinct: no ties
     spec = make_spec(np.ones((1, 1)), logits[:, None], normal(61, S, 2), scale="none")
     ex = run_explain(spec, query=0, key_limit=limit).ex
     card = ex.scorecard
     assert card is not None
-    heaviest = sorted(int(j) for j in np.argsort(logits)[-limit:])
+    heaviest = [int(j) for j in np.argsort(-logits)[:limit]]
     assert card.shown == tuple(heaviest)
+    assert [card.keys[j].weight for j in card.shown] == sorted(
+        (card.keys[j].weight for j in card.shown), reverse=True
+    )
     assert len(card.keys) == S  # every key is scored; the scorecard lists `shown`
     weights = softmax(logits.tolist())
     others = [j for j in range(S) if j not in heaviest]
@@ -1021,6 +1024,21 @@ def test_scorecard_lists_the_heaviest_keys_in_key_order() -> None:
     assert everything is not None
     assert everything.shown == tuple(range(S))
     assert everything.rest_weight == 0.0
+
+
+def test_a_scorecard_of_a_masked_row_lists_its_visible_keys_never_the_masked() -> None:
+    # Regression: q5 of a causal 40-key input listed k0..k15 in key order, ten of them
+    # masked, with contribution lines "0.000000 · v6".
+    S = 40
+    logits = np.random.default_rng(62).normal(size=S)
+    spec = make_spec(np.ones((6, 1)), logits[:, None], normal(63, S, 2), scale="none", causal=True)
+    card = run_explain(spec, query=5, key_limit=16).ex.scorecard
+    assert card is not None
+    assert card.n_visible == 6
+    visible = logits[:6]
+    assert card.shown == tuple(int(j) for j in np.argsort(-visible))
+    assert all(card.keys[j].visible for j in card.shown)
+    assert card.rest_weight == 0.0
 
 
 def test_scorecard_of_a_masked_query_hides_its_future_keys() -> None:

@@ -166,6 +166,48 @@ def test_a_scorecards_negative_factors_are_parenthesised_first_or_second() -> No
     assert "+ -" not in text
 
 
+def test_a_cut_scorecard_lists_the_visible_keys_heaviest_first_and_counts_them() -> None:
+    # Regression: "the heaviest 16 keys" were k0..k15 in key order, masked ones among
+    # them, each with a contribution line "0.000000 · v6".
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((40, 4)) for _ in range(3))
+    spec = build_spec(
+        q, k, v, options=parse_options({"causal": True}), names={n: "" for n in "qkv"}
+    )
+    text = render_text(explanation(spec, query=5), walk=False)
+    table = text.split("\nkey ")[1].split("\n…")[0].splitlines()[1:]
+    assert [row.split()[0] for row in table] == ["k4", "k2", "k3", "k0", "k1", "k5"]
+    assert not any("masked" in row for row in table)
+    assert (
+        " ".join(text.split()).count(
+            "… only 6 of the 40 keys are visible: all listed, heaviest first; the 34 masked keys "
+            "hold weight 0.0000 together"
+        )
+        == 1
+    )
+    contributions = text.split("output row\n")[1].splitlines()
+    assert [line.split()[0] for line in contributions[:7]] == [
+        "k4",
+        "k2",
+        "k3",
+        "k0",
+        "k1",
+        "k5",
+        "rest",
+    ]
+
+
+def test_a_cut_scorecard_without_a_mask_says_how_many_of_all_keys_it_lists() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((40, 4)) for _ in range(3))
+    spec = build_spec(q, k, v, names={n: "" for n in "qkv"})
+    text = " ".join(render_text(explanation(spec, query=30), walk=False).split())
+    assert (
+        "… the heaviest 16 of the 40 keys listed, heaviest first; the other 24 hold weight 0.1458 together"
+        in text
+    )
+
+
 def test_four_scores_show_seed_001() -> None:
     text = four_scores_q0()
     weights = [row_of(text, f"k{j}")[3] for j in range(4)]
