@@ -63,6 +63,14 @@ CHUNK = 1 << 20
 HEADROOM_FORMATS = ("float16", "bfloat16")
 """Formats every tensor is measured against."""
 
+SUBNORMAL_SHARE = 0.01
+"""The share of a tensor's nonzero values that a cast must make subnormal before it is
+a note: any data spread around zero holds a few values below the format's smallest
+normal (randn in float16: about 5 in 100 000, |x| < 6.1e-5), and each loses bits only
+below an absolute error of half the smallest subnormal (3e-8 in float16), far under the
+rounding of the tensor's ordinary values. One value in a hundred says the tensor's own
+scale nears the format's bottom (randn × 0.005 in float16), where the bits lost matter."""
+
 
 @dataclass(frozen=True)
 class Headroom:
@@ -79,6 +87,7 @@ class Headroom:
         flush: nonzero finite values that become zero when cast.
         subnormal: nonzero finite values that become subnormal (nonzero, below
             ``normal``: fewer significant bits) when cast.
+        nonzero: the tensor's nonzero finite values (the share's whole).
     """
 
     format: str
@@ -89,11 +98,19 @@ class Headroom:
     overflow: int
     flush: int
     subnormal: int
+    nonzero: int = 0
 
     @property
     def ok(self) -> bool:
         """Whether every value survives the cast with full precision bits."""
         return not (self.overflow or self.flush or self.subnormal)
+
+    @property
+    def subnormal_notable(self) -> bool:
+        """Whether the values made subnormal are worth a note: at least
+        :data:`SUBNORMAL_SHARE` of the nonzero ones (every one, when ``nonzero`` is
+        not known)."""
+        return self.subnormal > 0 and self.subnormal >= SUBNORMAL_SHARE * self.nonzero
 
 
 @dataclass(frozen=True)
@@ -317,6 +334,7 @@ def inspect_array(
     nan = posinf = neginf = 0
     absmax = -math.inf
     absmin = math.inf
+    nonzero_count = 0
     for block in _flat_blocks(a, max(1, chunk)):
         x = np.asarray(block, dtype=np.float64)
         ok = np.isfinite(x)
@@ -334,13 +352,16 @@ def inspect_array(
         mag = np.abs(x)
         absmax = max(absmax, float(mag.max()))
         nonzero = mag[mag > 0]
+        nonzero_count += int(nonzero.size)
         if nonzero.size:
             absmin = min(absmin, float(nonzero.min()))
         for f, tally in zip(formats, tallies, strict=True):
             _tally(x, mag, f, tally)
     count = moments.count
     top = absmax if count else math.nan
-    headroom = tuple(_headroom(f, t, top) for f, t in zip(formats, tallies, strict=True))
+    headroom = tuple(
+        _headroom(f, t, top, nonzero_count) for f, t in zip(formats, tallies, strict=True)
+    )
     return TensorStats(
         name=name,
         shape=tuple(int(n) for n in a.shape),
@@ -362,9 +383,9 @@ def inspect_array(
     )
 
 
-def _headroom(f: precision.Format, t: _Tally, top: float) -> Headroom:
+def _headroom(f: precision.Format, t: _Tally, top: float, nonzero: int) -> Headroom:
     """A tensor against format ``f``: its largest finite magnitude ``top`` (NaN when it
-    has no finite value) and the cast's outcomes ``t``."""
+    has no finite value), the cast's outcomes ``t`` and its ``nonzero`` finite values."""
     return Headroom(
         format=f.name,
         max=f.max,
@@ -374,6 +395,7 @@ def _headroom(f: precision.Format, t: _Tally, top: float) -> Headroom:
         overflow=t.overflow,
         flush=t.flush,
         subnormal=t.subnormal,
+        nonzero=nonzero,
     )
 
 

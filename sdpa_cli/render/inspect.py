@@ -22,7 +22,7 @@ from rich.text import Text
 
 from sdpa_cli.diagnosis.inspect import FileReport, Headroom, TensorStats
 from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, headroom_text
-from sdpa_cli.text import compact, plural, printable
+from sdpa_cli.text import compact, plural, printable, share
 
 TITLE = THEME["title"]
 OVERFLOW = SEVERITY_STYLE["error"]
@@ -131,7 +131,8 @@ def _headroom_cell(h: Headroom) -> Text:
     for n, what, style in (
         (h.overflow, "overflow", OVERFLOW),
         (h.flush, "to zero", UNDERFLOW),
-        (h.subnormal, "subnormal", UNDERFLOW),
+        # A few subnormals in data around zero are counted, not flagged.
+        (h.subnormal, "subnormal", UNDERFLOW if h.subnormal_notable else MUTED),
     ):
         if n:
             cell.append(f"\n{n} {what}", style)
@@ -196,10 +197,11 @@ def notes(tensors: Sequence[TensorStats]) -> list[Text]:
                         UNDERFLOW,
                     )
                 )
-            if h.subnormal:
+            if h.subnormal_notable:
                 lines.append(
                     Text(
-                        f"{t.name}: {_counted(h.subnormal, 'is', 'are')} subnormal in {h.format} "
+                        f"{t.name}: {plural(h.subnormal, 'value')} ({share(h.subnormal, h.nonzero)} "
+                        f"of the nonzero ones) {'is' if h.subnormal == 1 else 'are'} subnormal in {h.format} "
                         f"(below its smallest normal {compact(h.normal, 3)}: fewer significant bits)",
                         UNDERFLOW,
                     )

@@ -240,6 +240,30 @@ def test_random_magnitudes_agree_with_the_casts() -> None:
     assert outcomes(headroom(t, "bfloat16")) == bf16_outcomes(a)
 
 
+def test_a_few_subnormals_in_ordinary_data_are_counted_not_notable() -> None:
+    # Regression: randn in float16 got the note "4 values are subnormal in float16":
+    # 4 of 131 072 values near zero, each off by at most 3e-8.
+    a = np.random.default_rng(0).standard_normal((2, 8, 128, 64)).astype(np.float16)
+    fp16 = headroom(inspect_array(a, "a"), "float16")
+    assert (fp16.subnormal, fp16.nonzero) == (4, 131_072)
+    assert not fp16.subnormal_notable
+
+
+def test_subnormals_are_notable_from_one_in_a_hundred_nonzero_values() -> None:
+    """randn × 0.002 in float16: 2.4% of the values below the smallest normal 6.1e-5."""
+    a = (np.random.default_rng(0).standard_normal((2, 8, 128, 64)) * 0.002).astype(np.float16)
+    fp16 = headroom(inspect_array(a, "a"), "float16")
+    assert (fp16.subnormal, fp16.nonzero) == (3157, 131_072)
+    assert fp16.subnormal_notable
+    # The boundary: 1 of 100 nonzero values is notable, 1 of 101 is not; zeros do not count.
+    assert headroom(
+        inspect_array(np.array([1e-6] + [1.0] * 99 + [0.0] * 50), "b"), "float16"
+    ).subnormal_notable
+    assert not headroom(
+        inspect_array(np.array([1e-6] + [1.0] * 100), "c"), "float16"
+    ).subnormal_notable
+
+
 # --- formats -------------------------------------------------------------------------------
 
 

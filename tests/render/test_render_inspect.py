@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from clirunner import invoke
 from golden_files import check_golden
@@ -33,7 +34,8 @@ CASES: dict[str, tuple[tuple[str, ...], int, int, str]] = {
         ExitCode.BAD_INPUT,
         "sdpa: error: samples/cross.npz:w: has no array 'w' (names: k, q, v)\n",
     ),
-    # Two float16 files, one with a subnormal value, and the note it gets.
+    # Two float16 files, one with a subnormal value: counted in the table, no note
+    # (1 of 16 384 values is no notable share).
     "inspect_long_q_k_80.txt": (
         ("samples/long_q.npy", "samples/long_k.npy"),
         80,
@@ -77,6 +79,23 @@ def test_the_goldens_show_the_counts() -> None:
     rows = {line.split()[0]: line.split() for line in text.splitlines()[3:6]}
     assert [rows[n][-2:] for n in "qkv"] == [["0", "0"], ["2", "0"], ["2", "0"]]
     text = render(*CASES["inspect_long_q_k_80.txt"])
-    assert "long_k: 1 value is subnormal in float16" in text
+    assert "1 subnormal" in text
+    assert "long_k:" not in text  # one subnormal in 16 384 values is no note
     text = render(*CASES["inspect_cross_case_file_80.txt"])
     assert "q: read from samples/cross.npz:q" in text
+
+
+def test_only_a_notable_share_of_subnormals_gets_a_note(tmp_path: Path) -> None:
+    # Regression: randn in float16 got "4 values are subnormal in float16" as a note.
+    rng = np.random.default_rng(0)
+    randn = rng.standard_normal((2, 8, 128, 64))
+    np.save(tmp_path / "randn.npy", randn.astype(np.float16))
+    np.save(tmp_path / "small.npy", (randn * 0.002).astype(np.float16))
+    paths = (str(tmp_path / "randn.npy"), str(tmp_path / "small.npy"))
+    text = render(paths, 80, ExitCode.OK, "")
+    assert "4 subnormal" in text  # counted in the headroom table
+    assert "randn:" not in text
+    assert " ".join(text.split("\n\nsmall: ")[1].split()) == (
+        "3157 values (2.41% of the nonzero ones) are subnormal in float16 (below its "
+        "smallest normal 6.1e-5: fewer significant bits)"
+    )
