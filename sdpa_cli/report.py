@@ -57,6 +57,16 @@ def document_head() -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "sdpa_version": __version__}
 
 
+def _typed_value(value: Any, for_json: bool) -> Any:
+    """An option as typed, as JSON and YAML hold it: tuples as lists, a mask value's
+    infinity as JSON's number text."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, float) and for_json:
+        return json_number(value)
+    return value
+
+
 def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
     """Versions, shapes, scale and options: the head of every trace document."""
     o = spec.options
@@ -98,6 +108,7 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
             "logits_dtype": o.logits_dtype,
             "prescale": o.prescale,
         },
+        "options_typed": {name: _typed_value(v, for_json) for name, v in o.typed.items()},
     }
 
 

@@ -182,7 +182,8 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
         )
     if o.window is not None:
         for window, why in _windows(*o.window):
-            yield f"--window {window[0]},{window[1]} ({why})", alt(window=window)
+            left, right = o.typed_window(window)  # in the terms the user typed it
+            yield f"--window {left},{right} ({why})", alt(window=window)
 
 
 def _kernel_slips(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:

@@ -54,10 +54,7 @@ def options_as(o: Options, conv: Convention) -> Options:
     as given read in its terms (given under ``--as``: in that framework's terms)."""
     window = o.window
     if window is not None:
-        given = window
-        if o.framework is not None and CONVENTIONS[o.framework].window_counts_query:
-            given = (window[0] + 1, window[1])  # back to the numbers as typed
-        window = conv.window(given)
+        window = conv.window(o.typed.get("window") or o.typed_window(window))
     align = o.causal_align if o.query_offset is not None else conv.causal_align
     return dataclasses.replace(
         o,
@@ -78,6 +75,8 @@ class Answer:
         empty: ``(*lead, L)``: rows with no visible key under its masks.
         rows: how many rows differ from the first framework's (PyTorch's).
         max_diff: the largest |difference| from the first framework's output.
+        window: the window as this framework reads the numbers given (keys left
+            and right of the query, the query itself not counted), or None.
     """
 
     convention: Convention
@@ -85,6 +84,7 @@ class Answer:
     empty: np.ndarray
     rows: int
     max_diff: float
+    window: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,10 @@ def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
     # The alignment moves the diagonal only when L ≠ S and no --query-offset places it.
     placed = spec.L == spec.S or spec.options.query_offset is not None
     runs: dict[tuple[Any, ...], tuple[F64, np.ndarray]] = {}
+    windows: dict[str, tuple[int, int] | None] = {}
     for name in FRAMEWORKS:
         o = options_as(spec.options, CONVENTIONS[name])
+        windows[name] = o.window
         # frameworks whose conventions compute the same numbers here share one run
         same = (o.mask_value, o.window, None if placed else o.causal_align)
         if same not in runs:
@@ -172,6 +174,7 @@ def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
                 empties[name],
                 int(np.count_nonzero(diff > AGREE * scale)),
                 float(diff.max(initial=0.0)),
+                windows[name],
             )
         )
     disagreements = tuple(
@@ -241,6 +244,7 @@ def frameworks_payload(comparison: Comparison) -> dict[str, Any]:
                 "causal_align": a.convention.causal_align,
                 "mask_value": a.convention.mask_value,
                 "window": a.convention.window_label,
+                "window_keys": None if a.window is None else list(a.window),
                 "empty_row": a.convention.empty_row,
                 "rows_differing": a.rows,
                 "max_difference": json_number(a.max_diff),

@@ -2,13 +2,20 @@
 
 Each option is parsed from text (a flag) or data (a case file, a manifest) by one
 parser; an error names the flag (``--causal-align``) or the file and key it came from.
+
+Options are kept twice, once each way: as typed (:attr:`Options.typed`: the values
+the user gave, parsed, in their own terms: a window in ``--as``'s framework's) and
+as resolved (the fields: what the engine computes, after ``--as``'s defaults and
+conversions and the working formats' defaults), resolved once, in
+:func:`parse_options`. What speaks to the user (a hint, the header, ``--frameworks``)
+reads the typed form; the engine reads the resolved one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -75,6 +82,9 @@ class Options:
     framework: str | None = None
     """``--as``: the framework whose conventions set the defaults (recorded; applied by
     :func:`parse_options`, see :mod:`sdpa_cli.engine.conventions`)."""
+    typed: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The options as the user gave them (parsed, not resolved), by name: only those
+    given. Empty for options built directly, whose fields are what was given."""
 
     def __post_init__(self) -> None:
         # Options built directly (the Python API) get the checks parse_options makes,
@@ -84,6 +94,17 @@ class Options:
         for name in ("accumulate", "softmax_dtype", "logits_dtype"):
             value = getattr(self, name)
             object.__setattr__(self, name, _working_format(name, value, self.dtype, name))
+
+    def as_typed(self, name: str) -> Any:
+        """Option ``name`` as the user gave it, else as resolved (a default)."""
+        return self.typed[name] if name in self.typed else getattr(self, name)
+
+    def typed_window(self, window: tuple[int, int]) -> tuple[int, int]:
+        """A window in the engine's terms (``--window``'s: the query left out) as the
+        user would type it under ``--as`` (Hugging Face's counts the query)."""
+        if self.framework is not None and convention(self.framework).window_counts_query:
+            return window[0] + 1, window[1]
+        return window
 
     @property
     def emulated(self) -> bool:
@@ -114,7 +135,7 @@ class Options:
         return f"{self.mask_value:g}"
 
 
-OPTION_NAMES = tuple(Options.__dataclass_fields__)
+OPTION_NAMES = tuple(name for name in Options.__dataclass_fields__ if name != "typed")
 
 
 # --- parsing option values (from the command line as text, or a case file as data) ---
@@ -302,13 +323,14 @@ def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None
             continue
         label = where.get(name, _flag(name))
         values[name] = _PARSERS[name](value, label)
+    typed = dict(values)
     if values.get("framework") is not None:
         _apply_convention(values, where)
     dtype = values.get("dtype", "float64")
     for name in ("accumulate", "softmax_dtype", "logits_dtype"):
         label = where.get(name, "--" + name.replace("_", "-"))
         values[name] = _working_format(name, values.get(name), dtype, label, raw.get(name))
-    return Options(**values)
+    return Options(**values, typed=typed)
 
 
 def _flag(name: str) -> str:

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.diagnosis.frameworks import Comparison, Disagreement
+from sdpa_cli.engine.conventions import CONVENTIONS
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import Index
 from sdpa_cli.render.common import THEME, note_text, rule, slice_label
@@ -32,7 +33,18 @@ PLAIN_SOFTMAX = (
 def render_frameworks(spec: AttentionSpec, comparison: Comparison, width: int) -> RenderableType:
     """The header, the conventions and answers, one table per disagreement, the verdict."""
     parts: list[RenderableType] = [header(spec, "sdpa compute --frameworks")]
-    parts += [Text(""), rule("Frameworks", width), _answers(comparison)]
+    parts += [Text(""), rule("Frameworks", width)]
+    o = spec.options
+    if o.window is not None:
+        left, right = o.typed.get("window") or o.typed_window(o.window)
+        counting = [c.name for c in CONVENTIONS.values() if c.window_counts_query]
+        parts.append(
+            Text(
+                f"--window {left},{right} as typed, read in each framework's terms "
+                f"({', '.join(counting)}'s counts the query):"
+            )
+        )
+    parts.append(_answers(comparison))
     for d in comparison.disagreements:
         parts += [Text(""), _disagreement(spec, d, comparison.n_rows, width)]
     parts += [Text(""), verdict_text(comparison)]
@@ -60,7 +72,8 @@ def _answers(comparison: Comparison) -> Table:
             rows, most = Text("0", THEME["good"]), Text("0", THEME["good"])
         else:
             rows, most = Text(str(a.rows)), Text(sig(a.max_diff))
-        table.add_row(c.name, c.causal_align, c.window_label, c.empty_row, rows, most)
+        window = c.window_label if a.window is None else f"{a.window[0]} left, {a.window[1]} right"
+        table.add_row(c.name, c.causal_align, window, c.empty_row, rows, most)
     return table
 
 

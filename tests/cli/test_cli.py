@@ -301,6 +301,7 @@ PAYLOAD_KEYS = {
     "scale_rule",
     "temperature",
     "options",
+    "options_typed",
     "stages",
     "findings",
     "finding_counts",

@@ -32,7 +32,20 @@ def test_disagreements_are_tabled_by_kind_within_80_columns() -> None:
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
     [torch_line] = [line for line in lines if line.startswith("torch ")]
-    assert torch_line.split() == ["torch", "upper-left", "query", "left", "out", "zeros", "—", "—"]
+    assert torch_line.split() == [
+        "torch",
+        "upper-left",
+        "2",
+        "left,",
+        "0",
+        "right",
+        "zeros",
+        "—",
+        "—",
+    ]
+    [hf_line] = [line for line in lines if line.startswith("hf ")]
+    assert hf_line.split()[2:6] == ["1", "left,", "0", "right"]  # 2 counting the query
+    assert "--window 2,0 as typed, read in each framework's terms (hf's counts the" in text
     assert "Causal alignment when L ≠ S: 6 of 6 rows differ" in text
     assert "\n  lower-right   flash, onnx, hf\n" in text
     assert "Window counting:" in text
