@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sdpa_cli.diagnosis.chance import CHANCE
 from sdpa_cli.diagnosis.explained import Variance
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rows import RowClasses
@@ -348,6 +349,13 @@ def _weights_note(
             f"{int(classes.saturated.sum())} one-hot (max ≥ {th.saturation:g}), "
             f"{int(classes.uniform.sum())} near uniform (entropy ≥ {th.uniform:g})."
         )
+        chance = int(classes.by_chance.sum())
+        if chance:
+            weights += (
+                f" {plural(chance, 'row')} past a threshold {'is' if chance == 1 else 'are'}"
+                " not counted: random logits over as few keys are as peaked or as flat in "
+                f"more than 1 row of {round(1 / CHANCE):,}."
+            )
     if gathered.sink_mass:
         weights = weights.replace(
             "e^(x − row max) / Σ e^(x − row max)", "e^(x − m) / (Σ e^(x − m) + e^(sink − m))"

@@ -3,8 +3,10 @@ losing weight to underflow, which heads collapsed or died; their findings, the h
 summaries and the tables' row flags.
 
 A row qualifies for the saturation and uniformity rules with ≥ 2 visible keys and
-finite weights (:func:`classify_rows`); every rule reads the statistics, so every
-flagged row is counted, whether or not it is listed.
+finite weights, and is flagged only where random logits are as peaked or as flat in
+fewer than 1 in 50,000 rows over as many keys (:mod:`~sdpa_cli.diagnosis.chance`:
+over a few keys, they often are); every rule reads the statistics, so every flagged
+row is counted, whether or not it is listed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.diagnosis.chance import CHANCE, flat_chance, peaked_chance
 from sdpa_cli.diagnosis.findings import Finding, HeadSummary, Thresholds
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.spec import AttentionSpec
@@ -35,13 +38,16 @@ class RowClasses:
     """The row rules, applied once: which rows are one-hot or near-uniform.
 
     Arrays are shaped like the rows they were computed for (``(*lead, L)``, or one
-    slice's ``(L,)``). A row qualifies with ≥ 2 visible keys and finite weights.
+    slice's ``(L,)``). A row qualifies with ≥ 2 visible keys and finite weights; past
+    its threshold it is flagged where random logits are rarely as peaked or as flat
+    (:data:`~sdpa_cli.diagnosis.chance.CHANCE`), left in ``by_chance`` where not.
     """
 
     normalized: F64
     eligible: NDArray[np.bool_]
     saturated: NDArray[np.bool_]
     uniform: NDArray[np.bool_]
+    by_chance: NDArray[np.bool_]
 
 
 def classify_rows(stats: Stats, th: Thresholds, at: Index = ()) -> RowClasses:
@@ -51,9 +57,14 @@ def classify_rows(stats: Stats, th: Thresholds, at: Index = ()) -> RowClasses:
     with np.errstate(invalid="ignore", divide="ignore"):
         normalized = stats.entropy[at] / np.log(np.maximum(n, 2))
     eligible = (n >= 2) & np.isfinite(mw)
-    saturated = eligible & (mw >= th.saturation)
-    uniform = eligible & (normalized >= th.uniform) & ~saturated
-    return RowClasses(normalized, eligible, saturated, uniform)
+    peaked = eligible & (mw >= th.saturation)
+    flat = eligible & (normalized >= th.uniform) & ~peaked
+    saturated, uniform = peaked.copy(), flat.copy()
+    pair = peaked & (n == 2)  # over 3 keys or more 0.99 is rarer than CHANCE already
+    saturated[pair] = peaked_chance(mw[pair]) < CHANCE
+    uniform[flat] = flat_chance(n[flat], normalized[flat]) < CHANCE
+    by_chance = (peaked & ~saturated) | (flat & ~uniform)
+    return RowClasses(normalized, eligible, saturated, uniform, by_chance)
 
 
 def _rows(flagged: NDArray[np.bool_]) -> Iterator[Index]:

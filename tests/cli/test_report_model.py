@@ -166,13 +166,15 @@ def test_thresholds_are_the_diagnostic_options(workdir: Path) -> None:
     write_case(workdir)
     doc = strict_json(model("m.yaml", "--format", "json", "--head-fraction", "1").stdout)
     assert len(doc["notable"]) == 6
-    # Head 2's rows: max weight 0.56 on average, none one-hot, 1 in 4 nearly uniform.
+    # Head 2's rows: max weight 0.56 on average, none one-hot, none nearly uniform.
     doc = strict_json(model("m.yaml", "--format", "json").stdout)
     assert (doc["metrics"]["saturated"][0][2], doc["metrics"]["near_uniform"][0][2]) == (0, 0)
     doc = strict_json(model("m.yaml", "--format", "json", "--saturation", "0.51").stdout)
     assert doc["metrics"]["saturated"][0][2] == 0.75
+    # Three of its rows have an entropy past 0.5 · log 4, but random logits over 4 keys
+    # are as flat in most rows: no threshold makes them near uniform.
     doc = strict_json(model("m.yaml", "--format", "json", "--uniform", "0.5").stdout)
-    assert doc["metrics"]["near_uniform"][0][2] == 0.75
+    assert doc["metrics"]["near_uniform"][0][2] == 0
 
 
 def test_the_sample_model(workdir: Path) -> None:

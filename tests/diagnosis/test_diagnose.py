@@ -92,10 +92,11 @@ def two_key_max_weight(gap: float) -> float:
 
 
 def test_saturated_row_is_a_warning_with_its_index_and_max_weight() -> None:
-    """Row [1, 0, 1] has logits [0, 5]: max weight 1/(1+e^−5) = 0.9933 ≥ 0.99."""
-    q = np.full((2, 1, 2, 1), 0.5)  # other rows: logits [0, 2.5], max weight 0.924
+    """Row [1, 0, 1] has logits [0, 7]: max weight 1/(1+e^−7) = 0.99909 ≥ 0.99, a gap
+    two random logits reach once in erfc(3.5) = 1 / 1.3 million rows."""
+    q = np.full((2, 1, 2, 1), 0.5)  # other rows: logits [0, 3.5], max weight 0.971
     q[1, 0, 1, 0] = 1.0
-    k = col(0.0, 5.0)
+    k = col(0.0, 7.0)
     d = run(q, k, scale="none")
     f = only(d, "saturated")
     assert f.severity == "warning"
@@ -103,7 +104,7 @@ def test_saturated_row_is_a_warning_with_its_index_and_max_weight() -> None:
     assert f.index == (1, 0, 1)
     assert f.dtype is None
     assert f.count is None
-    assert f.details["max_weight"] == pytest.approx(two_key_max_weight(5.0), rel=1e-12)
+    assert f.details["max_weight"] == pytest.approx(two_key_max_weight(7.0), rel=1e-12)
     assert f.details["key"] == 1
     assert f.details["visible"] == 2
     assert d.counts["saturated"] == 1
@@ -118,21 +119,45 @@ def test_a_row_with_one_visible_key_is_not_saturated() -> None:
     assert of(d, "saturated") == []
 
 
+def three_key_max_weight(gap: float) -> float:
+    """The largest weight of logits [0, 0, gap]: 1 / (1 + 2e^−gap)."""
+    return 1.0 / (1.0 + 2 * math.exp(-gap))
+
+
 @pytest.mark.parametrize(
     ("gap", "saturated"),
-    [(4.5, False), (4.7, True)],  # the default boundary 0.99 is at gap log(99) = 4.595
+    [(5.2, False), (5.4, True)],  # over 3 keys 0.99 is at gap log(2 · 99) = 5.288
 )
 def test_default_saturation_boundary(gap: float, saturated: bool) -> None:
-    assert (two_key_max_weight(gap) >= 0.99) is saturated  # the premise, by hand
-    d = run(col(1.0), col(0.0, gap), scale="none")
+    assert (three_key_max_weight(gap) >= 0.99) is saturated  # the premise, by hand
+    d = run(col(1.0), col(0.0, 0.0, gap), scale="none")
     assert bool(of(d, "saturated")) is saturated
 
 
 @pytest.mark.parametrize(("offset", "saturated"), [(-1e-6, True), (1e-6, False)])
 def test_saturation_threshold_moves_the_boundary(offset: float, saturated: bool) -> None:
     """A threshold just below the row's max weight flags it; just above does not."""
-    w = two_key_max_weight(3.0)  # 0.9526, far from the default
-    d = run(col(1.0), col(0.0, 3.0), scale="none", thresholds=Thresholds(saturation=w + offset))
+    w = three_key_max_weight(3.0)  # 0.9094, far from the default
+    d = run(
+        col(1.0), col(0.0, 0.0, 3.0), scale="none", thresholds=Thresholds(saturation=w + offset)
+    )
+    assert bool(of(d, "saturated")) is saturated
+
+
+@pytest.mark.parametrize(
+    ("gap", "saturated"),
+    [(4.7, False), (6.0, False), (6.1, True)],
+)
+def test_over_two_keys_one_hot_needs_a_gap_random_logits_rarely_reach(
+    gap: float, saturated: bool
+) -> None:
+    """Two logits of unit variance differ by N(0, 2): a gap ≥ g comes in erfc(g / 2) of
+    rows. 4.7 (weight 0.991, past 0.99) comes once in 1,100 rows, and the second query
+    of every causal head sees 2 keys; a row is one-hot over 2 keys only past the gap
+    random rows reach once in 50,000, 2 · erfc⁻¹(2e-5) = 6.03 (weight 0.9976)."""
+    assert two_key_max_weight(gap) >= 0.99
+    assert (math.erfc(gap / 2) < 2e-5) is saturated  # 8.9e-4, 2.2e-5, 1.6e-5
+    d = run(col(1.0), col(0.0, gap), scale="none")
     assert bool(of(d, "saturated")) is saturated
 
 
@@ -155,16 +180,43 @@ def test_identical_keys_give_a_near_uniform_row_with_entropy_log_n() -> None:
         assert f.details["visible"] == 4
 
 
+def chi2_cdf_even(x: float, k: int) -> float:
+    """P(χ²ₖ ≤ x) for even k, by hand: 1 − e^(−x/2) Σ_{i < k/2} (x/2)^i / i!."""
+    y = x / 2
+    return 1 - math.exp(-y) * sum(y**i / math.factorial(i) for i in range(k // 2))
+
+
 @pytest.mark.parametrize(("offset", "flagged"), [(-1e-6, True), (1e-6, False)])
 def test_uniform_threshold_is_respected(offset: float, flagged: bool) -> None:
-    """Logits [0, 0.5]: normalized entropy 0.956, below the default 0.98."""
-    w = softmax64(np.array([0.0, 0.5]))
-    normalized = float(entropy64(w)) / math.log(2)
-    assert normalized < 0.98
-    assert of(run(col(1.0), col(0.0, 0.5), scale="none"), "near_uniform") == []
-    d = run(
-        col(1.0), col(0.0, 0.5), scale="none", thresholds=Thresholds(uniform=normalized + offset)
+    """65 logits evenly spread over [0, 2]: normalized entropy 0.9627, below the
+    default 0.98; random logits over 65 keys are as flat in P(χ²₆₄ ≤ 2 · 65 · (log 65 − H))
+    = 3.3e-8 of rows, so a threshold below the row flags it."""
+    keys = np.linspace(0.0, 2.0, 65)
+    w = softmax64(keys)
+    normalized = float(entropy64(w)) / math.log(65)
+    assert normalized == pytest.approx(0.9627, abs=1e-4)
+    assert chi2_cdf_even(2 * 65 * (1 - normalized) * math.log(65), 64) == pytest.approx(
+        3.3e-8, rel=0.01
     )
+    assert of(run(col(1.0), col(*keys), scale="none"), "near_uniform") == []
+    d = run(col(1.0), col(*keys), scale="none", thresholds=Thresholds(uniform=normalized + offset))
+    assert bool(of(d, "near_uniform")) is flagged
+
+
+@pytest.mark.parametrize(
+    ("gap", "flagged"),
+    [(0.1, False), (1e-5, True)],
+)
+def test_over_two_keys_near_uniform_needs_logits_closer_than_random_ones_come(
+    gap: float, flagged: bool
+) -> None:
+    """Two logits 0.1 apart (weights 0.475, 0.525): entropy 0.9964 of log 2, past 0.98,
+    as flat as two random logits of unit variance are in erf(0.1 / 2) = 5.6 % of rows
+    (their gap is N(0, 2)); 1e-5 apart, in 5.6e-6 of rows: flagged."""
+    normalized = float(entropy64(softmax64(np.array([0.0, gap])))) / math.log(2)
+    assert normalized >= 0.98
+    assert (math.erf(gap / 2) < 2e-5) is flagged
+    d = run(col(1.0), col(0.0, gap), scale="none")
     assert bool(of(d, "near_uniform")) is flagged
 
 
@@ -648,6 +700,28 @@ def test_float_mask_of_zeros_and_ones_is_suspect() -> None:
     assert f.details["tensor"] == "mask"
 
 
+def test_an_integer_mask_of_zeros_and_ones_is_called_integer_and_read_as_numbers() -> None:
+    # Regression: an int64 0/1 mask (Hugging Face's attention_mask) was "the float mask".
+    mask = np.tril(np.ones((3, 3), dtype=np.int64))
+    d = run(np.ones((3, 2)), np.ones((3, 2)), mask=mask)
+    f = only(d, "mask_suspect")
+    assert (f.severity, f.stage, f.count) == ("warning", "input", 6)
+    assert f.message == (
+        "the integer (int64) mask (--mask) holds only 0 and 1: it is read as numbers added "
+        "to the logits, +1 to some, not as a boolean mask, so it hides no key"
+    )
+    assert f.hint == (
+        "PyTorch's SDPA refuses an integer mask. A boolean mask cast to numbers? Pass it "
+        "as bool (True = may attend), or as 0 / −inf"
+    )
+    assert "float" not in f.message
+
+
+def test_a_float_mask_of_zeros_and_ones_is_called_float() -> None:
+    d = run(np.ones((3, 2)), np.ones((3, 2)), mask=np.tril(np.ones((3, 3))))
+    assert only(d, "mask_suspect").message.startswith("the float mask (--mask) holds only 0 and 1")
+
+
 def test_inverted_causal_boolean_mask_hides_the_diagonal() -> None:
     mask = ~np.tril(np.ones((4, 4), dtype=bool))  # True above the diagonal only
     d = run(np.ones((4, 2)), np.ones((4, 2)), mask=mask)
@@ -702,28 +776,6 @@ def test_nonfinite_k_or_v_at_padded_keys_is_suspect(tensor: str) -> None:
         ((1, 8, 64, 64), (1, 2, 64, 64), False),  # grouped-query: 8 query heads, 2 K/V heads
     ],
 )
-def test_an_integer_mask_of_zeros_and_ones_is_called_integer_and_read_as_numbers() -> None:
-    # Regression: an int64 0/1 mask (Hugging Face's attention_mask) was "the float mask".
-    mask = np.tril(np.ones((3, 3), dtype=np.int64))
-    d = run(np.ones((3, 2)), np.ones((3, 2)), mask=mask)
-    f = only(d, "mask_suspect")
-    assert (f.severity, f.stage, f.count) == ("warning", "input", 6)
-    assert f.message == (
-        "the integer (int64) mask (--mask) holds only 0 and 1: it is read as numbers added "
-        "to the logits, +1 to some, not as a boolean mask, so it hides no key"
-    )
-    assert f.hint == (
-        "PyTorch's SDPA refuses an integer mask. A boolean mask cast to numbers? Pass it "
-        "as bool (True = may attend), or as 0 / −inf"
-    )
-    assert "float" not in f.message
-
-
-def test_a_float_mask_of_zeros_and_ones_is_called_float() -> None:
-    d = run(np.ones((3, 2)), np.ones((3, 2)), mask=np.tril(np.ones((3, 3))))
-    assert only(d, "mask_suspect").message.startswith("the float mask (--mask) holds only 0 and 1")
-
-
 def test_normal_inputs_with_the_default_scale_raise_no_warning(
     q_shape: tuple[int, ...], kv_shape: tuple[int, ...], causal: bool, dtype: type
 ) -> None:
