@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from sdpa_cli.check.compare import (
     compare,
     measured_tolerance,
 )
+from sdpa_cli.check.error_stats import by_slice, pairs
 from sdpa_cli.check.exports import (
     RUN_STAGES,
     Fitted,
@@ -38,7 +39,7 @@ from sdpa_cli.engine import masks, positions, precision
 from sdpa_cli.engine.block import dropout_keep, softmax, softmax_lse, visibility
 from sdpa_cli.engine.spec import AttentionSpec, build_spec, scale_factor
 from sdpa_cli.engine.trace import Trace, merge_heads, trace
-from sdpa_cli.engine.types import F64
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 from sdpa_cli.text import sig
 
@@ -115,32 +116,38 @@ def _traced(
     ref_format: str,
     view: Callable[[F64], F64] | None = None,
     viewed: str = "output",
+    leads: Sequence[Index] | None = None,
 ) -> Values:
-    """The values of ``spec`` in the reference's format, traced once on first use.
-    With ``view``, the export ``viewed`` only (in the engine's layout), read through
-    it (the other exports: None)."""
+    """The values of ``spec`` in the reference's format, traced once on first use
+    (``leads``: those slices only, NaN elsewhere). With ``view``, the export
+    ``viewed`` only (in the engine's layout), read through it (the others: None)."""
     runs: list[Trace] = []
 
     def values(name: str, merged: bool) -> F64 | None:
         if view is not None and (name != viewed or merged):
             return None
         if not runs:
-            runs.append(trace(as_reference(spec, ref_format), RUN_STAGES, gather_stats=False))
+            reference = as_reference(spec, ref_format)
+            runs.append(trace(reference, RUN_STAGES, gather_stats=False, leads=leads))
         got = tensor_values(runs[0], name, merged)
         return got if view is None else view(got)
 
     return values
 
 
-def alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alternative]:
+def alternatives(
+    spec: AttentionSpec, ref_format: str, leads: Sequence[Index] | None = None
+) -> Iterator[Alternative]:
     """The computation under the slips a kernel most often makes, one at a time, each
-    only where it applies: the options first, then the tensors read another way."""
+    only where it applies: the options first, then the tensors read another way.
+    With ``leads``, computed on those (batch, head) slices only (a large case), and
+    only the alternatives whose slices are the case's own."""
     for label, alt in _option_alternatives(spec):
-        yield Alternative(label, _option(label), _traced(alt, ref_format))
+        yield Alternative(label, _option(label), _traced(alt, ref_format, leads=leads))
     for label, alt in _kernel_slips(spec):
         hint = f"the export matches the computation with {label}: a bug in the kernel"
-        yield Alternative(label, hint, _traced(alt, ref_format))
-    yield from _tensor_alternatives(spec, ref_format)
+        yield Alternative(label, hint, _traced(alt, ref_format, leads=leads))
+    yield from _tensor_alternatives(spec, ref_format, leads)
 
 
 def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
@@ -287,16 +294,24 @@ def _windows(left: int, right: int) -> Iterator[tuple[tuple[int, int], str]]:
         yield (left, right + 1), "one key more on the right"
 
 
-def _tensor_alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alternative]:
+def _tensor_alternatives(
+    spec: AttentionSpec, ref_format: str, leads: Sequence[Index] | None = None
+) -> Iterator[Alternative]:
     """The tensors read another way: K/V heads tiled, (B, L, H, E) read as (B, H, L, E),
-    a (B, S) mask read as (L, S), the bias added before the softcap."""
+    an LSE in base 2, a (B, S) mask read as (L, S), the bias added before the softcap.
+    With ``leads``, those whose slices are the case's own, on those slices."""
     if spec.group > 1:
         label = "K/V heads tiled (head h uses K/V head h mod G) instead of interleaved (h div r)"
         hint = (
             f"the export matches the computation with {label}: the kernel expands K and V "
             "with repeat (tiling); sdpa, like PyTorch's enable_gqa, with repeat_interleave"
         )
-        yield Alternative(label, hint, _traced(_tiled_heads(spec), ref_format))
+        yield Alternative(label, hint, _traced(_tiled_heads(spec), ref_format, leads=leads))
+    label = "the LSE is in base 2 (log₂ Σ eˣ, as FlashAttention's kernels keep it inside): multiply it by ln 2"
+    hint = f"{label}; the export matches the natural-log LSE divided by ln 2"
+    yield Alternative(label, hint, _traced(spec, ref_format, _base_two, "lse", leads))
+    if leads is not None:
+        return
     transposed = _transposed(spec)
     if transposed is not None:
         label = (
@@ -305,9 +320,6 @@ def _tensor_alternatives(spec: AttentionSpec, ref_format: str) -> Iterator[Alter
         )
         hint = f"{label}; the export matches the computation on them transposed"
         yield Alternative(label, hint, _traced(transposed, ref_format, _swap_middle))
-    label = "the LSE is in base 2 (log₂ Σ eˣ, as FlashAttention's kernels keep it inside): multiply it by ln 2"
-    hint = f"{label}; the export matches the natural-log LSE divided by ln 2"
-    yield Alternative(label, hint, _traced(spec, ref_format, _base_two, viewed="lse"))
     padding = _key_padding_mask(spec)
     if padding is not None:
         label = "the mask is a (B, S) key-padding mask: give it as (B, 1, 1, S)"
@@ -446,15 +458,21 @@ def with_hints(
     """A hint on each failed comparison that one alternative computation explains
     (:func:`export_matches` against ``ref``, the reference of the options given), or
     that the measured tolerance (the naive low-precision error) would pass. Each
-    alternative is computed once, for every failed comparison; a case of more than
-    :data:`_SUSPECT_LIMIT` scores gets none."""
-    if math.prod(spec.weights_shape) > _SUSPECT_LIMIT:
-        return checks
+    alternative is computed once, for every failed comparison; in a case of more than
+    :data:`_SUSPECT_LIMIT` scores, on the slices whose error is largest (as many as
+    that many scores hold, at least one), and without the alternatives that read the
+    tensors across slices (another layout, the bias inside the softcap)."""
     failing = {
         c.name.removesuffix(".close"): c
         for c in checks
         if c.status == "fail" and c.name.endswith(".close")
     }
+    leads = None
+    if math.prod(spec.weights_shape) > _SUSPECT_LIMIT:
+        # A large case: the alternatives on its worst slices only, for the exports in
+        # the engine's layout (a merged or bshd output's slices are not its own).
+        failing = {n: c for n, c in failing.items() if not fitted[n].merged}
+        leads = _worst_slices(failing, spec, fitted, ref)
     hints = _format_hints(failing, fitted, export)
     hints.update(
         _option_hints(
@@ -464,6 +482,7 @@ def with_hints(
             ref,
             export,
             ref_format,
+            leads,
         )
     )
     unexplained = {name: c for name, c in failing.items() if name not in hints}
@@ -512,18 +531,49 @@ def _option_hints(
     ref: Mapping[str, F64],
     export: str,
     ref_format: str,
+    leads: Sequence[Index] | None = None,
 ) -> dict[str, str]:
-    """For each failed comparison (by export), the first alternative the export matches."""
+    """For each failed comparison (by export), the first alternative the export
+    matches (on the slices ``leads`` only, when given)."""
+
+    def pick(values: NDArray[Any]) -> NDArray[Any]:
+        return values if leads is None else np.stack([values[at] for at in leads])
+
     hints: dict[str, str] = {}
-    for alt in alternatives(spec, ref_format):
+    for alt in alternatives(spec, ref_format, leads):
         pending = [n for n in failing if n not in hints]
         if not pending:
             break
         for name in pending:
             got = alt.values(name, fitted[name].merged)
-            if got is not None and export_matches(fitted[name].values, got, ref[name], export):
+            if got is not None and export_matches(
+                pick(fitted[name].values), pick(got), pick(ref[name]), export
+            ):
                 hints[name] = alt.hint
     return hints
+
+
+def _worst_slices(
+    failing: Iterable[str],
+    spec: AttentionSpec,
+    fitted: Mapping[str, Fitted],
+    ref: Mapping[str, F64],
+) -> list[Index]:
+    """The (batch, head) slices a large case's alternatives are computed on: those
+    whose RMS error is largest in the failed exports, as many as
+    :data:`_SUSPECT_LIMIT` scores hold (at least one), in C order."""
+    room = max(1, _SUSPECT_LIMIT // max(spec.L * spec.S, 1))
+    n = math.prod(spec.lead)
+    error = np.zeros(n)
+    for name in failing:
+        axes = 1 if name == "lse" else 2
+        a_view, r_view = by_slice(fitted[name].values, axes), by_slice(ref[name], axes)
+        for at, a, r, finite in pairs(a_view, r_view):
+            with np.errstate(invalid="ignore", over="ignore"):
+                err = np.where(finite, a - r, 0.0).reshape(len(a), -1)
+            error[at] = np.maximum(error[at], np.sqrt(np.mean(err * err, axis=1)))
+    worst = np.argsort(-error, kind="stable")[:room]
+    return [tuple(int(i) for i in np.unravel_index(k, spec.lead)) for k in sorted(worst)]
 
 
 def _tolerance_hints(

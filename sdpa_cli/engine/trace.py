@@ -7,8 +7,9 @@ before anything is allocated (:func:`_check_fits`).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from sdpa_cli.engine.forward import first_moments, forward, query_block
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
-from sdpa_cli.engine.types import F64
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files import limits
 from sdpa_cli.names import STAGES
@@ -158,6 +159,7 @@ def trace(
     summarize: tuple[str, ...] = (),
     jobs: int = 1,
     progress: Progress | None = None,
+    leads: Sequence[Index] | None = None,
 ) -> Trace:
     """Run the engine over every block and keep the stages asked for (default: all).
 
@@ -177,12 +179,15 @@ def trace(
         summarize: stages whose whole-tensor range is gathered (kept or not).
         jobs: threads computing blocks.
         progress: told the scores done after each block.
+        leads: the (batch, head) slices to compute (default every one); the kept
+            stages hold NaN in the others.
     """
     keep = set(applicable_stages(spec) if stages is None else stages) & set(applicable_stages(spec))
     ws, os_ = spec.weights_shape, spec.output_shape
     _check_fits(spec, keep)
+    blank = np.empty if leads is None else functools.partial(np.full, fill_value=np.nan)
     arrays: dict[str, Any] = {
-        s: np.empty(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
+        s: blank(os_ if s == "output" else ws, dtype=np.float64) for s in STAGES if s in keep
     }
     visible = np.empty(ws, dtype=np.bool_) if keep - {"output"} else None
     stats = Stats.empty(spec)
@@ -214,7 +219,7 @@ def trace(
     # block can see are computed (the output is the same either way).
     keys: KeyMode = "all" if visible is not None else "visible"
     rows = rows or (query_block(spec) if lean else None)
-    walk = sweep(spec, visit, jobs=jobs, rows=rows, keys=keys, progress=progress)
+    walk = sweep(spec, visit, jobs=jobs, rows=rows, leads=leads, keys=keys, progress=progress)
     n_visible = 0
     for records, seen, moments, n_seen in walk:
         n_visible += n_seen

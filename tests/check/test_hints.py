@@ -22,6 +22,7 @@ from clirunner import invoke
 from numpy.typing import NDArray
 from reference import attention
 
+from sdpa_cli.check import hints as hints_module
 from sdpa_cli.check.hints import MATCH_GAIN, alternatives, export_matches
 from sdpa_cli.check.records import Check, Expected
 from sdpa_cli.check.run import run_checks
@@ -554,3 +555,24 @@ def test_a_float32_output_gets_no_narrow_format_hint() -> None:
     c = next(c for c in report.checks if c.name == "output.close")
     assert c.status == "fail"
     assert c.hint is None or "number" not in c.hint
+
+
+def test_a_large_case_is_hinted_from_its_worst_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the limit of scores, the alternatives are computed on the slices whose
+    error is largest, as many as the limit holds: here one (batch, head) slice of 5 × 5
+    scores of the 3 × 2, the only one the kernel got wrong, and the hint still names
+    the fix."""
+    monkeypatch.setattr(hints_module, "_SUSPECT_LIMIT", 30)
+    q, k, v = normal(1, 3, 2, 5, 4, scale=2.0), normal(2, 3, 2, 5, 4), normal(3, 3, 2, 5, 3)
+    out = attention(q, k, v).output
+    out[2, 1] = attention(q, k, v, causal=True).output[2, 1]  # one head made causal
+    traced: list[object] = []
+    real_trace = hints_module.trace
+    monkeypatch.setattr(
+        hints_module, "trace", lambda *a, **kw: traced.append(kw["leads"]) or real_trace(*a, **kw)
+    )
+    close = close_check(spec_of(q, k, v), out)
+    assert close.status == "fail"
+    assert close.hint is not None
+    assert "--causal" in close.hint
+    assert traced and all(leads == [(2, 1)] for leads in traced)
