@@ -25,6 +25,11 @@ from sdpa_cli.names import FRAMEWORKS
 L, E = 24, 8
 
 
+def given(framework: str) -> tuple[str, ...]:
+    """Q, K and V, ``--as framework``, causal, ``--window 4,0``."""
+    return ("q.npy", "k.npy", "v.npy", "--as", framework, "--causal", "--window", "4,0")
+
+
 def typed_keys(framework: str) -> int:
     """Keys left of the query that ``--window 4,0`` means under ``--as framework``."""
     return CONVENTIONS[framework].window((4, 0))[0]
@@ -52,19 +57,7 @@ def test_parse_options_keeps_the_typed_window_beside_the_resolved_one() -> None:
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_header_says_the_window_as_typed(files: Path, framework: str) -> None:
-    result = invoke(
-        "compute",
-        "q.npy",
-        "k.npy",
-        "v.npy",
-        "--as",
-        framework,
-        "--causal",
-        "--window",
-        "4,0",
-        "--stages",
-        "output",
-    )
+    result = invoke("compute", *given(framework), "--stages", "output")
     assert result.exit_code == ExitCode.OK, result.output
     (line,) = [x for x in result.stdout.splitlines() if "│ window" in x]
     if CONVENTIONS[framework].window_counts_query:
@@ -80,21 +73,7 @@ def test_a_window_one_key_wider_is_named_in_the_users_terms(files: Path, framewo
     q, k, v = (np.load(files / f"{n}.npy") for n in "qkv")
     wider = typed_keys(framework) + 1
     np.save(files / "out.npy", attention(q, k, v, causal=True, window=(wider, 0)).output)
-    result = invoke(
-        "check",
-        "q.npy",
-        "k.npy",
-        "v.npy",
-        "--as",
-        framework,
-        "--causal",
-        "--window",
-        "4,0",
-        "--expect-output",
-        "out.npy",
-        "--format",
-        "json",
-    )
+    result = invoke("check", *given(framework), "--expect-output", "out.npy", "--format", "json")
     assert result.exit_code == ExitCode.CHECK_FAILED, result.output
     checks = {c["name"]: c for c in json.loads(result.stdout)["cases"][0]["checks"]}
     hint = checks["output.close"]["hint"]
@@ -103,7 +82,7 @@ def test_a_window_one_key_wider_is_named_in_the_users_terms(files: Path, framewo
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_frameworks_read_the_typed_window_each_in_its_terms(files: Path, framework: str) -> None:
-    args = ("q.npy", "k.npy", "v.npy", "--as", framework, "--causal", "--window", "4,0")
+    args = given(framework)
     result = invoke("compute", *args, "--frameworks", "--format", "json")
     assert result.exit_code == ExitCode.OK, result.output
     answers = json.loads(result.stdout)["frameworks"]["answers"]
@@ -115,8 +94,7 @@ def test_frameworks_read_the_typed_window_each_in_its_terms(files: Path, framewo
 
 
 def test_json_holds_the_options_as_typed_and_as_resolved(files: Path) -> None:
-    args = ("q.npy", "k.npy", "v.npy", "--as", "hf", "--causal", "--window", "4,0")
-    doc = json.loads(invoke("compute", *args, "--format", "json").stdout)
+    doc = json.loads(invoke("compute", *given("hf"), "--format", "json").stdout)
     assert doc["options"]["window"] == [3, 0]
     assert doc["options"]["causal_align"] == "lower-right"
     assert doc["options_typed"] == {"framework": "hf", "causal": True, "window": [4, 0]}
