@@ -1,29 +1,41 @@
 """Faithful exports from real attention kernels, and the bugs the gate must catch injected into them.
 
 A *case* runs a real kernel on seeded inputs and returns an `Export`: the arrays
-`sdpa check` reads (q, k, v, out, and lse and mask where the kernel gives or takes them)
-and the flags that describe the computation, as a user would write them. The kernels:
+`sdpa check` reads (q, k, v, out, and weights, lse, mask and segment ids where the kernel
+gives or takes them) and the flags that describe the computation, as a user would write
+them. The kernels:
 
 - PyTorch's CPU `scaled_dot_product_attention`, fused (`SDPBackend.FLASH_ATTENTION`, its
-  logsumexp from the same aten op) and math (`SDPBackend.MATH`), float16 and bfloat16:
-  full, causal, grouped-query, a boolean mask, and a decode-like L < S step whose causal
-  mask is lower-right (an explicit mask: torch's `is_causal` is upper-left).
+  logsumexp from the same aten op) and math (`SDPBackend.MATH`), float16, bfloat16 and
+  float32: full, causal, grouped-query, a boolean mask, a decode-like L < S step whose
+  causal mask is lower-right (an explicit mask: torch's `is_causal` is upper-left),
+  three packed documents (`--segment-ids` beside `--causal`; the kernel gets the causal
+  same-document mask) and a temperature (`--temperature 2`; the kernel gets the scale
+  (1/√E)/2).
 - Hugging Face eager attention in tiny randomly initialised models (never downloaded):
   Llama with right padding (its float mask exported as built), Mistral's sliding window,
-  Gemma 2's soft-capped logits on a sliding and a global layer, bfloat16 and float16.
-  Q, K, V after RoPE, the mask and the output before o_proj are recorded by wrapping the
-  model's `eager_attention_forward` during one forward pass.
+  Gemma 2's soft-capped logits on a sliding and a global layer, bfloat16, float16 and
+  float32; and, faithful only, the encoders BERT and ModernBERT (its local and global
+  layers) at E = 8, L = 9 with batch item 1 padded after 3 tokens, five seeds, float32
+  and float16, their weights exported too. Q, K, V after RoPE, the mask, the weights and
+  the output before o_proj are recorded by wrapping the model's `eager_attention_forward`
+  during one forward pass.
 - JAX's `dot_product_attention` (XLA), bfloat16: full, causal grouped-query, a window.
 
 Arrays are saved in sdpa's layout: Q (B, H, L, E), K and V (B, G, S, E), the output
-(B, H, L, Ev), the LSE (B, H, L). A `.npy` cannot hold bfloat16: bfloat16 tensors are
-saved as float32 (every value exactly representable) and the flags say `--dtype bfloat16`.
+(B, H, L, Ev), the weights (B, H, L, S), the LSE (B, H, L). A `.npy` cannot hold bfloat16:
+bfloat16 tensors are saved as float32 (every value exactly representable) and the flags
+say `--dtype bfloat16`.
 
 A case also runs its kernel with a bug (`run(bug)`: the scale 1/E, the mask inverted, the
-window one key wider, the causal mask upper-left) while the flags keep describing the
-intended computation; `inject` makes the bugs that live in the export itself (one head's
-output shifted, one row rolled, a bfloat16 kernel claimed to be float32).
+window one key wider, the causal mask upper-left or transposed, the packed documents
+leaking, the temperature forgotten) while the flags keep describing the intended
+computation; `inject` makes the bugs that live in the export itself (one head's output
+shifted, one row rolled, a bfloat16 kernel claimed to be float32, Q, K, V and the output
+or the output alone saved (B, L, H, E), the LSE in base 2). `HINT_NAMES` says what a hint
+that names each bug holds; `expected_exit` what `sdpa check` must exit with.
 
+`noise_cases` and `randn` are data with nothing wrong, on which sdpa must raise nothing.
 Each kernel family is skipped when its library does not import (`cases()` says which).
 """
 
@@ -31,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,10 +62,16 @@ SCALE_DK = "scale-dk"  # 1/E instead of 1/√E
 MASK_INVERTED = "mask-inverted"  # the kernel got ~mask (True read as "masked")
 WINDOW_OFF_BY_ONE = "window-off-by-one"  # one more key to the left than the window says
 CAUSAL_FLIPPED = "causal-flipped"  # upper-left (torch's is_causal) where lower-right was meant
+CAUSAL_TRANSPOSED = "causal-transposed"  # attn_mask=torch.triu(ones) where --causal (tril) is meant
+SEGMENTS_IGNORED = "segments-ignored"  # packed documents run with is_causal alone: they leak
+TEMPERATURE_FORGOTTEN = "temperature-forgotten"  # scale 1/√E where (1/√E)/T was meant
 # Bugs in the export itself.
 SHIFTS = (1, 2, 4, 8)  # one head's output + c × that head's RMS error against float64
 ROW_ROLL = "row-roll"  # one query row's output rolled by one column
 BF16_AS_F32 = "bf16-as-f32"  # a bfloat16 kernel's export claimed as float32 (no --dtype)
+LAYOUT_BSHD = "layout-bshd"  # Q, K, V and the output saved (B, L, H, E), checked as (B, H, L, E)
+OUTPUT_BSHD = "output-bshd"  # the output alone saved (B, L, H, E): refused (exit 2)
+LSE_BASE2 = "lse-base2"  # the LSE saved as log₂ Σ eˣ (lse / ln 2)
 
 
 def shift_bug(c: int) -> str:
@@ -60,10 +79,43 @@ def shift_bug(c: int) -> str:
 
 
 SHIFT_BUGS = tuple(shift_bug(c) for c in SHIFTS)
-EXPORT_BUGS = (*SHIFT_BUGS, ROW_ROLL, BF16_AS_F32)
-COMPUTED_BUGS = (SCALE_DK, MASK_INVERTED, WINDOW_OFF_BY_ONE, CAUSAL_FLIPPED)
+EXPORT_BUGS = (*SHIFT_BUGS, ROW_ROLL, BF16_AS_F32, LAYOUT_BSHD, OUTPUT_BSHD, LSE_BASE2)
+COMPUTED_BUGS = (
+    SCALE_DK,
+    MASK_INVERTED,
+    WINDOW_OFF_BY_ONE,
+    CAUSAL_FLIPPED,
+    CAUSAL_TRANSPOSED,
+    SEGMENTS_IGNORED,
+    TEMPERATURE_FORGOTTEN,
+)
 SHIFTED = (0, 1)  # (batch, head) whose output a head shift moves
 ROLLED_HEAD = (0, 0)  # (batch, head) of the rolled row; the row is L // 2
+
+# What a hint that names the bug says (a substring of it). The head shifts and the rolled
+# row have no option to name: the report names them when its diagnosis is structural and
+# places them (bench_gate.named); bf16-as-f32 is named by a hint that says bfloat16.
+HINT_NAMES: dict[str, str] = {
+    SCALE_DK: "--scale dk",
+    MASK_INVERTED: "--mask-true-means",
+    WINDOW_OFF_BY_ONE: "--window",
+    CAUSAL_FLIPPED: "--causal-align",
+    CAUSAL_TRANSPOSED: "the causal mask transposed",
+    SEGMENTS_IGNORED: "leaks across the packed documents",
+    TEMPERATURE_FORGOTTEN: "no --temperature",
+    BF16_AS_F32: "bfloat16",
+    LAYOUT_BSHD: "--layout bshd",
+    OUTPUT_BSHD: "--layout bshd",
+    LSE_BASE2: "base 2",
+}
+REFUSED = (OUTPUT_BSHD,)  # bugs sdpa must refuse as bad input (exit 2), naming the fix
+
+
+def expected_exit(bug: str | None) -> int:
+    """`sdpa check`'s right exit code: 0 for a faithful export, 1 for a bug, 2 for a refused one."""
+    if bug is None:
+        return 0
+    return 2 if bug in REFUSED else 1
 
 
 @dataclass(frozen=True)
@@ -102,6 +154,7 @@ class Case:
     name: str
     run: Callable[[str | None], Export] = field(repr=False, compare=False)
     bugs: tuple[str, ...]  # the computed bugs this case can run
+    inject: bool = True  # whether the export bugs are injected into its faithful export
 
     @property
     def key(self) -> str:
@@ -198,6 +251,16 @@ def inject(export: Export, bug: str, exact: F64) -> Export:
         # The arrays are already float32 holding bfloat16 values: only the claim changes.
         flags = tuple(_without(flags, "--dtype"))
         return replace(export, flags=flags, bug=bug)
+    elif bug == LAYOUT_BSHD:
+        # Every tensor (B, L, H, E) as FlashAttention keeps them; the LSE left out.
+        arrays = {n: _swap_middle(export.arrays[n]) for n in ("q", "k", "v", "out")}
+        return replace(export, arrays=arrays, bug=bug)
+    elif bug == OUTPUT_BSHD:
+        arrays = {**export.arrays, "out": _swap_middle(export.arrays["out"])}
+        return replace(export, arrays=arrays, bug=bug)
+    elif bug == LSE_BASE2:
+        lse = np.asarray(export.arrays["lse"], np.float64) / np.log(2.0)
+        return replace(export, arrays={**export.arrays, "lse": lse.astype(np.float32)}, bug=bug)
     else:
         raise ValueError(f"unknown export bug {bug!r}")
     arrays = {**export.arrays, "out": round_to(out, export.dtype)}
@@ -205,7 +268,30 @@ def inject(export: Export, bug: str, exact: F64) -> Export:
 
 
 def export_bugs(export: Export) -> tuple[str, ...]:
-    return tuple(b for b in EXPORT_BUGS if b != BF16_AS_F32 or export.dtype == "bfloat16")
+    """The export bugs that apply to `export`."""
+    return tuple(b for b in EXPORT_BUGS if _applies(b, export))
+
+
+def _applies(bug: str, export: Export) -> bool:
+    a = export.arrays
+    if bug == BF16_AS_F32:
+        return export.dtype == "bfloat16"
+    if bug == LSE_BASE2:
+        return "lse" in a
+    if bug == LAYOUT_BSHD:
+        # Read as (B, H, L, E), a (B, L, H, E) Q has L heads and K L' = S kv heads: a
+        # computation sdpa can run (and then fails) only when S divides L, and no mask or
+        # segment file has to be read anew.
+        n, s = a["q"].shape[-2], a["k"].shape[-2]
+        return not FILE_ARRAYS & a.keys() and n == s
+    if bug == OUTPUT_BSHD:
+        return bool(a["out"].shape[1] != a["out"].shape[2])  # else its shape says nothing
+    return True
+
+
+def _swap_middle(values: Array) -> Array:
+    """(B, H, L, E) ↔ (B, L, H, E), contiguous as a kernel writes it."""
+    return np.ascontiguousarray(np.swapaxes(values, 1, 2))
 
 
 def _without(flags: Sequence[str], option: str) -> Iterator[str]:
@@ -223,7 +309,14 @@ def _without(flags: Sequence[str], option: str) -> Iterator[str]:
 # ---------------------------------------------------------------------------- files
 
 
-FILE_OPTIONS = {"out": "--expect-output", "lse": "--expect-lse", "mask": "--mask"}
+FILE_OPTIONS = {
+    "out": "--expect-output",
+    "weights": "--expect-weights",
+    "lse": "--expect-lse",
+    "mask": "--mask",
+    "segments": "--segment-ids",
+}
+FILE_ARRAYS = frozenset({"mask", "segments"})  # arrays that describe the computation
 
 
 def save(
@@ -246,7 +339,8 @@ def save(
 
 
 def check_args(paths: Mapping[str, Path], flags: Sequence[str]) -> list[str]:
-    """`sdpa`'s arguments: check Q K V --expect-output OUT [--expect-lse] [--mask] FLAGS."""
+    """`sdpa`'s arguments: check Q K V --expect-output OUT [--expect-weights] [--expect-lse]
+    [--mask] [--segment-ids] FLAGS."""
     args = ["check", *(str(paths[n]) for n in "qkv")]
     for name, option in FILE_OPTIONS.items():
         if name in paths:
@@ -270,14 +364,18 @@ class TorchShape:
 
 
 TORCH_CASES: dict[str, tuple[TorchShape, str]] = {
-    # name: (shape, mask: "" | "causal" | "bool" | "lower-right")
+    # name: (shape, masking: "" | "causal" | "bool" | "lower-right" | "segments" | "temperature")
     "full": (TorchShape(), ""),
     "causal": (TorchShape(), "causal"),
     "gqa-causal": (TorchShape(heads=4, kv_heads=2), "causal"),
     "bool-mask": (TorchShape(batch=2), "bool"),
     "decode-lower-right": (TorchShape(length=16, keys=128), "lower-right"),
+    "packed-documents": (TorchShape(), "segments"),
+    "temperature": (TorchShape(), "temperature"),
 }
 TORCH_BACKENDS = ("flash", "math")
+SEGMENTS = (40, 50, 38)  # the packed documents' lengths: L = S = 128 tokens, ids 0, 1, 2
+TEMPERATURE = 2.0  # --temperature T: the scores divided by T, scale (1/√E)/T
 
 
 def _torch_case(backend: str, dtype: str, name: str, seed: int) -> Case:
@@ -287,8 +385,19 @@ def _torch_case(backend: str, dtype: str, name: str, seed: int) -> Case:
         bugs.append(MASK_INVERTED)
     if masking == "lower-right":
         bugs.append(CAUSAL_FLIPPED)
+    if masking == "causal":
+        bugs.append(CAUSAL_TRANSPOSED)
+    if masking == "segments":
+        bugs.append(SEGMENTS_IGNORED)
+    if masking == "temperature":
+        bugs.append(TEMPERATURE_FORGOTTEN)
     run = functools.partial(_run_torch, backend, dtype, name, seed)
     return Case(f"torch-{backend}", dtype, name, run, tuple(bugs))
+
+
+def segment_ids(lengths: Sequence[int]) -> NDArray[np.int64]:
+    """(L,): document d's id d repeated over its tokens, packed one after another."""
+    return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
 
 
 def _run_torch(backend: str, dtype: str, name: str, seed: int, bug: str | None) -> Export:
@@ -310,8 +419,10 @@ def _run_torch(backend: str, dtype: str, name: str, seed: int, bug: str | None) 
         torch.from_numpy(rng.standard_normal(dims)).to(tdtype)
         for dims in ((b, h, n, e), (b, g, s, e), (b, g, s, e))
     )
-    scale = e**-0.5
+    temperature = TEMPERATURE if masking == "temperature" else 1.0
+    scale = e**-0.5 / temperature
     flags: list[str] = []
+    files: dict[str, Array] = {}
     mask: Bool | None = None
     visible: Bool | None = None
     if masking == "causal":
@@ -320,12 +431,24 @@ def _run_torch(backend: str, dtype: str, name: str, seed: int, bug: str | None) 
     elif masking == "bool":
         # Each key kept with probability 0.8: every row keeps many keys, and so does its inverse.
         mask = rng.random((b, 1, n, s)) < 0.8
+        files["mask"] = mask
         visible = mask
     elif masking == "lower-right":
         flags += ["--causal", "--causal-align", "lower-right"]
         visible = causal_visible(n, s, "lower-right")
+    elif masking == "segments":
+        ids = segment_ids(SEGMENTS)
+        files["segments"] = ids
+        flags.append("--causal")
+        visible = causal_visible(n, s) & (ids[:, None] == ids[None, :])
+    elif masking == "temperature":
+        flags += ["--temperature", f"{TEMPERATURE:g}"]
 
-    kernel_scale = 1.0 / e if bug == SCALE_DK else scale
+    kernel_scale = scale
+    if bug == SCALE_DK:
+        kernel_scale = 1.0 / e / temperature  # 1/√E applied twice, the rest as meant
+    elif bug == TEMPERATURE_FORGOTTEN:
+        kernel_scale = e**-0.5
     is_causal = masking == "causal"
     kernel_mask: Bool | None = mask
     if bug == MASK_INVERTED:
@@ -335,6 +458,15 @@ def _run_torch(backend: str, dtype: str, name: str, seed: int, bug: str | None) 
             is_causal = True  # torch's is_causal: upper-left, j ≤ i
         else:
             kernel_mask = visible
+    if masking == "segments":
+        if bug == SEGMENTS_IGNORED:
+            is_causal = True  # the documents' boundaries forgotten
+        else:
+            kernel_mask = visible
+    if bug == CAUSAL_TRANSPOSED:
+        # torch.triu where torch.tril was meant: each query sees itself and the keys after it.
+        is_causal = False
+        kernel_mask = np.triu(np.ones((n, s), dtype=bool))
     attn_mask = None if kernel_mask is None else torch.from_numpy(np.ascontiguousarray(kernel_mask))
 
     which = {"flash": attention.SDPBackend.FLASH_ATTENTION, "math": attention.SDPBackend.MATH}
@@ -352,13 +484,11 @@ def _run_torch(backend: str, dtype: str, name: str, seed: int, bug: str | None) 
         lse = _torch_flash_lse(torch, q, k, v, attn_mask, is_causal, kernel_scale, out)
         if lse is not None:
             arrays["lse"] = lse.astype(np.float32)
-    if mask is not None:
-        arrays["mask"] = mask
     return Export(
         f"torch-{backend}",
         dtype,
         name,
-        arrays,
+        {**arrays, **files},
         (*flags, *dtype_flags(dtype)),
         Reference(scale, visible=visible),
         bug,
@@ -391,6 +521,21 @@ def torch_cases(seed: int = 17) -> list[Case]:
 # ---------------------------------------------------------------------------- Hugging Face
 
 
+HF_SIZES = {
+    "vocab_size": 256,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+    # Q and K entries of order 1 (the default 0.02 gives near-uniform weights, which hide
+    # most bugs: no check could tell a scale bug from rounding there).
+    "initializer_range": 0.1,
+}
+
+
 @dataclass(frozen=True)
 class HFModel:
     """A tiny randomly initialised model: config class, model class, module, extra config."""
@@ -401,9 +546,27 @@ class HFModel:
     extra: Mapping[str, Any]
     layers: Mapping[int, str]  # layer index → case name
     padded: bool  # right padding on batch item 1: the mask is exported as the model built it
+    sizes: Mapping[str, Any] = field(default_factory=lambda: HF_SIZES)
+    tokens: tuple[int, int, int] = (2, 64, 16)  # batch, length, padding tokens of item 1
+    dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
+    seeds: int = 1  # models built, each from its own seed (the case names number them)
+    weights: bool = False  # the attention weights exported too (--expect-weights)
+    bugs: bool = True  # its exports also run with bugs (else faithful only)
 
 
 SLIDING_WINDOW = 16  # HF's sliding_window w: a query sees itself and the w − 1 keys before it
+# Encoders as small as they come: E = 8, L = 9, the default initialisation (0.02: near-
+# uniform weights, the case where rounding and a real error are hardest to tell apart).
+ENCODER_SIZES = {
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 64,
+}
+ENCODER_TOKENS = (2, 9, 6)  # batch item 1 holds 3 tokens, then 6 of padding
+ENCODER_SEEDS = 5
 HF_MODELS: dict[str, HFModel] = {
     "llama": HFModel(
         "LlamaConfig", "LlamaForCausalLM", "llama", {}, {0: "layer0-padded-float-mask"}, True
@@ -434,21 +597,46 @@ HF_MODELS: dict[str, HFModel] = {
         {0: "layer0-sliding-softcap", 1: "layer1-global-softcap"},
         False,
     ),
+    "bert": HFModel(
+        "BertConfig",
+        "BertModel",
+        "bert",
+        {},
+        {0: "layer0-padded", 1: "layer1-padded"},
+        True,
+        ENCODER_SIZES,
+        ENCODER_TOKENS,
+        ("float32", "float16"),
+        ENCODER_SEEDS,
+        weights=True,
+        bugs=False,
+    ),
+    "modernbert": HFModel(
+        "ModernBertConfig",
+        "ModernBertModel",
+        "modernbert",
+        {
+            # Layer 0 global, layer 1 local: a window of 4 (2 keys either side), which
+            # its float mask carries with the padding.
+            "global_attn_every_n_layers": 2,
+            "local_attention": 4,
+            # Special tokens inside the tiny vocabulary (the defaults are past 50,000).
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "cls_token_id": 1,
+            "sep_token_id": 2,
+        },
+        {0: "layer0-global-padded", 1: "layer1-local-padded"},
+        True,
+        ENCODER_SIZES,
+        ENCODER_TOKENS,
+        ("float32", "float16"),
+        ENCODER_SEEDS,
+        weights=True,
+        bugs=False,
+    ),
 }
-HF_SIZES = {
-    "vocab_size": 256,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 256,
-    # Q and K entries of order 1 (the default 0.02 gives near-uniform weights, which hide
-    # most bugs: no check could tell a scale bug from rounding there).
-    "initializer_range": 0.1,
-}
-HF_BATCH, HF_LENGTH, HF_PADDING = 2, 64, 16
 
 
 @functools.cache
@@ -462,7 +650,7 @@ def _hf_forward(family: str, dtype: str, seed: int, bug: str | None) -> dict[int
     if bug == WINDOW_OFF_BY_ONE:
         extra["sliding_window"] += 1
     config = getattr(transformers, spec.config)(
-        **{**HF_SIZES, **extra}, attn_implementation="eager"
+        **{**spec.sizes, **extra}, attn_implementation="eager"
     )
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model)(config).to(getattr(torch, dtype)).eval()
@@ -473,28 +661,37 @@ def _hf_forward(family: str, dtype: str, seed: int, bug: str | None) -> dict[int
 
     records: dict[int, dict[str, Any]] = {}
     eager = modeling.eager_attention_forward
+    # Its parameters by name: ModernBERT's takes `scaling` as a required parameter, which a
+    # caller may pass by position; Llama's and BERT's default it.
+    signature = inspect.signature(eager)
 
-    def recording(
-        module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
-    ) -> Any:
-        out, weights = eager(module, query, key, value, attention_mask, **kwargs)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        out, weights = eager(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs).arguments
+        module, query = bound["module"], bound["query"]
+        options = {**bound.get("kwargs", {}), **bound}
+        scaling = options.get("scaling")
+        if scaling is None:  # the function's own default
+            scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
         records[module.layer_idx] = {
             "q": query,
-            "k": key,
-            "v": value,
-            "mask": attention_mask,
+            "k": bound["key"],
+            "v": bound["value"],
+            "mask": bound["attention_mask"],
             "out": out.transpose(1, 2),  # eager returns (B, L, H, Ev)
-            "scaling": kwargs.get("scaling", module.scaling),
-            "softcap": kwargs.get("softcap"),
-            "sliding_window": kwargs.get("sliding_window"),
+            "weights": weights,
+            "scaling": scaling,
+            "softcap": options.get("softcap"),
+            "sliding_window": options.get("sliding_window"),
         }
         return out, weights
 
+    batch, length, padded = spec.tokens
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, HF_SIZES["vocab_size"], (HF_BATCH, HF_LENGTH), generator=generator)
+    ids = torch.randint(0, spec.sizes["vocab_size"], (batch, length), generator=generator)
     padding = torch.ones_like(ids)
     if spec.padded:
-        padding[1, HF_LENGTH - HF_PADDING :] = 0
+        padding[1, length - padded :] = 0
     # The attention modules look the function up in their module's globals at each call.
     vars(modeling)["eager_attention_forward"] = recording
     try:
@@ -509,7 +706,8 @@ def _run_hf(family: str, dtype: str, layer: int, seed: int, bug: str | None) -> 
     spec = HF_MODELS[family]
     rec = _hf_forward(family, dtype, seed, bug)[layer]
     faithful = _hf_forward(family, dtype, seed, None)[layer]  # what the flags describe
-    arrays = {n: saved(rec[n].float().numpy(), dtype) for n in ("q", "k", "v", "out")}
+    names = ("q", "k", "v", "out", "weights") if spec.weights else ("q", "k", "v", "out")
+    arrays = {n: saved(rec[n].float().numpy(), dtype) for n in names}
     n, e = arrays["q"].shape[-2:]
     s = arrays["k"].shape[-2]
     scale = float(faithful["scaling"])
@@ -540,7 +738,7 @@ def _run_hf(family: str, dtype: str, layer: int, seed: int, bug: str | None) -> 
     return Export(
         f"hf-{family}",
         dtype,
-        spec.layers[layer],
+        _hf_name(spec, layer, seed),
         arrays,
         (*flags, *dtype_flags(dtype)),
         reference,
@@ -548,16 +746,25 @@ def _run_hf(family: str, dtype: str, layer: int, seed: int, bug: str | None) -> 
     )
 
 
+def _hf_name(spec: HFModel, layer: int, seed: int) -> str:
+    """The layer's case name, and the seed's number where the model is built from several."""
+    return spec.layers[layer] + (f"-seed{seed}" if spec.seeds > 1 else "")
+
+
 def hf_cases(seed: int = 17) -> list[Case]:
     cases = []
     for family, spec in HF_MODELS.items():
-        for dtype in ("bfloat16", "float16", "float32"):
-            for layer, name in spec.layers.items():
-                bugs = [SCALE_DK]
-                if "sliding_window" in spec.extra and "sliding" in name:
-                    bugs.append(WINDOW_OFF_BY_ONE)
-                run = functools.partial(_run_hf, family, dtype, layer, seed)
-                cases.append(Case(f"hf-{family}", dtype, name, run, tuple(bugs)))
+        for dtype in spec.dtypes:
+            for model_seed in range(seed, seed + spec.seeds):
+                for layer, name in spec.layers.items():
+                    bugs = [SCALE_DK] if spec.bugs else []
+                    if "sliding_window" in spec.extra and "sliding" in name:
+                        bugs.append(WINDOW_OFF_BY_ONE)
+                    run = functools.partial(_run_hf, family, dtype, layer, model_seed)
+                    key = _hf_name(spec, layer, model_seed)
+                    cases.append(
+                        Case(f"hf-{family}", dtype, key, run, tuple(bugs), inject=spec.bugs)
+                    )
     return cases
 
 
@@ -654,6 +861,28 @@ def missing(modules: Sequence[str]) -> str | None:
         except ImportError:
             return m
     return None
+
+
+NOISE_SEEDS = 4
+
+
+def noise_cases(seed: int = 101) -> list[Case]:
+    """Causal random data through PyTorch's fused kernel, float16 and float32, a few seeds:
+    faithful exports whose check must raise nothing at all (no finding, not even an info)."""
+    return [
+        Case("torch-flash", dtype, f"causal-seed{s}", functools.partial(_run_noise, dtype, s), ())
+        for dtype in ("float16", "float32")
+        for s in range(seed, seed + NOISE_SEEDS)
+    ]
+
+
+def _run_noise(dtype: str, seed: int, bug: str | None) -> Export:
+    return replace(_run_torch("flash", dtype, "causal", seed, bug), case=f"causal-seed{seed}")
+
+
+def randn(seed: int, dtype: str = "float16") -> Array:
+    """Standard normal data (1, 4, 128, 64) in `dtype`: what `sdpa inspect` must find nothing in."""
+    return np.random.default_rng(seed).standard_normal((1, 4, 128, 64)).astype(dtype)
 
 
 def cases() -> tuple[list[Case], list[str]]:
