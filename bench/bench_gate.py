@@ -1,24 +1,37 @@
 #!/usr/bin/env python3
 """The verdict benchmark: `sdpa check` passes every faithful kernel and fails
-every real bug, by default.
+every real bug, by default, and names the bug.
 
 A benchmark of verdicts, not of time. Every export of bench/gate_kernels.py (PyTorch's CPU
-SDPA fused and math, Hugging Face eager attention in tiny random Llama, Mistral and
-Gemma 2 models, JAX's XLA attention; float16 and bfloat16) is checked as a user would
-check it, with no tolerance flag:
+SDPA fused and math, Hugging Face eager attention in tiny random Llama, Mistral, Gemma 2,
+BERT and ModernBERT models, JAX's XLA attention; float16, bfloat16 and float32) is checked
+as a user would check it, with no tolerance flag:
 
-    sdpa check q.npy k.npy v.npy --expect-output out.npy [--expect-lse lse.npy]
-        [--mask mask.npy] FLAGS --format json
+    sdpa check q.npy k.npy v.npy --expect-output out.npy [--expect-weights w.npy]
+        [--expect-lse lse.npy] [--mask mask.npy] [--segment-ids ids.npy] FLAGS --format json
 
 and so is every bug injected into it: one head's output shifted by c × its RMS error
 against float64 (c = 1, 2, 4, 8), one query row rolled by a column, the scale 1/d_k, the
-mask inverted, the window off by one, the causal alignment flipped (L < S), a bfloat16
-kernel claimed to be float32. A faithful export should pass (exit 0), a bug should fail
-(exit 1).
+mask inverted, the window off by one, the causal alignment flipped (L < S), the causal
+mask transposed (triu), packed documents leaking into one another, the temperature
+forgotten, a bfloat16 kernel claimed to be float32, Q, K, V and the output saved
+(B, L, H, E), the output alone saved so, and an LSE in base 2. A faithful export should
+pass (exit 0), a bug should fail (exit 1), an output saved (B, L, H, E) beside
+(B, H, L, E) inputs should be refused (exit 2). Each caught bug is *named* when a hint
+says what it is (gate_kernels.HINT_NAMES) or, for a head shift or a rolled row, which no
+option explains, when the JSON's diagnosis says structural and places it.
 
-It prints a confusion table per kernel and dtype, every wrong verdict with its checks and
-hints, per dtype the smallest head shift caught, and a Markdown table for the README. It
-exits 0 only when no faithful export fails and no bug passes (and no run errs).
+Noise runs must raise nothing: causal random data through the fused kernel (no finding
+at all in the JSON), `sdpa inspect` of float16 random data (no overflow, flush,
+subnormal, NaN or inf counted), and a captured tiny Llama's manifest (no WARN without a
+reason in the table). And no failed comparison diagnosed structural may be offered a
+--fudge (its passing_factor must be null).
+
+It prints a confusion table per kernel and dtype, a table per bug (caught, named), the
+noise table, every wrong verdict, false alarm and unnamed bug with its hints and
+diagnosis, per dtype the smallest head shift caught, and Markdown tables for the
+documentation. It exits 0 only when no faithful export fails, no bug passes, no noise
+run raises anything, no structural error is offered a --fudge, and no run errs.
 
     .venv/bin/python bench/bench_gate.py
     .venv/bin/python bench/bench_gate.py --only torch-flash --only '*/bfloat16/*'
@@ -34,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -66,15 +80,15 @@ class Run:
     case: str
     bug: str | None  # None: the faithful export
     args: list[str]
+    expected: int = 0  # the right exit code (gate_kernels.expected_exit)
+    place: tuple[tuple[int, int], int | None] | None = None  # where a shift or roll is
     exit_code: int | None = None
     said: list[dict[str, Any]] = field(default_factory=list)  # failed checks, else the .close ones
     warned: list[str] = field(default_factory=list)
-    hints: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)  # "check: hint"; a refusal's stderr line
+    diagnoses: list[dict[str, Any]] = field(default_factory=list)  # of failed .close checks
+    findings: list[str] = field(default_factory=list)  # "severity kind: message"
     error: str = ""  # stderr, or why there is no JSON
-
-    @property
-    def expected(self) -> int:
-        return 0 if self.bug is None else 1
 
     @property
     def right(self) -> bool:
@@ -83,14 +97,52 @@ class Run:
     @property
     def outcome(self) -> str:
         """passed or failed (a faithful export), caught or missed (a bug), or error."""
-        if self.exit_code not in (0, 1):
-            return "error"
         if self.bug is None:
-            return "passed" if self.exit_code == 0 else "failed"
-        return "caught" if self.exit_code == 1 else "missed"
+            return {0: "passed", 1: "failed"}.get(self.exit_code, "error")  # type: ignore[arg-type]
+        if self.right:
+            return "caught"
+        return "missed" if self.exit_code == 0 else "error"
+
+    @property
+    def named(self) -> bool:
+        """Whether a caught bug is named: by its hint, or by a structural diagnosis that
+        places it (a head shift: its slice alone; a rolled row: its slice and row)."""
+        if self.outcome != "caught" or self.bug is None:
+            return False
+        words = gk.HINT_NAMES.get(self.bug)
+        if words is not None:
+            return any(words in h for h in self.hints)
+        if self.place is None:
+            return False
+        where, row = self.place
+        for d in self.diagnoses:
+            diagnosis = d.get("diagnosis") or {}
+            if diagnosis.get("error") != "structural" or diagnosis.get("slices") != [list(where)]:
+                continue
+            rows = diagnosis.get("rows") or []
+            if row is None or any(a <= row <= b for a, b in rows):
+                return True
+        return False
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "expected": self.expected, "outcome": self.outcome}
+        return {**asdict(self), "outcome": self.outcome, "named": self.named}
+
+
+@dataclass
+class Noise:
+    """A run on data with nothing wrong, and anything it raised: a false alarm."""
+
+    name: str  # noise/SOURCE/...
+    source: str  # check, inspect or manifest
+    args: list[str]
+    exit_code: int | None = None
+    raised: list[str] = field(default_factory=list)
+    detail: list[str] = field(default_factory=list)  # what a raised WARN stands for
+    error: str = ""
+
+    @property
+    def quiet(self) -> bool:
+        return self.exit_code == 0 and not self.raised and not self.error
 
 
 @dataclass
@@ -164,7 +216,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def build(case: gk.Case, root: Path, wanted: Any) -> tuple[Built | None, list[Run]]:
     """The case's faithful export, its bugs, written under root; the runs --only keeps."""
     names = [f"{case.key}/faithful"]
-    names += [f"{case.key}/{b}" for b in (*gk.EXPORT_BUGS, *case.bugs)]
+    names += [f"{case.key}/{b}" for b in (*(gk.EXPORT_BUGS if case.inject else ()), *case.bugs)]
     if not any(wanted(n) for n in names):
         return None, []
     progress(f"building {case.key}")
@@ -173,7 +225,8 @@ def build(case: gk.Case, root: Path, wanted: Any) -> tuple[Built | None, list[Ru
     folder = root / case.key
     paths = gk.save(faithful, folder / "faithful")
     exports = [faithful]
-    exports += [gk.inject(faithful, b, exact) for b in gk.export_bugs(faithful)]
+    if case.inject:
+        exports += [gk.inject(faithful, b, exact) for b in gk.export_bugs(faithful)]
     exports += [case.run(b) for b in case.bugs if wanted(f"{case.key}/{b}")]
     runs = []
     for export in exports:
@@ -185,7 +238,18 @@ def build(case: gk.Case, root: Path, wanted: Any) -> tuple[Built | None, list[Ru
             else gk.save(export, folder / str(export.bug), (faithful, paths))
         )
         args = [*gk.check_args(mine, export.flags), "--format", "json"]
-        runs.append(Run(export.name, export.kernel, export.dtype, export.case, export.bug, args))
+        runs.append(
+            Run(
+                export.name,
+                export.kernel,
+                export.dtype,
+                export.case,
+                export.bug,
+                args,
+                expected=gk.expected_exit(export.bug),
+                place=place(export),
+            )
+        )
     built = Built(
         faithful.name,
         {n: list(a.shape) for n, a in faithful.arrays.items()},
@@ -196,35 +260,116 @@ def build(case: gk.Case, root: Path, wanted: Any) -> tuple[Built | None, list[Ru
     return built, runs
 
 
+def place(export: gk.Export) -> tuple[tuple[int, int], int | None] | None:
+    """Where a head shift or a rolled row sits: its (batch, head), and the rolled row."""
+    if export.bug in gk.SHIFT_BUGS:
+        return gk.SHIFTED, None
+    if export.bug == gk.ROW_ROLL:
+        return gk.ROLLED_HEAD, int(export.arrays["out"].shape[-2]) // 2
+    return None
+
+
+NOISE_SCRIPT = Path(__file__).resolve().parents[1] / "samples" / "capture" / "tiny_llama.py"
+
+
+def build_noise(root: Path, wanted: Any, sdpa: str) -> tuple[list[Noise], list[str]]:
+    """The noise runs --only keeps (their data written under root), and a line per source
+    skipped."""
+    noise: list[Noise] = []
+    skipped: list[str] = []
+    if gk.missing(("torch",)) is None:
+        for case in gk.noise_cases():
+            name = f"noise/check/{case.key}"
+            if not wanted(name):
+                continue
+            progress(f"building {name}")
+            export = case.run(None)
+            paths = gk.save(export, root / "noise" / case.key)
+            args = [*gk.check_args(paths, export.flags), "--format", "json"]
+            noise.append(Noise(name, "check", args))
+    else:
+        skipped.append("noise/check: skipped, torch does not import")
+    for seed in range(gk.NOISE_SEEDS):
+        name = f"noise/inspect/float16-randn-seed{seed}"
+        if wanted(name):
+            path = root / "noise" / f"randn-{seed}.npy"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(path, gk.randn(seed))
+            noise.append(Noise(name, "inspect", ["inspect", str(path), "--format", "json"]))
+    name = "noise/manifest/tiny-llama"
+    if wanted(name):
+        absent = gk.missing(("torch", "transformers"))
+        if absent is not None:
+            skipped.append(f"{name}: skipped, {absent} does not import")
+        else:
+            progress(f"capturing {NOISE_SCRIPT.name}")
+            out = root / "noise" / "capture"
+            capture = [sdpa, "capture", "--out", str(out), "--replace", "--", str(NOISE_SCRIPT)]
+            proc = subprocess.run(capture, capture_output=True, text=True, check=False)
+            args = ["check", "--manifest", str(out / "manifest.yaml")]
+            found = Noise(name, "manifest", args)
+            if proc.returncode != 0:
+                found.error = f"sdpa capture: exit {proc.returncode}: {proc.stderr.strip()[-500:]}"
+            noise.append(found)
+    return noise, skipped
+
+
 # ---------------------------------------------------------------------------- running
+
+
+def sdpa_run(sdpa: str, args: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
+    """`sdpa ARGS` without color or annotations; None when it ran past 600 s."""
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
+    env.pop("GITHUB_ACTIONS", None)  # no annotations on stderr
+    try:
+        return subprocess.run(
+            [sdpa, *args], capture_output=True, text=True, env=env, check=False, timeout=600
+        )
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def check(sdpa: str, run: Run) -> Run:
     """Run `sdpa check` and read its exit code and JSON report."""
-    env = {**os.environ, "NO_COLOR": "1"}
-    env.pop("GITHUB_ACTIONS", None)  # no annotations on stderr
-    try:
-        proc = subprocess.run(
-            [sdpa, *run.args], capture_output=True, text=True, env=env, check=False, timeout=600
-        )
-    except subprocess.TimeoutExpired:
+    proc = sdpa_run(sdpa, run.args)
+    if proc is None:
         run.error = "killed after 600 s"
         return run
     run.exit_code = proc.returncode
+    if proc.returncode == 2 and run.expected == 2:
+        # A refused export: its hint is the one-line error.
+        run.hints = [line for line in proc.stderr.strip().splitlines()[-1:]]
+        return run
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
         run.error = (proc.stderr.strip() or proc.stdout.strip() or "no output")[-2000:]
         return run
-    checks = [c for case in report.get("cases", []) for c in case["checks"]]
+    read_report(run, report)
+    if proc.returncode not in (0, 1):
+        run.error = proc.stderr.strip()[-2000:]
+    return run
+
+
+def read_report(run: Run, report: dict[str, Any]) -> None:
+    """The failed checks, hints, diagnoses and findings of `sdpa check`'s JSON."""
+    cases = report.get("cases", [])
+    checks = [c for case in cases for c in case["checks"]]
     for c in checks:
         hint = c.get("hint")
         if hint:
             run.hints.append(f"{c['name']}: {hint}")
         if c.get("status") == "fail" or c.get("passed") is False:
             run.said.append({"name": c["name"], "summary": c.get("summary"), "hint": hint})
+            if c["name"].endswith(".close"):
+                run.diagnoses.append(diagnosed(c))
         elif c.get("status") == "warn":
             run.warned.append(c["name"])
+    run.findings = [
+        f"{f.get('severity')} {f.get('kind')}: {f.get('message')}"
+        for case in cases
+        for f in case.get("findings") or []
+    ]
     # What the close checks said when they passed: the margin of a missed bug.
     if run.exit_code == 0:
         run.said = [
@@ -232,9 +377,102 @@ def check(sdpa: str, run: Run) -> Run:
             for c in checks
             if c["name"].endswith(".close")
         ]
-    if proc.returncode not in (0, 1):
-        run.error = proc.stderr.strip()[-2000:]
-    return run
+
+
+def diagnosed(c: dict[str, Any]) -> dict[str, Any]:
+    """A failed .close check's diagnosis and the --fudge it offers (mismatch.passing_factor)."""
+    details = c.get("details") or {}
+    mismatch = c.get("mismatch") or details.get("mismatch") or {}
+    return {
+        "name": c["name"],
+        "diagnosis": c.get("diagnosis") or details.get("diagnosis"),
+        "passing_factor": mismatch.get("passing_factor"),
+        "summary": c.get("summary"),
+        "hint": c.get("hint"),
+    }
+
+
+def fudged(run: Run) -> list[dict[str, Any]]:
+    """The run's failed comparisons diagnosed structural and still offered a --fudge."""
+    found = []
+    for d in run.diagnoses:
+        if (d["diagnosis"] or {}).get("error") != "structural":
+            continue
+        said = f"{d['summary'] or ''} {d['hint'] or ''}"
+        if d["passing_factor"] is not None or "--fudge" in said:
+            found.append(d)
+    return found
+
+
+def listen(sdpa: str, noise: Noise) -> Noise:
+    """Run a noise command; whatever it raises is a false alarm."""
+    if noise.error:  # its data could not be made
+        return noise
+    proc = sdpa_run(sdpa, noise.args)
+    if proc is None:
+        noise.error = "killed after 600 s"
+        return noise
+    noise.exit_code = proc.returncode
+    if proc.returncode != 0:
+        noise.error = proc.stderr.strip()[-2000:]
+    if noise.source == "manifest":
+        noise.raised = unexplained_warnings(proc.stdout)
+        if noise.raised:
+            again = sdpa_run(sdpa, [*noise.args, "--format", "json"])
+            if again is not None and again.stdout:
+                noise.detail = finding_kinds(json.loads(again.stdout))
+        return noise
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        noise.error = noise.error or "no JSON on stdout"
+        return noise
+    if noise.source == "check":
+        run = Run(noise.name, "", "", "", None, noise.args, exit_code=proc.returncode)
+        read_report(run, report)
+        noise.raised = [f"{name}: warn" for name in run.warned] + run.findings
+        noise.raised += [f"{c['name']}: {c['summary']}" for c in run.said if run.exit_code]
+    else:
+        noise.raised = inspected(report)
+    return noise
+
+
+def unexplained_warnings(table: str) -> list[str]:
+    """The rows of `sdpa check --manifest`'s table that say WARN or FAIL and nothing else."""
+    found = []
+    for line in table.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) >= 3 and cells[1] in ("WARN", "FAIL") and len(cells) < 4:
+            found.append(f"{cells[0]}: {cells[1]} without a reason")
+    return found
+
+
+def finding_kinds(report: dict[str, Any]) -> list[str]:
+    """Per case of a JSON report, its findings' counts by kind."""
+    return [
+        f"{case['name']}: "
+        + ", ".join(f"{n} {kind}" for kind, n in (case.get("finding_counts") or {}).items())
+        for case in report.get("cases", [])
+        if case.get("finding_counts")
+    ]
+
+
+def inspected(report: dict[str, Any]) -> list[str]:
+    """What `sdpa inspect --format json` counts against a tensor: non-finite values, and
+    what a cast to each format would overflow, flush to zero or leave subnormal."""
+    raised = []
+    for f in report.get("files", []):
+        for t in f.get("tensors", []):
+            counts = [f"{t[k]} {k}" for k in ("nan", "posinf", "neginf") if t.get(k)]
+            for fmt, room in (t.get("headroom") or {}).items():
+                own = " (its own format)" if fmt == t.get("dtype") else ""
+                counts += [
+                    f"{room[k]} {k} in {fmt}{own}"
+                    for k in ("overflow", "flush", "subnormal")
+                    if room.get(k)
+                ]
+            raised += [f"{t['name']}: {c}" for c in counts]
+    return raised
 
 
 # ---------------------------------------------------------------------------- report
@@ -287,16 +525,64 @@ def _confusion_row(kernel: str, dtype: str, runs: Sequence[Run]) -> list[str]:
     ]
 
 
-def per_bug(runs: Sequence[Run]) -> str:
+def per_bug(runs: Sequence[Run]) -> list[list[str]]:
+    """Per bug: runs, caught, missed, errors, named (of the caught), and what names it."""
     kinds: dict[str, list[Run]] = {}
     for r in runs:
-        kinds.setdefault(r.bug or "faithful", []).append(r)
+        if r.bug is not None:
+            kinds.setdefault(r.bug, []).append(r)
     rows = []
     for kind, rs in kinds.items():
-        right = sum(r.right for r in rs)
-        hinted = sum(bool(r.hints) for r in rs if r.right)
-        rows.append([kind, str(len(rs)), str(right), str(len(rs) - right), str(hinted)])
-    return render_table(["export", "runs", "right", "wrong", "right, with a hint"], rows)
+        outcomes = [r.outcome for r in rs]
+        caught = outcomes.count("caught")
+        rows.append(
+            [
+                kind,
+                str(len(rs)),
+                str(caught),
+                str(outcomes.count("missed")),
+                str(outcomes.count("error")),
+                f"{sum(r.named for r in rs)}/{caught}",
+                naming(kind),
+            ]
+        )
+    return rows
+
+
+BUG_HEADERS = ["bug", "runs", "caught", "missed", "errors", "named", "named by"]
+
+
+def naming(bug: str) -> str:
+    """What names the bug: the words its hint must hold, or the diagnosis's place."""
+    words = gk.HINT_NAMES.get(bug)
+    if words is not None:
+        return f'hint: "{words}"'
+    if bug == gk.ROW_ROLL:
+        return "diagnosis: structural, its slice and row"
+    return "diagnosis: structural, its slice alone"
+
+
+def noise_rows(noise: Sequence[Noise]) -> list[list[str]]:
+    """Per source: runs, quiet, false alarms, and the first thing raised."""
+    sources: dict[str, list[Noise]] = {}
+    for n in noise:
+        sources.setdefault(n.source, []).append(n)
+    rows = []
+    for source, ns in sources.items():
+        loud = [n for n in ns if not n.quiet]
+        first = next((n.raised[0] if n.raised else n.error for n in loud), "")
+        rows.append(
+            [NOISE_SOURCES[source], str(len(ns)), str(len(ns) - len(loud)), str(len(loud)), first]
+        )
+    return rows
+
+
+NOISE_HEADERS = ["noise", "runs", "quiet", "false alarms", "first raised"]
+NOISE_SOURCES = {
+    "check": "check, causal random data (torch fused): no finding",
+    "inspect": "inspect, float16 random data: nothing counted",
+    "manifest": "check --manifest, a captured tiny Llama: no WARN without a reason",
+}
 
 
 def shift_table(runs: Sequence[Run]) -> tuple[str, dict[str, int | None]]:
@@ -338,19 +624,59 @@ def wrong_verdicts(runs: Sequence[Run], min_shift: int, commands: bool) -> list[
             continue
         what = {"failed": "FALSE FAIL", "missed": "FALSE PASS", "error": "ERROR"}[r.outcome]
         note = "" if counted(r, min_shift) else f" (below --min-shift {min_shift}: not counted)"
-        lines.append(f"  {what} {r.name}: exit {r.exit_code}{note}")
-        for c in r.said:
-            lines.append(f"      {c['name']}: {c['summary']}")
-            if c.get("hint"):
-                lines.append(f"      hint: {c['hint']}")
-        if r.error:
-            lines.append(f"      {r.error.splitlines()[-1]}")
-        if commands:
-            lines.append(f"      sdpa {' '.join(r.args)}")
+        lines.append(f"  {what} {r.name}: exit {r.exit_code}, expected {r.expected}{note}")
+        lines += _said(r, commands)
     return lines
 
 
-def markdown(runs: Sequence[Run], smallest: dict[str, int | None]) -> str:
+def unnamed(runs: Sequence[Run], commands: bool) -> list[str]:
+    """Every caught bug no hint or diagnosis names, with what the report said."""
+    lines = []
+    for r in runs:
+        if r.outcome != "caught" or r.named:
+            continue
+        lines.append(f"  UNNAMED {r.name}: wanted {naming(str(r.bug))}")
+        lines += _said(r, commands)
+        for d in r.diagnoses:
+            lines.append(f"      {d['name']} diagnosis: {json.dumps(d['diagnosis'])}")
+    return lines
+
+
+def _said(r: Run, commands: bool) -> list[str]:
+    lines = []
+    for c in r.said:
+        lines.append(f"      {c['name']}: {c['summary']}")
+        if c.get("hint"):
+            lines.append(f"      hint: {c['hint']}")
+    if r.expected == 2 and r.hints:
+        lines.append(f"      stderr: {r.hints[0]}")
+    elif r.error:
+        lines.append(f"      {r.error.splitlines()[-1]}")
+    if commands:
+        lines.append(f"      sdpa {' '.join(r.args)}")
+    return lines
+
+
+def false_alarms(noise: Sequence[Noise], commands: bool) -> list[str]:
+    lines = []
+    for n in noise:
+        if n.quiet:
+            continue
+        lines.append(f"  FALSE ALARM {n.name}: exit {n.exit_code}")
+        lines += [f"      {x}" for x in n.raised[:8]]
+        if len(n.raised) > 8:
+            lines.append(f"      … and {len(n.raised) - 8} more")
+        lines += [f"      findings: {x}" for x in n.detail]
+        if n.error:
+            lines.append(f"      {n.error.splitlines()[-1]}")
+        if commands:
+            lines.append(f"      sdpa {' '.join(n.args)}")
+    return lines
+
+
+def markdown(
+    runs: Sequence[Run], smallest: dict[str, int | None], noise: Sequence[Noise] = ()
+) -> str:
     groups: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
         groups.setdefault((r.kernel, r.dtype), []).append(r)
@@ -371,6 +697,13 @@ def markdown(runs: Sequence[Run], smallest: dict[str, int | None]) -> str:
         rows.append(row(kernel, dtype, rs, times(caught_from(shifts))))
     total = ", ".join(f"{d}: {times(c)}" for d, c in smallest.items())
     rows.append(row("**all**", "", runs, total or "-"))
+    rows += ["", "| bug | caught | named | named by |", "|---|---|---|---|"]
+    for bug, n, caught, _missed, _errors, named, by in per_bug(runs):
+        rows.append(f"| {bug} | {caught} of {n} | {named.replace('/', ' of ')} | {by} |")
+    if noise:
+        rows += ["", "| noise | quiet | false alarms |", "|---|---|---|"]
+        for source, n, quiet, loud, _first in noise_rows(noise):
+            rows.append(f"| {source} | {quiet} of {n} | {loud} |")
     return "\n".join(rows)
 
 
@@ -388,9 +721,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(", ".join(f"{m} {v or 'not importable'}" for m, v in found.items()))
     print(f"sdpa: {args.sdpa}; every check with no tolerance flag")
     cases, skipped = gk.cases()
-    for line in skipped:
-        print(line)
-    print(flush=True)
 
     built: list[Built] = []
     runs: list[Run] = []
@@ -401,13 +731,83 @@ def main(argv: Sequence[str] | None = None) -> int:
             if b is not None:
                 built.append(b)
             runs += rs
-        if not runs:
+        noise, quiet_skipped = build_noise(root, wanted, args.sdpa)
+        skipped += quiet_skipped
+        for line in skipped:
+            print(line)
+        print(flush=True)
+        if not runs and not noise:
             print(f"nothing matches --only {' '.join(args.only or [])}")
             return 0
-        progress(f"checking {len(runs)} exports, {args.workers} at a time")
+        progress(
+            f"checking {len(runs)} exports and {len(noise)} noise runs, {args.workers} at a time"
+        )
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
             runs = list(pool.map(lambda r: check(args.sdpa, r), runs))
+            noise = list(pool.map(lambda n: listen(args.sdpa, n), noise))
 
+    smallest = report(args, built, runs, noise)
+    counts = tally(runs, noise, args.min_shift)
+    print(
+        f"faithful exports passed: {counts['passed']} of {counts['faithful']}; bugs caught: "
+        f"{counts['caught']} of {counts['bugs']}, named {counts['named']}; noise runs quiet: "
+        f"{counts['quiet']} of {len(noise)}"
+    )
+    extra = (
+        f" ({counts['uncounted']} head shifts below {args.min_shift}× missed, not counted)"
+        if counts["uncounted"]
+        else ""
+    )
+    print(
+        f"false failures: {counts['false_fail']}; false passes: {counts['false_pass']}{extra}; "
+        f"false alarms: {counts['false_alarms']}; structural errors offered a --fudge: "
+        f"{counts['fudged']}; errors: {counts['errors']}"
+    )
+
+    if args.json is not None:
+        dump = {
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), **found},
+            "sdpa": args.sdpa,
+            "min_shift": args.min_shift,
+            "skipped": skipped,
+            "exports": [asdict(b) for b in built],
+            "runs": [r.to_json() for r in runs],
+            "noise": [{**asdict(n), "quiet": n.quiet} for n in noise],
+            "smallest_shift_caught": smallest,
+            "counts": counts,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(dump, indent=2, default=_json_default) + "\n")
+        progress(f"wrote {args.json}")
+    failures = ("false_fail", "false_pass", "false_alarms", "fudged", "errors")
+    return 0 if not any(counts[k] for k in failures) else 1
+
+
+def tally(runs: Sequence[Run], noise: Sequence[Noise], min_shift: int) -> dict[str, int]:
+    """The counts of the last lines and of the exit code."""
+    faithful = [r for r in runs if r.bug is None]
+    bugs = [r for r in runs if r.bug is not None]
+    return {
+        "faithful": len(faithful),
+        "passed": sum(r.outcome == "passed" for r in faithful),
+        "bugs": len(bugs),
+        "caught": sum(r.outcome == "caught" for r in bugs),
+        "named": sum(r.named for r in bugs),
+        "quiet": sum(n.quiet for n in noise),
+        "false_fail": sum(r.outcome == "failed" for r in faithful),
+        "false_pass": sum(r.outcome == "missed" and counted(r, min_shift) for r in bugs),
+        "uncounted": sum(r.outcome == "missed" and not counted(r, min_shift) for r in bugs),
+        "false_alarms": sum(not n.quiet for n in noise),
+        "fudged": sum(len(fudged(r)) for r in runs),
+        "errors": sum(r.outcome == "error" for r in runs),
+    }
+
+
+def report(
+    args: argparse.Namespace, built: Sequence[Built], runs: Sequence[Run], noise: Sequence[Noise]
+) -> dict[str, int | None]:
+    """Print the tables and lists; return the smallest head shift caught per dtype."""
+    commands = args.keep is not None
     print("Faithful exports (error: the largest head's RMS error against float64 ÷ its RMS):")
     rows = [
         [
@@ -424,59 +824,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("Verdicts per kernel and dtype (faithful: passed / failed; bugs: caught / missed):")
     print(confusion(runs))
     print()
-    print("Verdicts per export:")
-    print(per_bug(runs))
+    print("Verdicts per bug (named: of those caught, how many a hint or diagnosis names):")
+    print(render_table(BUG_HEADERS, per_bug(runs)))
     print()
     table, smallest = shift_table(runs)
     print("One head shifted by c × its RMS error against float64: caught / runs")
     print(table)
     print()
-    wrong = wrong_verdicts(runs, args.min_shift, commands=args.keep is not None)
-    if wrong:
-        print("Wrong verdicts:")
-        print("\n".join(wrong))
-        if args.keep is None:
-            print("  (--keep DIR keeps the exports and prints each command to rerun)")
-    else:
-        print("Wrong verdicts: none")
+    print("Noise (data with nothing wrong: anything raised is a false alarm):")
+    print(render_table(NOISE_HEADERS, noise_rows(noise)) if noise else "  none run")
     print()
-    print("Verdicts (Markdown, for the README):")
+    sections = [
+        ("Wrong verdicts", wrong_verdicts(runs, args.min_shift, commands)),
+        ("False alarms", false_alarms(noise, commands)),
+        ("Caught but not named", unnamed(runs, commands)),
+        ("Structural errors offered a --fudge", fudge_lines(runs)),
+    ]
+    for title, lines in sections:
+        print(f"{title}: {'none' if not lines else ''}".rstrip())
+        if lines:
+            print("\n".join(lines))
+        print()
+    if not commands and any(lines for _, lines in sections):
+        print("(--keep DIR keeps the exports and prints each command to rerun)")
+        print()
+    print("Verdicts (Markdown, for the documentation):")
     print()
-    print(markdown(runs, smallest))
+    print(markdown(runs, smallest, noise))
     print()
+    return smallest
 
-    faithful = [r for r in runs if r.bug is None]
-    bugs = [r for r in runs if r.bug is not None]
-    false_fail = sum(r.outcome == "failed" for r in faithful)
-    false_pass = sum(r.outcome == "missed" and counted(r, args.min_shift) for r in bugs)
-    uncounted = sum(r.outcome == "missed" and not counted(r, args.min_shift) for r in bugs)
-    errors = sum(r.outcome == "error" for r in runs)
-    passed = sum(r.outcome == "passed" for r in faithful)
-    caught = sum(r.outcome == "caught" for r in bugs)
-    print(
-        f"faithful exports passed: {passed} of {len(faithful)}; bugs caught: {caught} of {len(bugs)}"
-    )
-    extra = (
-        f" ({uncounted} head shifts below {args.min_shift}× missed, not counted)"
-        if uncounted
-        else ""
-    )
-    print(f"false failures: {false_fail}; false passes: {false_pass}{extra}; errors: {errors}")
 
-    if args.json is not None:
-        dump = {
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), **found},
-            "sdpa": args.sdpa,
-            "min_shift": args.min_shift,
-            "skipped": skipped,
-            "exports": [asdict(b) for b in built],
-            "runs": [r.to_json() for r in runs],
-            "smallest_shift_caught": smallest,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(dump, indent=2, default=_json_default) + "\n")
-        progress(f"wrote {args.json}")
-    return 0 if false_fail == false_pass == errors == 0 else 1
+def fudge_lines(runs: Sequence[Run]) -> list[str]:
+    lines = []
+    for r in runs:
+        for d in fudged(r):
+            lines.append(
+                f"  {r.name} {d['name']}: passing_factor {d['passing_factor']}, "
+                f"diagnosis {json.dumps(d['diagnosis'])}"
+            )
+    return lines
 
 
 def _json_default(value: Any) -> Any:

@@ -159,3 +159,115 @@ def test_the_launcher_kills_a_command_past_its_time_limit() -> None:
     assert proc.killed == "timeout"
     assert proc.wall_s < 10
     assert procs.process_failure(proc, limits, (0,)).startswith("killed after")
+
+
+# ---------------------------------------------------------------------------- bench_gate
+
+
+def gate_run(bug: str | None, exit_code: int, **kw: Any) -> Any:
+    """A bench_gate.Run of `bug` that exited `exit_code`, as its report left it."""
+    gate, gk = load("bench_gate"), load("gate_kernels")
+    run = gate.Run("k/d/c/x", "k", "d", "c", bug, [], expected=gk.expected_exit(bug), **kw)
+    run.exit_code = exit_code
+    return run
+
+
+def structural(slices: list[list[int]], rows: list[list[int]]) -> dict[str, Any]:
+    return {"error": "structural", "slices": slices, "rows": rows, "where": "..."}
+
+
+def test_gate_a_refused_export_is_caught_only_by_exit_2() -> None:
+    gk = load("gate_kernels")
+    refused = gate_run(gk.OUTPUT_BSHD, 2, hints=["sdpa: error: ... pass --layout bshd"])
+    assert (refused.outcome, refused.named) == ("caught", True)
+    assert gate_run(gk.OUTPUT_BSHD, 1).outcome == "error"
+    assert gate_run(gk.OUTPUT_BSHD, 0).outcome == "missed"
+    assert gate_run(gk.SCALE_DK, 2).outcome == "error"
+    assert gate_run(None, 1).outcome == "failed"
+    assert gate_run(None, 3).outcome == "error"
+
+
+def test_gate_a_bug_is_named_by_its_hint_or_by_where_the_diagnosis_puts_it() -> None:
+    gk = load("gate_kernels")
+    hinted = gate_run(gk.SCALE_DK, 1, hints=["output.close: ... with --scale dk (scale 1/E)"])
+    assert hinted.named
+    assert not gate_run(gk.SCALE_DK, 1, hints=["output.close: --scale none"]).named
+    assert not gate_run(gk.SCALE_DK, 0, hints=["output.close: --scale dk"]).named  # missed
+
+    def shift(slices: list[list[int]]) -> Any:
+        diagnoses = [{"name": "output.close", "diagnosis": structural(slices, [[0, 127]])}]
+        return gate_run(gk.shift_bug(4), 1, place=(gk.SHIFTED, None), diagnoses=diagnoses)
+
+    assert shift([list(gk.SHIFTED)]).named
+    assert not shift([[0, 0], list(gk.SHIFTED)]).named  # every slice blamed: not placed
+
+    def roll(rows: list[list[int]]) -> Any:
+        diagnoses = [{"name": "output.close", "diagnosis": structural([[0, 0]], rows)}]
+        return gate_run(gk.ROW_ROLL, 1, place=(gk.ROLLED_HEAD, 64), diagnoses=diagnoses)
+
+    assert roll([[64, 64]]).named
+    assert not roll([[10, 12]]).named
+
+
+def test_gate_a_structural_error_offered_a_fudge_is_counted() -> None:
+    gate = load("bench_gate")
+    check = {"name": "output.close", "summary": "...", "hint": None}
+    rounding = {**check, "diagnosis": {"error": "rounding"}, "passing_factor": 3.0}
+    honest = {**check, "diagnosis": structural([[0, 1]], []), "passing_factor": None}
+    fudged = {**check, "diagnosis": structural([[0, 1]], []), "passing_factor": 40.0}
+    told = {**honest, "hint": "would pass with --fudge 40"}
+    run = gate_run("head-shift-8", 1, diagnoses=[rounding, honest, fudged, told])
+    assert gate.fudged(run) == [fudged, told]
+    # As the JSON has it: the diagnosis beside the mismatch, or both under details.
+    nested = {"name": "lse.close", "details": {"diagnosis": {"error": "structural"}}}
+    assert gate.diagnosed(nested)["diagnosis"] == {"error": "structural"}
+    assert gate.diagnosed(nested)["passing_factor"] is None
+
+
+def test_gate_noise_reads_warnings_without_a_reason_and_inspect_counts() -> None:
+    gate = load("bench_gate")
+    table = "\n".join(
+        [
+            " case        result   checks   first failure",
+            " ─────────────────────────────────────────────",
+            " layers.0    WARN        8/8",
+            " layers.1    WARN        8/8   output.close: 3 of 9 beyond",
+            " layers.2    PASS        8/8",
+        ]
+    )
+    assert gate.unexplained_warnings(table) == ["layers.0: WARN without a reason"]
+    tensor = {
+        "name": "x",
+        "dtype": "float16",
+        "nan": 0,
+        "posinf": 1,
+        "neginf": 0,
+        "headroom": {
+            "float16": {"overflow": 0, "flush": 0, "subnormal": 2},
+            "bfloat16": {"overflow": 0, "flush": 0, "subnormal": 0},
+        },
+    }
+    assert gate.inspected({"files": [{"tensors": [tensor]}]}) == [
+        "x: 1 posinf",
+        "x: 2 subnormal in float16 (its own format)",
+    ]
+    quiet = gate.Noise("noise/inspect/x", "inspect", [], exit_code=0)
+    loud = gate.Noise("noise/inspect/y", "inspect", [], exit_code=0, raised=["y: 1 posinf"])
+    assert (quiet.quiet, loud.quiet) == (True, False)
+    assert gate.noise_rows([quiet, loud]) == [
+        [gate.NOISE_SOURCES["inspect"], "2", "1", "1", "y: 1 posinf"]
+    ]
+
+
+def test_gate_the_markdown_tables_count_verdicts_bugs_and_noise() -> None:
+    gate, gk = load("bench_gate"), load("gate_kernels")
+    runs = [
+        gate_run(None, 0),
+        gate_run(gk.SCALE_DK, 1, hints=["output.close: --scale dk"]),
+        gate_run(gk.SCALE_DK, 0),
+    ]
+    noise = [gate.Noise("noise/check/a", "check", [], exit_code=0)]
+    lines = gate.markdown(runs, {}, noise).splitlines()
+    assert lines[2] == "| k | d | 1 of 1 | 1 of 2 | - |"
+    assert '| scale-dk | 1 of 2 | 1 of 1 | hint: "--scale dk" |' in lines
+    assert lines[-1] == f"| {gate.NOISE_SOURCES['check']} | 1 of 1 | 0 |"
