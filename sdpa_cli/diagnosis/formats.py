@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from sdpa_cli.diagnosis.causes import temperature_cause, temperature_sharpens
 from sdpa_cli.diagnosis.findings import Emulation, Finding, StageAccuracy, index_list
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.conventions import convention
@@ -54,13 +55,22 @@ def severity_for(dtype: str, working: tuple[str, ...]) -> str:
 def overflow(spec: AttentionSpec, stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
     """Every overflow: of a stage's values, of an exp without max-subtraction, of the
     mask value (alone, or added to the logits)."""
-    yield from _stage_overflow(stats, working)
+    yield from _stage_overflow(spec, stats, working)
     yield from _exp_overflow(stats, working)
     yield from _mask_value_overflow(spec, stats, working)
 
 
-def _stage_overflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
+def _stage_overflow(
+    spec: AttentionSpec, stats: Stats, working: tuple[str, ...]
+) -> Iterator[Finding]:
     """The stages whose values go beyond a checked format's range."""
+    # A temperature below 1 that sharpens every row, not the scale, puts the logits there.
+    hints = dict(_OVERFLOW_HINT)
+    if temperature_sharpens(spec):
+        hints["scaled"] = (
+            f"the logits themselves are out of range: {temperature_cause(spec, 'sharpens')}; "
+            "a softcap (--softcap) or float32 logits avoid it"
+        )
     for d in stats.checked:
         for stage in OVERFLOW_STAGES:
             rec = stats.records.overflow[(stage, d)]
@@ -76,7 +86,7 @@ def _stage_overflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]
                 f"{what} {d}: {plural(rec.count, unit)} beyond ±{sig(f.max)} "
                 f"(largest {sig(rec.extreme)} at {format_index(rec.extreme_at)}; "
                 f"headroom {f.headroom(rec.extreme):+.1f} bits)",
-                hint=_OVERFLOW_HINT[stage],
+                hint=hints[stage],
                 index=rec.first,
                 stage=stage,
                 dtype=d,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.diagnosis.causes import saturation_hint
 from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.grad_summary import (
     GradRange,
@@ -26,7 +27,6 @@ from sdpa_cli.diagnosis.grad_summary import (
     add_summed,
     summarise,
 )
-from sdpa_cli.diagnosis.rows import saturation_hint
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.driver import Progress
 from sdpa_cli.engine.grad import Gradients, backward

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.diagnosis.causes import flat_cause, peaked_cause, saturation_hint
 from sdpa_cli.diagnosis.chance import CHANCE, flat_chance, peaked_chance
 from sdpa_cli.diagnosis.findings import Finding, HeadSummary, Thresholds
 from sdpa_cli.engine import precision
@@ -82,7 +83,7 @@ def row_findings(
     ``max_findings`` of them and counts the rest."""
     classes = classify_rows(stats, th)
     yield "saturated", list(_saturated(spec, stats, classes))
-    yield "near_uniform", list(_near_uniform(stats, classes))
+    yield "near_uniform", list(_near_uniform(spec, stats, classes))
     yield "fully_masked", list(_fully_masked(spec, stats))
     yield "underflow", list(_underflow(stats, working))
 
@@ -105,9 +106,10 @@ def _saturated(spec: AttentionSpec, stats: Stats, classes: RowClasses) -> Iterat
         )
 
 
-def _near_uniform(stats: Stats, classes: RowClasses) -> Iterator[Finding]:
+def _near_uniform(spec: AttentionSpec, stats: Stats, classes: RowClasses) -> Iterator[Finding]:
     """Rows whose entropy is near its maximum log(visible keys)."""
     n, mw, normalized = stats.n_visible, stats.max_weight, classes.normalized
+    hint = f"the logits barely differ: {flat_cause(spec)}"
     for idx in _rows(classes.uniform):
         yield Finding(
             "near_uniform",
@@ -115,8 +117,7 @@ def _near_uniform(stats: Stats, classes: RowClasses) -> Iterator[Finding]:
             f"row {format_index(idx)} is nearly uniform over its {int(n[idx])} visible keys: "
             f"entropy {float(normalized[idx]):.3f} of the maximum, max weight "
             f"{float(mw[idx]):.4f}",
-            hint="the logits barely differ: was the scale applied twice (1/d_k), "
-            "or are Q and K near zero?",
+            hint=hint,
             index=idx,
             stage="weights",
             details={
@@ -185,27 +186,6 @@ def _underflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
             )
 
 
-def scale_looks_omitted(spec: AttentionSpec) -> bool:
-    """The effective scale is closer, in log, to 1 than to 1/√d_k: the mark of a
-    1/√d_k left out."""
-    return spec.E > 1 and spec.factor > spec.E**-0.25
-
-
-def saturation_hint(spec: AttentionSpec) -> str:
-    """Why a row saturates: the scale when it looks like 1/√d_k was left out, the
-    logits' gaps otherwise."""
-    if scale_looks_omitted(spec):
-        return (
-            f"the scale is {spec.scale_label}: was 1/√d_k (1/√{spec.E} = "
-            f"{sig(1 / math.sqrt(spec.E))}) applied? Without it the logits' spread grows "
-            "with √d_k and the softmax saturates"
-        )
-    return (
-        "very large logit gaps saturate the softmax: check that 1/√d_k was applied once, "
-        "and that low precision did not clip the logits; a one-hot row passes almost no gradient"
-    )
-
-
 # --- heads -------------------------------------------------------------------------------
 
 
@@ -236,7 +216,9 @@ def head_summaries(stats: Stats, th: Thresholds) -> tuple[HeadSummary, ...]:
     return tuple(heads)
 
 
-def head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[Finding]:
+def head_findings(
+    spec: AttentionSpec, heads: tuple[HeadSummary, ...], th: Thresholds
+) -> Iterator[Finding]:
     """Heads whose rows are, for ``head_fraction`` of them, one-hot (collapsed) or
     near uniform (dead)."""
     for h in heads:
@@ -258,7 +240,7 @@ def head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[Fi
                 "collapsed_head",
                 "warning",
                 f"{name} has collapsed: {h.saturated} of {h.rows} rows are one-hot ({summary})",
-                hint="every query copies a single key: check the scale and the logits' range",
+                hint=f"every query copies a single key; {peaked_cause(spec)}",
                 index=h.index,
                 stage="weights",
                 count=h.saturated,
@@ -269,8 +251,7 @@ def head_findings(heads: tuple[HeadSummary, ...], th: Thresholds) -> Iterator[Fi
                 "dead_head",
                 "warning",
                 f"{name} is dead: {h.near_uniform} of {h.rows} rows are nearly uniform ({summary})",
-                hint="the head averages V instead of attending: Q or K near zero, "
-                "the scale applied twice, or a temperature too high",
+                hint=f"the head averages V instead of attending; {flat_cause(spec)}",
                 index=h.index,
                 stage="weights",
                 count=h.near_uniform,

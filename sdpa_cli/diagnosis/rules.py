@@ -15,9 +15,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.diagnosis.causes import (
+    scale_looks_doubled,
+    scale_looks_omitted,
+    temperature_also,
+    temperature_flattens,
+    temperature_sharpens,
+)
 from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
-from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings, scale_looks_omitted
+from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings
 from sdpa_cli.diagnosis.sentinels import sentinel_fully_masked, sentinel_overflow, weak_sentinels
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.records import argmax_index, finite_std
@@ -44,7 +51,7 @@ def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Dia
         tally.rows(kind, rows, th.max_findings)
     tally.add(_mask_suspect(spec, stats))
     tally.add(_unscaled(spec, stats))
-    tally.add(head_findings(heads, th))
+    tally.add(head_findings(spec, heads, th))
     return Diagnosis(
         findings=tally.findings,
         counts=tally.counts,
@@ -148,7 +155,9 @@ def _nonfinite_stages(stats: Stats, *, bad_input: bool) -> Iterator[Finding]:
 
 
 def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
-    """1/√d_k left out (logits spread enough to saturate) or applied twice (too flat)."""
+    """1/√d_k left out (logits spread enough to saturate) or applied twice (too flat);
+    not where the scale is right and the temperature moves the effective scale (the
+    rows' hints name it: :mod:`~sdpa_cli.diagnosis.causes`)."""
     E = spec.E
     raw_std = stats.raw_std
     if E < 2 or not math.isfinite(raw_std) or raw_std == 0:
@@ -157,25 +166,27 @@ def _unscaled(spec: AttentionSpec, stats: Stats) -> Iterator[Finding]:
     logit_std = raw_std * factor
     proper = raw_std / math.sqrt(E)
     # Closer (in log) to 1 than to 1/√d_k, and the logits spread enough to saturate.
-    if scale_looks_omitted(spec) and logit_std > 2:
+    if scale_looks_omitted(spec) and not temperature_sharpens(spec) and logit_std > 2:
         numbers, details = _scale_numbers(spec, raw_std)
         yield Finding(
             "unscaled",
             "warning",
             f"1/√d_k looks omitted: {numbers}; with 1/√{E} it would be {sig(proper)}",
-            hint=f"divide the scores by √d_k = {sig(math.sqrt(E))} (--scale sqrt-dk)",
+            hint=f"divide the scores by √d_k = {sig(math.sqrt(E))} (--scale sqrt-dk)"
+            + (f"; {also}" if (also := temperature_also(spec, below=True)) else ""),
             stage="scaled",
             details=details,
         )
     # Closer to 1/d_k than to 1/√d_k, and the logits too flat to select anything.
-    elif factor < E**-0.75 and logit_std < 0.5:
+    elif scale_looks_doubled(spec) and not temperature_flattens(spec) and logit_std < 0.5:
         numbers, details = _scale_numbers(spec, raw_std)
         yield Finding(
             "unscaled",
             "warning",
             f"1/√d_k looks applied twice: {numbers}; with 1/√{E} once it would be {sig(proper)}",
             hint="the scores were divided by d_k (or scaled before export and again here); "
-            "use --scale sqrt-dk once, or --scale none for pre-scaled Q",
+            "use --scale sqrt-dk once, or --scale none for pre-scaled Q"
+            + (f"; {also}" if (also := temperature_also(spec, below=False)) else ""),
             stage="scaled",
             details=details,
         )

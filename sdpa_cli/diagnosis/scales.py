@@ -133,4 +133,8 @@ def compare_scales(
             f"; the standard 1/√d_k is {default.verdict.split(':')[0]} here (logit std "
             f"{sig(default.logit_std)})"
         )
+    t = o.temperature
+    if t != 1:
+        # Every scale is divided by the temperature: say so, lest the scale take the blame.
+        conclusion += f", every scale divided by the temperature {t:g}"
     return tuple(runs), conclusion + "."
