@@ -638,8 +638,16 @@ def unnamed(runs: Sequence[Run], commands: bool) -> list[str]:
         lines.append(f"  UNNAMED {r.name}: wanted {naming(str(r.bug))}")
         lines += _said(r, commands)
         for d in r.diagnoses:
-            lines.append(f"      {d['name']} diagnosis: {json.dumps(d['diagnosis'])}")
+            lines.append(f"      {d['name']} diagnosis: {shown(d['diagnosis'])}")
     return lines
+
+
+def shown(diagnosis: dict[str, Any] | None) -> str:
+    """A diagnosis as JSON, its slices left out when there are more than 8 (--json has them)."""
+    if diagnosis is None or len(diagnosis.get("slices") or ()) <= 8:
+        return json.dumps(diagnosis, ensure_ascii=False)
+    n = len(diagnosis["slices"])
+    return json.dumps({**diagnosis, "slices": f"{n} slices"}, ensure_ascii=False)
 
 
 def _said(r: Run, commands: bool) -> list[str]:
@@ -861,7 +869,7 @@ def fudge_lines(runs: Sequence[Run]) -> list[str]:
         for d in fudged(r):
             lines.append(
                 f"  {r.name} {d['name']}: passing_factor {d['passing_factor']}, "
-                f"diagnosis {json.dumps(d['diagnosis'])}"
+                f"diagnosis {shown(d['diagnosis'])}"
             )
     return lines
 
