@@ -324,6 +324,7 @@ def _tensor_payload(t: TensorStats) -> dict[str, Any]:
                 "overflow": h.overflow,
                 "flush": h.flush,
                 "subnormal": h.subnormal,
+                "subnormal_notable": h.subnormal_notable,
             }
             for h in t.headroom
         },

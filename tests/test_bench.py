@@ -243,13 +243,13 @@ def test_gate_noise_reads_warnings_without_a_reason_and_inspect_counts() -> None
         "posinf": 1,
         "neginf": 0,
         "headroom": {
-            "float16": {"overflow": 0, "flush": 0, "subnormal": 2},
-            "bfloat16": {"overflow": 0, "flush": 0, "subnormal": 0},
+            "float16": {"overflow": 0, "flush": 0, "subnormal": 2, "subnormal_notable": True},
+            "bfloat16": {"overflow": 0, "flush": 0, "subnormal": 3, "subnormal_notable": False},
         },
     }
     assert gate.inspected({"files": [{"tensors": [tensor]}]}) == [
         "x: 1 posinf",
-        "x: 2 subnormal in float16 (its own format)",
+        "x: 2 subnormal in float16 (its own format)",  # not bfloat16's 3: no notable share
     ]
     quiet = gate.Noise("noise/inspect/x", "inspect", [], exit_code=0)
     loud = gate.Noise("noise/inspect/y", "inspect", [], exit_code=0, raised=["y: 1 posinf"])

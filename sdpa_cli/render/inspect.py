@@ -131,8 +131,8 @@ def _headroom_cell(h: Headroom) -> Text:
     for n, what, style in (
         (h.overflow, "overflow", OVERFLOW),
         (h.flush, "to zero", UNDERFLOW),
-        # A few subnormals in data around zero are counted, not flagged.
-        (h.subnormal, "subnormal", UNDERFLOW if h.subnormal_notable else MUTED),
+        # A few subnormals in data around zero are no damage: the JSON counts them.
+        (h.subnormal if h.subnormal_notable else 0, "subnormal", UNDERFLOW),
     ):
         if n:
             cell.append(f"\n{n} {what}", style)

@@ -520,6 +520,7 @@ def test_cli_json_parses_and_carries_the_values(workdir: Path) -> None:
         "overflow": 0,
         "flush": 0,
         "subnormal": 0,
+        "subnormal_notable": False,
     }
     assert files[1]["tensors"][0]["headroom"]["float16"]["bits"] == "Infinity"
     empty = files[2]["tensors"][0]

@@ -34,8 +34,8 @@ CASES: dict[str, tuple[tuple[str, ...], int, int, str]] = {
         ExitCode.BAD_INPUT,
         "sdpa: error: samples/cross.npz:w: has no array 'w' (names: k, q, v)\n",
     ),
-    # Two float16 files, one with a subnormal value: counted in the table, no note
-    # (1 of 16 384 values is no notable share).
+    # Two float16 files, one with a subnormal value: neither in the table nor noted
+    # (1 of 16 384 values is no notable share; the JSON counts it).
     "inspect_long_q_k_80.txt": (
         ("samples/long_q.npy", "samples/long_k.npy"),
         80,
@@ -79,8 +79,8 @@ def test_the_goldens_show_the_counts() -> None:
     rows = {line.split()[0]: line.split() for line in text.splitlines()[3:6]}
     assert [rows[n][-2:] for n in "qkv"] == [["0", "0"], ["2", "0"], ["2", "0"]]
     text = render(*CASES["inspect_long_q_k_80.txt"])
-    assert "1 subnormal" in text
-    assert "long_k:" not in text  # one subnormal in 16 384 values is no note
+    assert "subnormal" not in text  # one subnormal in 16 384 values is no damage
+    assert "long_k:" not in text
     text = render(*CASES["inspect_cross_case_file_80.txt"])
     assert "q: read from samples/cross.npz:q" in text
 
@@ -93,7 +93,9 @@ def test_only_a_notable_share_of_subnormals_gets_a_note(tmp_path: Path) -> None:
     np.save(tmp_path / "small.npy", (randn * 0.002).astype(np.float16))
     paths = (str(tmp_path / "randn.npy"), str(tmp_path / "small.npy"))
     text = render(paths, 80, ExitCode.OK, "")
-    assert "4 subnormal" in text  # counted in the headroom table
+    randn_row = next(line for line in text.splitlines() if line.startswith("randn "))
+    assert "subnormal" not in text.split(randn_row)[1].split("small ")[0]  # counted in JSON only
+    assert "3157 subnormal" in text  # the notable share: in the table, and noted
     assert "randn:" not in text
     assert " ".join(text.split("\n\nsmall: ")[1].split()) == (
         "3157 values (2.41% of the nonzero ones) are subnormal in float16 (below its "
