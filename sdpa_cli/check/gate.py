@@ -108,7 +108,9 @@ def _rest_check(diagnosis: Diagnosis, rest: list[Finding]) -> Check:
             f"{_counted(count, len(serious), 'finding')} not gating ({', '.join(kinds)}); "
             f"first: {serious[0].message}",
             index=serious[0].index,
-            details={"count": count, "kinds": kinds},
+            # A message says what, then the numbers after a colon: the what, for a table
+            # of cases ("head [0, 2] is dead", "row [1, 0, 0] has no visible key").
+            details={"count": count, "kinds": kinds, "first": serious[0].message.split(": ")[0]},
         )
     note = ""
     if rest:

@@ -132,7 +132,7 @@ def render_cases(results: list[CaseResult], manifest: str) -> RenderableType:
             else "pass"
         )
         passed = len(r.report.checks) - len(failed)
-        first = f"{failed[0].name}: {failed[0].summary}" if failed else ""
+        first = f"{failed[0].name}: {failed[0].summary}" if failed else _why_warned(r.report)
         table.add_row(r.name, _status(status), f"{passed}/{len(r.report.checks)}", first)
         for c in failed:
             panel = failure_panel(c)
@@ -146,6 +146,21 @@ def render_cases(results: list[CaseResult], manifest: str) -> RenderableType:
     )
     verdict = _verdict(failed_cases, len(results), "case", warned, errors)
     return Group(table, *details, verdict)
+
+
+def _why_warned(report: CheckReport) -> str:
+    """A passing case's first warning in a few words, for the cases' table:
+    ``findings: head [0, 2] is dead (3 findings not gating: dead_head, saturated)``."""
+    warned = next((c for c in report.checks if c.status == "warn"), None)
+    if warned is None:
+        return ""
+    d = warned.details
+    if "first" not in d:
+        return f"{warned.name}: {warned.summary}"
+    return (
+        f"{warned.name}: {d['first']} ({plural(d['count'], 'finding')} not gating: "
+        f"{', '.join(d['kinds'])})"
+    )
 
 
 def render_results(
