@@ -104,6 +104,17 @@ def test_the_tolerance_is_four_times_the_formats_default() -> None:
     assert not export_matches(alt + 5.9e-3, alt, ref, "float64")
 
 
+def test_the_tolerance_is_taken_at_the_rows_scale() -> None:
+    """bfloat16: 4e-3 + 0.064 · (the row's largest |alternative|, 2.0) = 0.132 for every
+    element of a row, the one near zero too (its own scale would allow 0.004): a 16-bit
+    kernel rounds at the row's scale. Each row's small element 0.05 off matches; 0.14
+    off does not."""
+    alt = np.tile([2.0, 0.001], (1000, 1))
+    ref = alt + 1.0
+    assert export_matches(alt + np.array([0.0, 0.05]), alt, ref, "bfloat16")
+    assert not export_matches(alt + np.array([0.0, 0.14]), alt, ref, "bfloat16")
+
+
 def test_the_alternative_must_be_ten_times_closer_than_the_reference() -> None:
     """Every element within float16's loosened tolerance, but the RMS error must also be
     at most a tenth of the reference's (0.02 here): 0.0019 passes, 0.0021 does not."""
@@ -575,4 +586,5 @@ def test_a_large_case_is_hinted_from_its_worst_slices(monkeypatch: pytest.Monkey
     assert close.status == "fail"
     assert close.hint is not None
     assert "--causal" in close.hint
-    assert traced and all(leads == [(2, 1)] for leads in traced)
+    assert traced
+    assert all(leads == [(2, 1)] for leads in traced)
