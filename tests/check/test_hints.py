@@ -30,6 +30,7 @@ from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.errors import ExitCode
 
 F64 = NDArray[np.float64]
@@ -578,10 +579,12 @@ def test_a_large_case_is_hinted_from_its_worst_slices(monkeypatch: pytest.Monkey
     out = attention(q, k, v).output
     out[2, 1] = attention(q, k, v, causal=True).output[2, 1]  # one head made causal
     traced: list[object] = []
-    real_trace = hints_module.trace
-    monkeypatch.setattr(
-        hints_module, "trace", lambda *a, **kw: traced.append(kw["leads"]) or real_trace(*a, **kw)
-    )
+
+    def tracing(*args: Any, **kwargs: Any) -> Trace:
+        traced.append(kwargs["leads"])
+        return trace(*args, **kwargs)
+
+    monkeypatch.setattr(hints_module, "trace", tracing)
     close = close_check(spec_of(q, k, v), out)
     assert close.status == "fail"
     assert close.hint is not None

@@ -335,9 +335,9 @@ def test_each_slice_has_its_error_statistics_and_allowance() -> None:
     assert good["rms_error"] == pytest.approx(0.5 * good["plain_rms_error"])
     assert good["beyond"] == 0 < bad["beyond"]
     assert good["allowed"] >= 2 * float(np.max(np.abs(plain[0, 0] - ref[0, 0])))
-    assert slice_line(by_slice).startswith(
-        "by slice, RMS error ÷ the plain computation's: worst [0, 1] "
-    )
+    line = slice_line(by_slice)
+    assert line is not None
+    assert line.startswith("by slice, RMS error ÷ the plain computation's: worst [0, 1] ")
 
 
 def test_the_worst_element_shows_what_it_was_allowed() -> None:
