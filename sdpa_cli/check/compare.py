@@ -367,7 +367,8 @@ def mismatch_lines(
             )
     if diagnosis is not None and diagnosis.get("error") == "structural":
         ratio = diagnosis.get("times_plain_rms")
-        how = f"{sig(ratio, 3)}× the plain computation's RMS error, " if ratio else ""
+        # two digits, as the RMS errors: the third moves with the CPU's BLAS kernel
+        how = f"{sig(ratio, 2)}× the plain computation's RMS error, " if ratio else ""
         where = diagnosis.get("where") or "where rounding does not put it"
         lines.append(f"not rounding: {how}{where}; a larger --fudge would hide it, not fix it")
     if tol is not None and tol.factor is not None:

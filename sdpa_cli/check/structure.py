@@ -213,8 +213,8 @@ def _rows_words(rows: list[int], n: int) -> str:
 def slice_line(by_slice: Sequence[Mapping[str, Any]]) -> str | None:
     """Per (batch, head) slice at a glance, whether one head or all are off: ``by
     slice, RMS error ÷ the plain computation's: worst [0, 1] 3.5e+03×, median 1.1×,
-    best 0.9× (of 8)``; None for one slice, or where the plain computation was not
-    needed."""
+    best 0.9× (of 8)`` (two digits, as the RMS errors); None for one slice, or where
+    the plain computation was not needed."""
     ratios = [
         (s["rms_error"] / s["plain_rms_error"], s["index"])
         for s in by_slice
@@ -226,6 +226,6 @@ def slice_line(by_slice: Sequence[Mapping[str, Any]]) -> str | None:
     worst, median, best = ratios[-1], ratios[len(ratios) // 2], ratios[0]
     return (
         f"by slice, RMS error ÷ the plain computation's: worst {format_index(tuple(worst[1]))} "
-        f"{sig(worst[0], 3)}×, median {sig(median[0], 3)}×, best {sig(best[0], 3)}× "
+        f"{sig(worst[0], 2)}×, median {sig(median[0], 2)}×, best {sig(best[0], 2)}× "
         f"(of {len(by_slice):,})"
     )
