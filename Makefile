@@ -103,15 +103,20 @@ bench-grad: $(VENV)/.dev-installed
 	$(BIN)/python bench/bench.py --only grad $(BENCH_ARGS)
 
 # The verdict benchmark: does `sdpa check`, with no tolerance flag, pass every
-# faithful export of a real kernel and fail every real bug? Kernels: PyTorch's CPU SDPA
-# (fused and math), Hugging Face eager attention in tiny random Llama, Mistral and Gemma 2
-# models (built from configs, nothing downloaded), JAX's XLA attention; float16 and
-# bfloat16. Bugs: one head shifted by 1, 2, 4, 8 × its error, a rolled row, scale 1/d_k,
-# an inverted mask, a window off by one, a flipped causal alignment, bfloat16 claimed as
-# float32. Prints a confusion table, every wrong verdict, the smallest shift caught and a
-# Markdown table; exits 1 on any false failure or false pass. A few minutes; a library
-# that cannot be installed skips its kernels. More options: BENCH_ARGS="--only hf-gemma2
-# --keep /tmp/gate --json gate.json" (bench/bench_gate.py --help).
+# faithful export of a real kernel, fail every real bug and name it? Kernels: PyTorch's
+# CPU SDPA (fused and math), Hugging Face eager attention in tiny random Llama, Mistral,
+# Gemma 2, BERT and ModernBERT models (built from configs, nothing downloaded), JAX's XLA
+# attention; float16, bfloat16 and float32. Bugs: one head shifted by 1, 2, 4, 8 × its
+# error, a rolled row, scale 1/d_k, an inverted mask, a window off by one, a flipped
+# causal alignment, the causal mask transposed, packed documents leaking, the
+# temperature forgotten, (B, L, H, E) tensors or output alone read as (B, H, L, E), an
+# LSE in base 2, bfloat16 claimed as float32. Noise: causal random data, float16 randn
+# inspected, a captured model's manifest. Prints a confusion table, a table per bug
+# (caught, named), the noise, every wrong verdict and unnamed bug, and Markdown tables;
+# exits 1 on any false failure, false pass, false alarm or --fudge offered over a
+# structural error. About 3 minutes on 2 cores; a library that cannot be installed
+# skips its kernels. More options: BENCH_ARGS="--only hf-gemma2 --keep /tmp/gate --json
+# gate.json" (bench/bench_gate.py --help).
 BENCH_GATE_LIBS = $(BIN)/pip install --quiet transformers==5.23.0 jax==0.10.2 \
 	|| echo "bench-gate: transformers or jax not installable; their kernels are skipped"
 
