@@ -29,7 +29,7 @@ from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.rules import diagnose
 from sdpa_cli.engine import driver
 from sdpa_cli.engine.block import applicable_stages
-from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.options import Options, parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.errors import InputError
@@ -510,10 +510,11 @@ def test_compute_prints_the_in_memory_document(workdir: Path, extra: list[str]) 
         np.save(workdir / f"{name}.npy", arr)
     result = invoke("compute", *QKV, *extra)
     assert result.exit_code == 0, result.stderr
-    options: dict[str, Any] = {"causal": "--causal" in extra}
+    options: dict[str, Any] = {"causal": True} if "--causal" in extra else {}
     if "--dtype" in extra:
         options.update(dtype="float16", heads=2)
-    spec = build_spec(q, k, v, options=Options(**options), names=dict.fromkeys("qkv", ""))
+    # as the command parses them: those given are kept as typed too
+    spec = build_spec(q, k, v, options=parse_options(options), names=dict.fromkeys("qkv", ""))
     stages = ("weights", "output") if "--stages" in extra else applicable_stages(spec)
     fmt = extra[1]
     # the command's findings come from the statistics' pass, which skips hidden keys

@@ -246,6 +246,17 @@ def parse_scale(value: Any, where: str = "--scale") -> str | float:
         ) from None
 
 
+def scale_factor(rule: str | float, E: int) -> float:
+    """The factor on Q Kᵀ a ``--scale`` rule gives at key dim E (1 for E = 0)."""
+    if rule == "sqrt-dk":
+        return 1.0 / math.sqrt(E) if E else 1.0
+    if rule == "dk":
+        return 1.0 / E if E else 1.0
+    if rule == "none":
+        return 1.0
+    return float(rule)
+
+
 def parse_window(value: Any, where: str = "--window") -> tuple[int, int]:
     """``W`` (left = right = W) or ``LEFT,RIGHT``, each a non-negative integer."""
     sizes = _int_list(value, where)
@@ -323,7 +334,7 @@ def parse_options(raw: Mapping[str, Any], where: Mapping[str, str] | None = None
             continue
         label = where.get(name, _flag(name))
         values[name] = _PARSERS[name](value, label)
-    typed = dict(values)
+    typed = {name: values[name] for name in OPTION_NAMES if name in values}  # in one order
     if values.get("framework") is not None:
         _apply_convention(values, where)
     dtype = values.get("dtype", "float64")

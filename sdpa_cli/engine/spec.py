@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
-from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.options import Options, scale_factor
 from sdpa_cli.engine.spec_checks import (
     check_documents,
     check_dropout_mask,
@@ -497,14 +497,3 @@ def _broadcast_extra(
             f"{scores_shape} (..., L, S)",
         )
     return _pad(a2, n_lead)
-
-
-def scale_factor(rule: str | float, E: int) -> float:
-    """The factor on Q Kᵀ a ``--scale`` rule gives at key dim E (1 for E = 0)."""
-    if rule == "sqrt-dk":
-        return 1.0 / math.sqrt(E) if E else 1.0
-    if rule == "dk":
-        return 1.0 / E if E else 1.0
-    if rule == "none":
-        return 1.0
-    return float(rule)

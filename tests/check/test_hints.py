@@ -22,8 +22,10 @@ from clirunner import invoke
 from numpy.typing import NDArray
 from reference import attention
 
+from sdpa_cli.check import alternatives as alternatives_module
 from sdpa_cli.check import hints as hints_module
-from sdpa_cli.check.hints import MATCH_GAIN, alternatives, export_matches
+from sdpa_cli.check.alternatives import alternatives
+from sdpa_cli.check.hints import MATCH_GAIN, export_matches
 from sdpa_cli.check.records import Check, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings
@@ -584,7 +586,7 @@ def test_a_large_case_is_hinted_from_its_worst_slices(monkeypatch: pytest.Monkey
         traced.append(kwargs["leads"])
         return trace(*args, **kwargs)
 
-    monkeypatch.setattr(hints_module, "trace", tracing)
+    monkeypatch.setattr(alternatives_module, "trace", tracing)
     close = close_check(spec_of(q, k, v), out)
     assert close.status == "fail"
     assert close.hint is not None

@@ -265,7 +265,9 @@ def test_junit_escapes_what_xml_forbids_in_every_run() -> None:
 def test_a_kernel_rule_failure_merges_to_the_unsharded_runs_table(workdir: Path) -> None:
     """Regression: a shard's report read back lost the kernel rule's factor and the
     factor that would pass, so the merged table said "tolerance: rtol 0, atol 0" and
-    "would pass with: no tolerance" where the run said "--fudge 554"."""
+    "would pass with: no tolerance" where the run said "--fudge 554" (now that the
+    error is called no rounding, no --fudge is offered, and the diagnosis must come
+    through the merge the same)."""
     from sdpa_cli.files.samples import samples_dir
 
     manifest = str(samples_dir() / "check" / "checks.yaml")  # float16 exports
@@ -273,4 +275,5 @@ def test_a_kernel_rule_failure_merges_to_the_unsharded_runs_table(workdir: Path)
     merged = merge(*write_shards(2, manifest=manifest))
     assert merged.exit_code == whole.exit_code == ExitCode.CHECK_FAILED
     assert merged.stdout == whole.stdout
-    assert "would pass with: --fudge" in merged.stdout
+    assert "judged: kernel: ≤ 2× the plain float16 computation's" in merged.stdout
+    assert "not rounding: 9.1e+02× the plain computation's RMS error" in merged.stdout

@@ -27,7 +27,8 @@ from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.files.cases import load_case
 from sdpa_cli.render.common import View, note_text
-from sdpa_cli.render.explain import BARS, bar, diverging_bar, render_explain
+from sdpa_cli.render.explain import render_explain
+from sdpa_cli.render.scorecard import BARS, bar, diverging_bar
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 80
