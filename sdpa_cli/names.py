@@ -131,9 +131,16 @@ INPUT_TENSORS = (
 TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
 """Tensors given by a flag ``--NAME FILE`` besides Q, K, V, ``--bias`` and ``--mask``."""
 
-EXPORTS = ("output", "weights", "lse")
-"""What ``sdpa check`` judges: the output, the attention weights, the logsumexp per row
-(``--expect-NAME``, a manifest's ``expect-NAME``)."""
+FORWARD_EXPORTS = ("output", "weights", "lse")
+"""A forward kernel's exports: the output, the attention weights, the logsumexp per row."""
+
+GRADIENT_EXPORTS = ("dq", "dk", "dv")
+"""A backward kernel's gradients ``sdpa check`` judges (with ``--dout``), each shaped as
+its input."""
+
+EXPORTS = (*FORWARD_EXPORTS, *GRADIENT_EXPORTS)
+"""What ``sdpa check`` judges: the output, the attention weights, the logsumexp per row,
+and the gradients of Q, K, V (``--expect-NAME``, a manifest's ``expect-NAME``)."""
 
 GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
 """What ``sdpa grad`` computes, named as in ``--save``, each shaped as its input: of Q,

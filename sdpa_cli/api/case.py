@@ -50,6 +50,8 @@ class Case:
             flag by default, ``--causal-align``.
         expect: what a kernel exported (:data:`~sdpa_cli.names.EXPORTS`) → its file.
         partials: a split-KV kernel's partial outputs and LSEs (a YAML/JSON list).
+        dout: the gradient of the output a backward kernel was given (its file), with
+            gradient exports (``dq``, ``dk``, ``dv``).
         decode: whether to compare the prefill with its tokens decoded one by one.
         check: this case's settings of ``sdpa check`` (parsed; a manifest's), under
             the command line's.
@@ -64,6 +66,7 @@ class Case:
     where: Mapping[str, str] = field(default_factory=dict)
     expect: Mapping[str, str] = field(default_factory=dict)
     partials: str | None = None
+    dout: str | None = None
     decode: bool = False
     check: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
@@ -76,9 +79,9 @@ class Case:
 
     def files(self) -> list[str]:
         """Every file the case reads, for the check that no output destroys one."""
-        return [*self.inputs, *self.tensors.values(), *self.expect.values()] + (
-            [self.partials] if self.partials else []
-        )
+        return [*self.inputs, *self.tensors.values(), *self.expect.values()] + [
+            f for f in (self.partials, self.dout) if f
+        ]
 
     def given(self, flags: Mapping[str, Any]) -> Case:
         """This case with options given beside it (the command line's, over a

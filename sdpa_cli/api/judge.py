@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
+
+from numpy.typing import NDArray
 
 from sdpa_cli.api.case import Case, Watch, unwatched
 from sdpa_cli.check.decode import decode_checks
-from sdpa_cli.check.exports import load_expected
+from sdpa_cli.check.exports import export_dtype, load_expected
+from sdpa_cli.check.gradients import gradient_checks
 from sdpa_cli.check.partials import Partial, load_partials, partial_checks
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, Expected
 from sdpa_cli.check.run import run_checks
@@ -25,6 +29,8 @@ from sdpa_cli.engine.driver import Progress
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.errors import SdpaError, SpecError
 from sdpa_cli.files.confine import allow_outside
+from sdpa_cli.files.loaders import load_array
+from sdpa_cli.names import GRADIENT_EXPORTS
 
 
 def judge(
@@ -35,6 +41,7 @@ def judge(
     *,
     partials: Sequence[Partial] | None = None,
     decode: bool = False,
+    dout: NDArray[Any] | None = None,
     jobs: int = 1,
     progress: Progress | None = None,
 ) -> CheckReport:
@@ -42,11 +49,13 @@ def judge(
     judged against the reference, the findings gated, and, when asked for, the
     ``partials`` of a split-KV kernel (each over its keys, then their merge) and the
     prefill against its tokens decoded one by one (``decode``). The partials' and the
-    decode run's checks come first.
+    decode run's checks come first; exported gradients (``dq``, ``dk``, ``dv``), of the
+    loss Σ O ⊙ ``dout``, are judged after the forward exports
+    (:func:`~sdpa_cli.check.gradients.gradient_checks`).
 
     Raises:
         SpecError: an export, a partial or a decode run that does not fit the
-            computation.
+            computation; a gradient without ``dout``.
     """
     settings = settings or CheckSettings()
     first: list[Check] = []
@@ -54,7 +63,18 @@ def judge(
         first += partial_checks(spec, list(partials), settings)
     if decode:
         first += decode_checks(spec, settings)
-    report = run_checks(spec, list(expected), settings, thresholds, jobs=jobs, progress=progress)
+    forward = [e for e in expected if e.name not in GRADIENT_EXPORTS]
+    backward = [e for e in expected if e.name in GRADIENT_EXPORTS]
+    report = run_checks(
+        spec, forward, settings, thresholds, jobs=jobs, progress=progress, judged=bool(expected)
+    )
+    if backward:
+        export = export_dtype(spec, list(expected))
+        grads = gradient_checks(spec, backward, dout, settings, export, jobs=jobs)
+        n = next((i for i, c in enumerate(report.checks) if c.name.startswith("findings")), None)
+        n = len(report.checks) if n is None else n
+        checks = (*report.checks[:n], *grads, *report.checks[n:])
+        report = dataclasses.replace(report, checks=checks, export_dtype=export)
     if first:
         report = dataclasses.replace(report, checks=(*first, *report.checks))
     return report
@@ -79,6 +99,7 @@ def check_case(
     with case.reading():
         expected = load_expected(dict(case.expect))
         partials = load_partials(case.partials) if case.partials is not None else None
+        dout = load_array(case.dout, name="dout") if case.dout is not None else None
     with watch(spec, "checking") as progress:
         report = judge(
             spec,
@@ -87,6 +108,7 @@ def check_case(
             over.thresholds,
             partials=partials,
             decode=case.decode,
+            dout=dout,
             jobs=jobs,
             progress=progress,
         )

@@ -68,7 +68,7 @@ INPUT_KEYS = ("case", *INPUT_TENSORS)
 """A case's inputs: a case file, or Q, K, V and the other tensors, each a file."""
 EXPECT_KEYS = {f"expect_{name}": name for name in EXPORTS}
 """A case's exports to judge, each a file."""
-PATH_KEYS = (*INPUT_KEYS, *EXPECT_KEYS, "expect_partials")
+PATH_KEYS = (*INPUT_KEYS, *EXPECT_KEYS, "expect_partials", "dout")
 """Every key whose value is a file path, read relative to the manifest."""
 TEXT_KEYS = ("name", "description")
 
@@ -90,7 +90,8 @@ def _entries(
                 f"{where}: {printable(str(raw_key))}",
                 "unknown key; expected name, case or q/k/v, bias, mask, sinks, segment-ids, "
                 "segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
-                "expect-partials, decode, an option of compute or a setting of check",
+                "expect-dq, expect-dk, expect-dv, dout, expect-partials, decode, an option of "
+                "compute or a setting of check",
             )
         if key in PATH_KEYS:
             if not isinstance(value, str):
@@ -171,6 +172,7 @@ def load_manifest(path: str) -> list[Case]:
                 where={**d_where, **option_where},
                 expect={EXPECT_KEYS[k]: p for k, p in paths.items() if k in EXPECT_KEYS},
                 partials=paths.get("expect_partials"),
+                dout=paths.get("dout"),
                 decode=bool(paths.get("decode", False)),
                 check=merge_check_settings(d_check, check),
                 name=name,

@@ -199,7 +199,9 @@ class ErrorFigures:
                 ]
                 # a float64 array of one quantile, as numpy is given three: the same promotion
                 at = np.array([h - k])
-                qs.append(float(np.quantile(np.array(pair, np.float32), at)[0]))
+                with np.errstate(invalid="ignore"):  # inf and inf: inf, not NaN
+                    found = np.quantile(np.array(pair, np.float32), at)[0]
+                qs.append(float(np.nan_to_num(found, nan=np.inf)))
             out[kind] = qs
         return out
 
@@ -210,10 +212,16 @@ class ErrorFigures:
         quantiles = None
         if self.count and self.kept is not None:
             qs = list(STATS_QUANTILES.values())
-            quantiles = {
-                k: [float(x) for x in np.quantile(v[: self.count], qs)]
-                for k, v in self.kept.items()
-            }
+            # relative errors are inf where a zero reference is missed: between two
+            # of them numpy's interpolation gives inf − inf, NaN; the quantile is inf
+            with np.errstate(invalid="ignore"):
+                quantiles = {
+                    k: [
+                        float(x)
+                        for x in np.nan_to_num(np.quantile(v[: self.count], qs), nan=np.inf)
+                    ]
+                    for k, v in self.kept.items()
+                }
         elif self.count:
             quantiles = self._quantiles(again)
         for kind in ("abs", "rel"):

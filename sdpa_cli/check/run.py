@@ -62,7 +62,7 @@ from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.trace import Trace, merge_heads, split_heads_of_output, trace
 from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import SpecError
-from sdpa_cli.names import EXPORTS
+from sdpa_cli.names import FORWARD_EXPORTS
 
 # --- the pass ---------------------------------------------------------------------------
 
@@ -193,11 +193,14 @@ def run_checks(
     *,
     jobs: int = 1,
     progress: Progress | None = None,
+    judged: bool | None = None,
 ) -> CheckReport:
     """Judge the exported tensors (any of output, weights, lse) against ``spec``.
 
-    Without any export, the inputs and the computation themselves are judged: the
-    findings of the computation (as ``compute`` would find them) gate the result.
+    Without any export (``judged``: whether the run judges exports all the same, its
+    gradients; default: whether ``expected`` holds any), the inputs and the
+    computation themselves are judged: the findings of the computation (as
+    ``compute`` would find them) gate the result.
     One pass over the blocks (on ``jobs`` threads) gives the findings and the
     reference's output and LSE; exported weights are compared with the reference's
     weights as whole arrays.
@@ -208,8 +211,8 @@ def run_checks(
     settings = settings or CheckSettings()
     names = [e.name for e in expected]
     for name in names:
-        if name not in EXPORTS:
-            raise SpecError(name, f"unknown export; expected one of {', '.join(EXPORTS)}")
+        if name not in FORWARD_EXPORTS:
+            raise SpecError(name, f"unknown export; expected one of {', '.join(FORWARD_EXPORTS)}")
     fitted = {e.name: fit_expected(spec, e) for e in expected}
 
     export = export_dtype(spec, expected)
@@ -224,7 +227,7 @@ def run_checks(
     in_pass = naive_spec if settings.tolerance == "measured" else None
     found = _judge_pass(spec, ref_spec, in_pass, set(fitted), jobs, progress)
     diagnosis = diagnose(found.stats, thresholds)
-    gated, own_only = gated_kinds(settings, bool(expected))
+    gated, own_only = gated_kinds(settings, bool(expected) if judged is None else judged)
     findings = finding_checks(
         diagnosis, gated, own_only, working_formats(spec), settings.fail_on_severity
     )

@@ -137,6 +137,31 @@ EXPECT_OPTIONS: list[Option] = [
         help="The exported logsumexp per row, (..., L), as FlashAttention returns it.",
     ),
     click.option(
+        "--dout",
+        metavar="FILE",
+        shell_complete=files,
+        help="The gradient of the output a backward kernel was given, (..., L, Ev): with "
+        "--expect-dq, --expect-dk, --expect-dv.",
+    ),
+    click.option(
+        "--expect-dq",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported gradient of Q, shaped as Q (with --dout).",
+    ),
+    click.option(
+        "--expect-dk",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported gradient of K, shaped as K (with --dout).",
+    ),
+    click.option(
+        "--expect-dv",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported gradient of V, shaped as V (with --dout).",
+    ),
+    click.option(
         "--expect-partials",
         "partials",
         metavar="FILE",
@@ -164,12 +189,15 @@ def _case(inputs: tuple[str, ...], **values: Any) -> Case:
     from sdpa_cli.api.case import Case
 
     partials = values.pop("partials", None)
+    dout = values.pop("dout", None)
     decode = bool(values.pop("decode", False))
     expect = {n: p for n in EXPORTS if (p := values.pop(f"expect_{n}", None)) is not None}
     tensors = {k.removesuffix("_path"): v for k, v in values.items() if k.endswith("_path")}
     options = {k: v for k, v in values.items() if not k.endswith("_path") and v is not None}
     tensors = {k: v for k, v in tensors.items() if v is not None}
-    return Case(inputs, tensors, options, expect=expect, partials=partials, decode=decode)
+    return Case(
+        inputs, tensors, options, expect=expect, partials=partials, dout=dout, decode=decode
+    )
 
 
 def case_options(*, judged: bool = False, required: bool = True) -> Callable[[F], F]:

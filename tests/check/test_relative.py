@@ -4,6 +4,7 @@ plain computation in its format, element by element and slice by slice."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -354,3 +355,16 @@ def test_the_worst_element_shows_what_it_was_allowed() -> None:
         line.startswith("at the worst element: |Δ| ") and ", allowed " in line
         for line in failure_lines(c)
     )
+
+
+def test_a_quantile_between_two_infinite_relative_errors_is_inf() -> None:
+    """A zero reference missed has an infinite relative error; numpy's interpolation
+    between two of them is inf − inf (NaN, and a RuntimeWarning): the p99 is inf."""
+    ref = np.zeros((1, 1, 4, 8))
+    ref[..., :2] = 1.0
+    actual = ref + 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = error_stats(actual, ref, 2)
+    assert stats["rel"]["p99"] == math.inf
+    assert stats["rel"]["median"] == math.inf  # 24 of 32 are infinite

@@ -1,0 +1,189 @@
+"""A backward kernel's exported gradients judged as the output is: ``--dout`` (the
+upstream gradient dO the kernel was given) with ``--expect-dq``, ``--expect-dk``,
+``--expect-dv``.
+
+Each gradient is compared with the float64 backward pass of ``Σ O ⊙ dO``
+(:func:`~sdpa_cli.engine.grad.backward`, from the inputs as the kernel saw them) by the
+kernel-relative rule (:mod:`~sdpa_cli.check.relative`) against the plain backward
+computation in the export's format (:mod:`~sdpa_cli.engine.grad_plain`), as
+FlashAttention's tests judge ``dq``, ``dk``, ``dv``; a float64 export, or a given
+``--rtol``/``--atol``, by a fixed tolerance. A dV with every row seeing a key and no
+dropout has a check that needs no reference: its column sums over the keys equal dO's
+over the rows (each row's weights sum to 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance
+from sdpa_cli.check.elements import close_check, finite_check
+from sdpa_cli.check.exports import as_naive, as_seen_by_kernel
+from sdpa_cli.check.records import Check, Expected
+from sdpa_cli.check.relative import Judgement, factor_for, relative_check
+from sdpa_cli.check.settings import CheckSettings
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.grad import OPERAND, backward, make_dout
+from sdpa_cli.engine.grad_plain import plain_backward
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.types import F64
+from sdpa_cli.errors import SpecError
+from sdpa_cli.text import format_index, sig
+
+GRADIENT_FACTORS = {"float32": 16.0}
+"""How much worse than the plain backward computation a float32 gradient may be (the
+16- and 8-bit formats: the output's factor, 2). In float32 a kernel's gradients and
+the plain computation's are the same kind of rounding, and dS = P ⊙ (dA − Σ P dA)
+cancels: PyTorch's fused and math float32 backward needed up to 7.6× the plain
+computation's largest error per slice (160 runs, full and causal), where 16-bit
+kernels need at most 0.8× of it; 16 is twice the measured."""
+
+
+def gradient_checks(
+    spec: AttentionSpec,
+    expected: Sequence[Expected],
+    dout: NDArray[Any] | None,
+    settings: CheckSettings,
+    export: str,
+    *,
+    dout_label: str = "--dout",
+    jobs: int = 1,
+) -> list[Check]:
+    """The checks of exported gradients (``expected``: of
+    :data:`~sdpa_cli.names.GRADIENT_EXPORTS`) of ``Σ O ⊙ dout``; ``export`` the format
+    the kernel computed in.
+
+    Raises:
+        SpecError: a gradient without ``dout``, or one whose shape is not its
+            input's, naming the file.
+    """
+    if not expected:
+        return []
+    if dout is None:
+        raise SpecError(
+            expected[0].label,
+            f"is a gradient ({expected[0].name}): give --dout FILE, the gradient of the output "
+            "the backward kernel was given",
+        )
+    seen = as_seen_by_kernel(spec, export)
+    d = make_dout(seen, dout, spec.options.seed, dout_label)
+    reference = backward(_float64(seen), d, jobs=jobs)
+    narrow = export != "float64" and settings.rtol is None and settings.tolerance == "kernel"
+    plain = plain_backward(as_naive(seen, export), np.asarray(d, np.float64)) if narrow else None
+    factor = settings.fudge if settings.fudge is not None else GRADIENT_FACTORS.get(export)
+    judgement = Judgement(export, factor=factor or factor_for(export, None))
+    checks: list[Check] = []
+    for e in expected:
+        got = _fitted(spec, e)
+        ref = reference.loaded(e.name)
+        assert ref is not None
+        checks.append(finite_check(e.name, got, e.label))
+        if plain is not None:
+            mine = spec.as_loaded(OPERAND[e.name], plain[e.name])
+            checks.append(
+                relative_check(
+                    e.name,
+                    got,
+                    ref,
+                    mine,
+                    judgement,
+                    e.label,
+                    settings.equal_nan,
+                    rows=True,
+                    slices=2,
+                )
+            )
+        else:
+            tol = _fixed(settings, export)
+            checks.append(close_check(e.name, got, ref, tol, e.label, settings.equal_nan))
+        if e.name == "dv":
+            seeing = np.asarray(reference.n_visible) > 0
+            d_seen = np.where(seeing[..., None], np.asarray(d, np.float64), 0.0)
+            checks += _dv_sums(spec, got, d_seen, e.label, export)
+    return checks
+
+
+def _float64(spec: AttentionSpec) -> AttentionSpec:
+    """The computation in float64 (the backward pass's own arithmetic)."""
+    options = dataclasses.replace(
+        spec.options,
+        dtype="float64",
+        accumulate="float64",
+        softmax_dtype="float64",
+        logits_dtype="float64",
+    )
+    return dataclasses.replace(spec, options=options)
+
+
+def _fitted(spec: AttentionSpec, e: Expected) -> F64:
+    """A gradient export as float64 in its input's shape as loaded (leading 1s may
+    differ)."""
+    want = tuple(spec.shapes[OPERAND[e.name]])
+    got = tuple(e.values.shape)
+    if got != want and _strip_ones(got) != _strip_ones(want):
+        raise SpecError(e.label, f"has shape {got}; {e.name} is shaped as its input, {want}")
+    return np.asarray(e.values, dtype=np.float64).reshape(want)
+
+
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    i = 0
+    while i < len(shape) - 1 and shape[i] == 1:
+        i += 1
+    return shape[i:]
+
+
+def _fixed(settings: CheckSettings, export: str) -> Tolerance:
+    """A given ``--rtol``/``--atol``, or the export format's defaults."""
+    if settings.rtol is not None and settings.atol is not None:
+        return Tolerance(settings.rtol, settings.atol, "given")
+    rtol, atol = DTYPE_TOLERANCES[export]
+    return Tolerance(rtol, atol, f"{export} defaults")
+
+
+def _dv_sums(spec: AttentionSpec, dv: F64, dout: F64, label: str, export: str) -> list[Check]:
+    """``dv.sums``: Σ over keys of dV equals Σ over rows of dO (``dout``: zero in the
+    rows that see no key), per slice and feature, as each row's weights sum to 1;
+    where nothing drops. Within the format's rounding of the sums: 4 ε of the format
+    times Σ |dO|."""
+    o = spec.options
+    if o.dropout > 0 or spec.sinks is not None or o.query_lengths is not None:
+        return []
+    if spec.options.heads is not None or spec.options.layout != "bhsd":
+        return []
+    dv4 = np.asarray(dv).reshape(spec.v.shape)
+    group = spec.group
+    # dO summed over rows, then over the query heads that share a K/V head
+    d_rows = dout.sum(axis=-2)  # (*lead, Ev)
+    d_abs = np.abs(dout).sum(axis=-2)
+    if group > 1:
+        shape = (*d_rows.shape[:-2], d_rows.shape[-2] // group, group, d_rows.shape[-1])
+        d_rows, d_abs = d_rows.reshape(shape).sum(axis=-2), d_abs.reshape(shape).sum(axis=-2)
+    v_keys = dv4.sum(axis=-2)
+    if v_keys.shape != d_rows.shape:  # a broadcast K/V: its sums gather several slices
+        return []
+    allowed = 4.0 * precision.fmt(export).eps * d_abs + 4.0 * precision.fmt(export).tiny
+    off = np.abs(v_keys - d_rows)
+    bad = off > allowed
+    if not bad.any():
+        return [Check("dv.sums", "pass", "Σ over keys of dV equals Σ over rows of dO", file=label)]
+    at = tuple(
+        int(i)
+        for i in np.unravel_index(int(np.argmax(off / np.maximum(allowed, 1e-300))), off.shape)
+    )
+    return [
+        Check(
+            "dv.sums",
+            "fail",
+            f"Σ over keys of dV is not Σ over rows of dO in {int(bad.sum()):,} of {bad.size:,} "
+            f"(slice, feature) pairs; at {format_index(at)}: {sig(float(v_keys[at]), 6)} against "
+            f"{sig(float(d_rows[at]), 6)} (each row's weights sum to 1: was dV computed from "
+            "unnormalised weights?)",
+            index=at,
+            file=label,
+        )
+    ]

@@ -1,0 +1,227 @@
+"""A backward kernel's exported dQ, dK and dV judged as the output is: against the float64
+backward pass, by the kernel-relative rule with the plain backward computation in the
+export's format as the yardstick.
+
+PyTorch's own backward kernels (math and fused, on the CPU) are the witnesses: their
+gradients pass, in float16, bfloat16 and float32, full, causal, with a boolean mask and
+with grouped-query heads; the slips a backward kernel makes fail, each where it sits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from clirunner import invoke
+from numpy.typing import NDArray
+
+from sdpa_cli.check.gradients import GRADIENT_FACTORS, gradient_checks
+from sdpa_cli.check.records import Check, Expected
+from sdpa_cli.check.settings import CheckSettings
+from sdpa_cli.engine.grad import backward, make_dout
+from sdpa_cli.engine.grad_plain import plain_backward
+from sdpa_cli.engine.options import parse_options
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.errors import ExitCode, SpecError
+
+torch = pytest.importorskip("torch")
+attention_backends = pytest.importorskip("torch.nn.attention")
+
+BACKENDS = {"math": "MATH", "fused": "FLASH_ATTENTION"}
+
+
+def torch_backward(
+    dtype: str,
+    backend: str,
+    *,
+    heads: int = 4,
+    kv_heads: int = 4,
+    length: int = 48,
+    keys: int = 48,
+    causal: bool = False,
+    masked: bool = False,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Q, K, V, dO and the dQ, dK, dV of PyTorch's CPU backward (``backend``), as float32
+    arrays holding ``dtype``'s values; the boolean mask when ``masked``."""
+    g = torch.Generator().manual_seed(seed)
+    t = getattr(torch, dtype)
+    q = torch.randn(2, heads, length, 32, generator=g).to(t)
+    k = torch.randn(2, kv_heads, keys, 32, generator=g).to(t)
+    v = torch.randn(2, kv_heads, keys, 32, generator=g).to(t)
+    dout = torch.randn(2, heads, length, 32, generator=g).to(t)
+    mask = torch.rand(2, 1, length, keys, generator=g) < 0.8 if masked else None
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    kernel = getattr(attention_backends.SDPBackend, BACKENDS[backend])
+    with attention_backends.sdpa_kernel(kernel):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *leaves, attn_mask=mask, is_causal=causal, enable_gqa=kv_heads != heads
+        )
+    out.backward(dout)
+    arrays = {
+        n: x.float().numpy() for n, x in zip(("q", "k", "v", "dout"), (q, k, v, dout), strict=True)
+    }
+    arrays |= {n: x.grad.float().numpy() for n, x in zip(("dq", "dk", "dv"), leaves, strict=True)}
+    arrays["mask"] = None if mask is None else mask.numpy()
+    return arrays
+
+
+def judged(arrays: dict[str, Any], dtype: str, **options: Any) -> dict[str, Check]:
+    spec = build_spec(
+        arrays["q"],
+        arrays["k"],
+        arrays["v"],
+        mask=arrays.get("mask"),
+        options=parse_options({"dtype": dtype, **options}),
+    )
+    exports = [Expected(n, arrays[n], f"{n}.npy") for n in ("dq", "dk", "dv")]
+    checks = gradient_checks(spec, exports, arrays["dout"], CheckSettings(), dtype)
+    return {c.name: c for c in checks}
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "full": {},
+    "causal": {"causal": True},
+    "masked": {"masked": True},
+    "grouped_query": {"kv_heads": 2},
+    "causal_decode": {"causal": True, "length": 16, "keys": 48},
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pytorchs_backward_kernels_pass(dtype: str, backend: str, case: str) -> None:
+    shape = CASES[case]
+    arrays = torch_backward(dtype, backend, **shape)
+    causal = bool(shape.get("causal"))
+    checks = judged(arrays, dtype, causal=causal)
+    assert [n for n, c in checks.items() if c.status != "pass"] == []
+    assert set(checks) == {
+        "dq.finite",
+        "dq.close",
+        "dk.finite",
+        "dk.close",
+        "dv.finite",
+        "dv.close",
+        "dv.sums",
+    }
+
+
+def test_the_16_bit_kernels_stay_well_inside_the_plain_backwards_error() -> None:
+    """The plain backward rounds dA, dS and the products to the format, which kernels
+    accumulating in float32 do not: PyTorch's need under 1 of its largest error per
+    slice, where the rule allows 2."""
+    for dtype in ("float16", "bfloat16"):
+        checks = judged(torch_backward(dtype, "fused", causal=True), dtype, causal=True)
+        for name in ("dq", "dk", "dv"):
+            assert checks[f"{name}.close"].details["factor_needed"] < 1.0
+
+
+def test_float32_gradients_get_their_own_factor() -> None:
+    assert GRADIENT_FACTORS == {"float32": 16.0}
+    checks = judged(torch_backward("float32", "fused"), "float32")
+    assert "16× the plain computation's largest error" in checks["dq.close"].summary
+
+
+def slipped(name: str, change: Any) -> dict[str, Check]:
+    arrays = torch_backward("float16", "fused", causal=True)
+    arrays[name] = change(arrays)
+    return judged(arrays, "float16", causal=True)
+
+
+def test_dk_without_the_scale_fails_and_its_factor_is_found() -> None:
+    """dK = dSᵀ · Q without the 1/√E: the export is √32 × the reference everywhere."""
+    checks = slipped("dk", lambda a: a["dk"] * np.sqrt(32.0))
+    assert checks["dk.close"].status == "fail"
+    fit = checks["dk.close"].details["diagnosis"]["fit"]
+    assert fit["factor"] == pytest.approx(np.sqrt(32.0), rel=1e-3)
+    assert checks["dq.close"].status == checks["dv.close"].status == "pass"
+
+
+def test_the_mask_left_out_of_the_backward_fails_dq() -> None:
+    full = torch_backward("float16", "fused")  # the same inputs, no causal mask
+    checks = slipped("dq", lambda a: full["dq"])
+    assert checks["dq.close"].status == "fail"
+    assert checks["dq.close"].details["diagnosis"]["error"] == "structural"
+
+
+def test_dv_from_unnormalised_weights_breaks_its_column_sums() -> None:
+    """Σ over keys of dV must equal Σ over rows of dO (each row's weights sum to 1): a
+    dV 10% too large breaks it, and the close check too."""
+    checks = slipped("dv", lambda a: a["dv"] * 1.1)
+    assert checks["dv.sums"].status == "fail"
+    assert "was dV computed from unnormalised weights?" in checks["dv.sums"].summary
+    assert checks["dv.close"].status == "fail"
+
+
+def test_grouped_query_dk_not_summed_over_the_group_fails() -> None:
+    """dK of a K/V head that two query heads share is the sum of their two: the first
+    head's share alone fails."""
+    arrays = torch_backward("float16", "fused", kv_heads=2)
+    whole = torch_backward("float16", "fused", kv_heads=2)
+    arrays["dk"] = whole["dk"] / 2  # as if one query head's share only (in expectation)
+    checks = judged(arrays, "float16")
+    assert checks["dk.close"].status == "fail"
+
+
+def test_a_gradient_needs_dout_and_its_inputs_shape() -> None:
+    arrays = torch_backward("float16", "fused")
+    spec = build_spec(
+        arrays["q"], arrays["k"], arrays["v"], options=parse_options({"dtype": "float16"})
+    )
+    dq = Expected("dq", arrays["dq"], "dq.npy")
+    with pytest.raises(SpecError, match=r"dq\.npy: is a gradient \(dq\): give --dout FILE"):
+        gradient_checks(spec, [dq], None, CheckSettings(), "float16")
+    wrong = Expected("dq", arrays["dq"][:, :2], "dq.npy")
+    with pytest.raises(
+        SpecError, match=r"dq\.npy: has shape \(2, 2, 48, 32\); dq is shaped as its input"
+    ):
+        gradient_checks(spec, [wrong], arrays["dout"], CheckSettings(), "float16")
+
+
+def test_the_plain_backward_in_float64_is_the_backward_pass() -> None:
+    """With no format to round to, the plain backward computes what the float64 pass
+    does, to rounding."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 9, 4)) for _ in range(3))
+    spec: AttentionSpec = build_spec(q, k, v, options=parse_options({"causal": True}))
+    dout: NDArray[np.float64] = rng.standard_normal((2, 3, 9, 4))
+    exact = backward(spec, make_dout(spec, dout, 0, "--dout"))
+    plain = plain_backward(spec, dout)
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_allclose(plain[name], getattr(exact, name), rtol=1e-12, atol=1e-14)
+
+
+def test_the_cli_and_a_manifest_judge_gradients(workdir: Path) -> None:
+    arrays = torch_backward("float16", "fused", causal=True)
+    for name in ("q", "k", "v", "dout", "dq", "dk", "dv"):
+        np.save(workdir / f"{name}.npy", arrays[name])
+    np.save(workdir / "dk_bad.npy", arrays["dk"] * 2)
+    args = ("q.npy", "k.npy", "v.npy", "--causal", "--dtype", "float16", "--dout", "dout.npy")
+    good = invoke(
+        "check", *args, "--expect-dq", "dq.npy", "--expect-dk", "dk.npy", "--expect-dv", "dv.npy"
+    )
+    assert good.exit_code == ExitCode.OK, good.output
+    assert "dv.sums     PASS" in good.stdout
+    bad = invoke("check", *args, "--expect-dk", "dk_bad.npy", "--format", "json")
+    assert bad.exit_code == ExitCode.CHECK_FAILED
+    checks = {c["name"]: c for c in json.loads(bad.stdout)["cases"][0]["checks"]}
+    assert checks["dk.close"]["status"] == "fail"
+    (workdir / "m.yaml").write_text(
+        "defaults: {q: q.npy, k: k.npy, v: v.npy, causal: true, dtype: float16, dout: dout.npy}\n"
+        "cases:\n  - {name: good, expect-dq: dq.npy, expect-dk: dk.npy}\n"
+        "  - {name: bad, expect-dk: dk_bad.npy}\n"
+    )
+    run = invoke("check", "--manifest", "m.yaml", "--format", "json")
+    cases = {c["name"]: c["passed"] for c in json.loads(run.stdout)["cases"]}
+    assert cases == {"good": True, "bad": False}
+    missing = invoke("check", "q.npy", "k.npy", "v.npy", "--expect-dq", "dq.npy")
+    assert missing.exit_code == ExitCode.BAD_INPUT
+    assert missing.stderr == (
+        "sdpa: error: dq.npy: is a gradient (dq): give --dout FILE, the gradient of the output "
+        "the backward kernel was given\n"
+    )
