@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance
 from sdpa_cli.check.elements import close_check, finite_check
 from sdpa_cli.check.exports import as_naive, as_seen_by_kernel
+from sdpa_cli.check.grad_hints import with_gradient_hints
 from sdpa_cli.check.records import Check, Expected
 from sdpa_cli.check.relative import Judgement, factor_for, relative_check
 from sdpa_cli.check.settings import CheckSettings
@@ -78,8 +79,9 @@ def gradient_checks(
     factor = settings.fudge if settings.fudge is not None else GRADIENT_FACTORS.get(export)
     judgement = Judgement(export, factor=factor or factor_for(export, None))
     checks: list[Check] = []
+    got_all: dict[str, F64] = {}
     for e in expected:
-        got = _fitted(spec, e)
+        got = got_all[e.name] = _fitted(spec, e)
         ref = reference.loaded(e.name)
         assert ref is not None
         checks.append(finite_check(e.name, got, e.label))
@@ -105,7 +107,9 @@ def gradient_checks(
             seeing = np.asarray(reference.n_visible) > 0
             d_seen = np.where(seeing[..., None], np.asarray(d, np.float64), 0.0)
             checks += _dv_sums(spec, got, d_seen, e.label, export)
-    return checks
+    refs = {n: np.asarray(reference.loaded(n)) for n in got_all}
+    d64 = np.asarray(d, np.float64)
+    return with_gradient_hints(checks, _float64(seen), d64, got_all, refs, export)
 
 
 def _float64(spec: AttentionSpec) -> AttentionSpec:

@@ -225,3 +225,107 @@ def test_the_cli_and_a_manifest_judge_gradients(workdir: Path) -> None:
         "sdpa: error: dq.npy: is a gradient (dq): give --dout FILE, the gradient of the output "
         "the backward kernel was given\n"
     )
+
+
+# --- each backward slip, injected by hand and named ------------------------------------
+
+
+def slip_inputs(kv_heads: int = 4) -> dict[str, Any]:
+    """float16 Q, K, V, dO of a causal case, the float64 pieces a backward kernel reads
+    (P, the scaled logits, the LSE, O), and PyTorch's faithful gradients."""
+    arrays = torch_backward("float16", "fused", causal=True, kv_heads=kv_heads)
+    r = 4 // kv_heads
+    q = arrays["q"].astype(np.float64)
+    k = np.repeat(arrays["k"].astype(np.float64), r, axis=1)
+    v = np.repeat(arrays["v"].astype(np.float64), r, axis=1)
+    scaled = q @ np.swapaxes(k, -1, -2) / np.sqrt(32.0)
+    hidden = np.triu(np.ones((48, 48), dtype=np.bool_), 1)
+    logits = np.where(hidden, -np.inf, scaled)
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    p = np.exp(logits - lse[..., None])
+    d_o = arrays["dout"].astype(np.float64)
+    return {
+        **arrays,
+        "q64": q,
+        "k64": k,
+        "v64": v,
+        "scaled": scaled,
+        "lse": lse,
+        "p": p,
+        "d_o": d_o,
+    }
+
+
+def grads_from(a: dict[str, Any], p: F64, ds: F64, dv: F64) -> dict[str, F64]:
+    f = 1 / np.sqrt(32.0)
+    return {"dq": ds @ a["k64"] * f, "dk": np.swapaxes(ds, -1, -2) @ a["q64"] * f, "dv": dv}
+
+
+F64 = NDArray[np.float64]
+
+
+def named(arrays: dict[str, Any], slipped: dict[str, F64]) -> dict[str, str | None]:
+    for name, values in slipped.items():
+        arrays[name] = values.astype(np.float16).astype(np.float32)
+    checks = judged(arrays, "float16", causal=True)
+    return {n: checks[f"{n}.close"].hint for n in slipped}
+
+
+def test_the_d_term_left_out_is_named() -> None:
+    a = slip_inputs()
+    da = a["d_o"] @ np.swapaxes(a["v64"], -1, -2)
+    g = grads_from(a, a["p"], a["p"] * da, np.swapaxes(a["p"], -1, -2) @ a["d_o"])
+    hints = named(a, {"dq": g["dq"], "dk": g["dk"]})
+    assert all(h is not None and "leaves out D = rowsum(dO ⊙ O)" in h for h in hints.values())
+
+
+def test_dv_from_unnormalised_weights_is_named() -> None:
+    a = slip_inputs()
+    hidden = np.triu(np.ones((48, 48), dtype=np.bool_), 1)
+    logits = np.where(hidden, -np.inf, a["scaled"])
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    hints = named(a, {"dv": np.swapaxes(e, -1, -2) @ a["d_o"]})
+    assert hints["dv"] is not None
+    assert hints["dv"].startswith("dV from the unnormalised weights exp(S − max)")
+
+
+def test_the_mask_left_out_of_the_backward_is_named() -> None:
+    """P recomputed as exp(S − LSE) over every key, with the forward's (masked) LSE."""
+    a = slip_inputs()
+    p = np.exp(a["scaled"] - a["lse"][..., None])
+    da = a["d_o"] @ np.swapaxes(a["v64"], -1, -2)
+    d = np.einsum("...ij,...ij->...i", a["p"], da)[..., None]
+    g = grads_from(a, p, p * (da - d), np.swapaxes(p, -1, -2) @ a["d_o"])
+    hints = named(a, g)
+    assert all(
+        h is not None
+        and h.startswith("the mask is applied in the forward pass but not in the backward")
+        for h in hints.values()
+    )
+
+
+def test_dk_without_the_scale_is_named() -> None:
+    a = slip_inputs()
+    hints = named(a, {"dk": a["dk"].astype(np.float64) * np.sqrt(32.0)})
+    assert hints["dk"] is not None
+    assert hints["dk"].startswith("dK misses the scale: the export is dSᵀ·Q, not dSᵀ·Q·0.176777")
+
+
+def test_grouped_query_gradients_not_summed_are_named() -> None:
+    """Two K/V heads for four query heads: each K/V head's dK and dV hold the share of
+    its first query head only."""
+    a = slip_inputs(kv_heads=2)
+    da = a["d_o"] @ np.swapaxes(a["v64"], -1, -2)
+    d = np.einsum("...ij,...ij->...i", a["p"], da)[..., None]
+    g = grads_from(a, a["p"], a["p"] * (da - d), np.swapaxes(a["p"], -1, -2) @ a["d_o"])
+    hints = named(a, {"dk": g["dk"][:, ::2], "dv": g["dv"][:, ::2]})
+    assert all(
+        h is not None and "not the sum over the 2 query heads that share it" in h
+        for h in hints.values()
+    )
+
+
+def test_faithful_gradients_get_no_hint() -> None:
+    a = slip_inputs()
+    checks = judged(a, "float16", causal=True)
+    assert all(c.hint is None for c in checks.values())

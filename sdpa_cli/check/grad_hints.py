@@ -1,0 +1,184 @@
+"""Hints on failed gradient comparisons: the backward pass recomputed under the slips a
+backward kernel most often makes, one at a time, in float64; a hint names the one the
+exported gradient matches (:func:`~sdpa_cli.check.hints.export_matches`).
+
+The slips: dQ or dK without the scale; the D = rowsum(dO ⊙ O) term left out of the
+softmax's backward (dS = P ⊙ dA); dV from the unnormalised weights exp(S − max); the
+mask applied in the forward pass but not in the backward (P recomputed as exp(S − LSE)
+over every key, as a FlashAttention-style backward reads the forward's LSE); the whole
+backward run without the mask; grouped-query dK and dV holding one query head's share,
+not the sum over the heads that share a K/V head. A slice at a time, every row at
+once: only for cases of at most :data:`~sdpa_cli.check.hints._SUSPECT_LIMIT` scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+
+from sdpa_cli.check.hints import _SUSPECT_LIMIT, export_matches
+from sdpa_cli.check.records import Check
+from sdpa_cli.engine.block import attend_block, operands
+from sdpa_cli.engine.grad import OPERAND
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.types import F64
+
+Gradient = dict[str, F64]
+"""dQ, dK and dV in the engine's layout (shaped like ``spec.q``, ``spec.k``, ``spec.v``)."""
+
+
+def with_gradient_hints(
+    checks: list[Check],
+    spec: AttentionSpec,
+    dout: F64,
+    exports: Mapping[str, F64],
+    reference: Mapping[str, F64],
+    export: str,
+) -> list[Check]:
+    """A hint on each failed ``dq``/``dk``/``dv`` comparison that a backward slip
+    explains. ``spec``: the computation in float64 as the kernel saw it; ``dout`` in
+    the engine's layout; ``exports`` and ``reference`` in the inputs' shapes as loaded."""
+    failing = {
+        c.name.removesuffix(".close")
+        for c in checks
+        if c.status == "fail" and c.name.endswith(".close") and c.name[:2] in ("dq", "dk", "dv")
+    }
+    if not failing or math.prod(spec.weights_shape) > _SUSPECT_LIMIT:
+        return checks
+    hints: dict[str, str] = {}
+    for hint, names, values in _slips(spec, dout, reference):
+        for name in sorted(failing & names - hints.keys()):
+            got = spec.as_loaded(OPERAND[name], values()[name])
+            if export_matches(exports[name], got, reference[name], export):
+                hints[name] = hint
+        if failing <= hints.keys():
+            break
+    return [
+        dataclasses.replace(c, hint=hints[c.name.removesuffix(".close")])
+        if c.name.endswith(".close") and c.name.removesuffix(".close") in hints
+        else c
+        for c in checks
+    ]
+
+
+Slip = tuple[str, set[str], Callable[[], Gradient]]
+"""A hint, the gradients it concerns, and (computed on first use) their values."""
+
+
+def _slips(spec: AttentionSpec, dout: F64, reference: Mapping[str, F64]) -> Iterator[Slip]:
+    f = spec.factor
+    exact = {n: _engine_layout(spec, n, reference[n]) for n in ("dq", "dk", "dv")}
+    yield (
+        f"dK misses the scale: the export is dSᵀ·Q, not dSᵀ·Q·{_num(f)} (a bug in the kernel)",
+        {"dk"},
+        lambda: {"dk": exact["dk"] / f},
+    )
+    yield (
+        f"dQ misses the scale: the export is dS·K, not dS·K·{_num(f)} (a bug in the kernel)",
+        {"dq"},
+        lambda: {"dq": exact["dq"] / f},
+    )
+    yield (
+        "the softmax's backward leaves out D = rowsum(dO ⊙ O): dS = P ⊙ dA, not "
+        "P ⊙ (dA − D) (a bug in the kernel)",
+        {"dq", "dk"},
+        _once(lambda: _variant(spec, dout, "no-d")),
+    )
+    yield (
+        "dV from the unnormalised weights exp(S − max), the row sums not divided out "
+        "(a bug in the kernel)",
+        {"dv"},
+        _once(lambda: _variant(spec, dout, "unnormalised")),
+    )
+    if _masked(spec):
+        yield (
+            "the mask is applied in the forward pass but not in the backward: P recomputed "
+            "as exp(S − LSE) over every key (a bug in the kernel)",
+            {"dq", "dk", "dv"},
+            _once(lambda: _variant(spec, dout, "unmasked-backward")),
+        )
+    if spec.group > 1:
+        yield (
+            f"dK and dV of each K/V head hold one query head's share, not the sum over the "
+            f"{spec.group} query heads that share it (a bug in the kernel)",
+            {"dk", "dv"},
+            _once(lambda: _variant(spec, dout, "first-head")),
+        )
+
+
+def _num(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _once(compute: Callable[[], Gradient]) -> Callable[[], Gradient]:
+    found: list[Gradient] = []
+
+    def values() -> Gradient:
+        if not found:
+            found.append(compute())
+        return found[0]
+
+    return values
+
+
+def _engine_layout(spec: AttentionSpec, name: str, loaded: F64) -> F64:
+    """A gradient in its input's shape as loaded, back in the engine's layout."""
+    return np.asarray(loaded).reshape(getattr(spec, OPERAND[name]).shape)
+
+
+def _masked(spec: AttentionSpec) -> bool:
+    o = spec.options
+    return bool(o.causal or o.window is not None or spec.mask is not None or o.key_lengths)
+
+
+def _variant(spec: AttentionSpec, dout: F64, slip: str) -> Gradient:
+    """The backward pass in float64 with one slip, every slice whole."""
+    f = spec.factor
+    dq, dk, dv = np.zeros(spec.q.shape), np.zeros(spec.k.shape), np.zeros(spec.v.shape)
+    rows = slice(0, spec.L)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        for lead in np.ndindex(*spec.lead):
+            at = tuple(int(i) for i in lead)
+            ops = operands(spec, at, emulate=False)
+            block = attend_block(spec, at, rows, emulate=False, inputs=ops)
+            q = np.asarray(spec.q[spec.operand_index("q", at)], np.float64)
+            k, v = ops.k, ops.v
+            d_o = np.asarray(dout[at], np.float64)
+            p = np.asarray(block.weights, np.float64)
+            da = d_o @ v.T
+            d = np.einsum("ij,ij->i", p, da)[:, None]  # rowsum(dO ⊙ O)
+            dv_part = p.T @ d_o
+            if slip == "no-d":
+                ds = p * da
+            elif slip == "unnormalised":
+                logits = np.asarray(block.masked, np.float64)
+                top = np.max(logits, axis=1, keepdims=True, initial=-np.inf)
+                dv_part = np.nan_to_num(np.exp(logits - top)).T @ d_o
+                ds = p * (da - d)
+            elif slip == "unmasked-backward":
+                before = block.biased if block.biased is not None else block.capped
+                scaled = np.asarray(before if before is not None else block.scaled, np.float64)
+                lse = _lse(np.asarray(block.masked, np.float64))
+                p = np.exp(scaled - lse[:, None])
+                dv_part = p.T @ d_o
+                ds = p * (da - d)
+            else:
+                ds = p * (da - d)
+            q_at, k_at, v_at = (spec.operand_index(n, at) for n in ("q", "k", "v"))
+            dq[q_at] += ds @ k * f
+            # first-head: only query head g·r of each group writes K/V head g's share
+            if slip != "first-head" or at[-1] % spec.group == 0:
+                dk[k_at] += ds.T @ q * f
+                dv[v_at] += dv_part
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def _lse(logits: F64) -> F64:
+    top = np.max(logits, axis=1, initial=-np.inf)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        out: F64 = safe + np.log(np.sum(np.exp(logits - safe[:, None]), axis=1))
+    return out
