@@ -5,6 +5,10 @@
     out = my_kernel(q, k, v, causal=True)             # numpy arrays or torch tensors
     assert_attention_close(q, k, v, output=out, causal=True)
 
+    out.backward(dout)                                # a backward kernel's gradients
+    assert_attention_close(q, k, v, output=out, dout=dout,
+                           dq=q.grad, dk=k.grad, dv=v.grad, causal=True)
+
 On failure it raises ``AssertionError`` carrying the same report ``sdpa check``
 prints: each failed check, the mismatch counts, the greatest differences with their
 full index, and the tolerances that would have passed.
@@ -24,8 +28,10 @@ from sdpa_cli.api.judge import judge
 from sdpa_cli.check.records import CheckReport, Expected, failure_lines
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.engine.grad import make_dout
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
-from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.names import EXPORTS, GRADIENT_EXPORTS
 from sdpa_cli.text import plural
 
 
@@ -72,8 +78,7 @@ def _verdict(report: CheckReport) -> str:
     if report.passed:
         return f"{'the' if len(report.checks) == 1 else 'all'} {total} passed"
     names = [c.name for c in report.failed]
-    named = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    return f"{len(names)} of {total} failed, {named}"
+    return f"{len(names)} of {total} failed, {_listed(names)}"
 
 
 def _check_keywords(options: Mapping[str, Any]) -> None:
@@ -87,6 +92,27 @@ def _check_keywords(options: Mapping[str, Any]) -> None:
         if close:
             message += f"; did you mean {close[0]!r}?"
         raise TypeError(message)
+
+
+def _check_gradients(given: Mapping[str, Any]) -> None:
+    """Refuse a gradient without ``dout`` (the loss it is the gradient of is unknown),
+    and a ``dout`` with no gradient to judge, as Python refuses a missing argument."""
+    grads = [n for n in GRADIENT_EXPORTS if given[n] is not None]
+    if grads and given["dout"] is None:
+        raise TypeError(
+            f"assert_attention_close() got {_listed(grads)} without dout: give dout=, the "
+            "gradient of the output the backward kernel was given"
+        )
+    if given["dout"] is not None and not grads:
+        raise TypeError(
+            "assert_attention_close() got dout without a gradient to judge: give dq=, dk= "
+            "or dv=, the gradients the backward kernel computed from it"
+        )
+
+
+def _listed(names: list[str]) -> str:
+    """``dq``, ``dq and dk``, ``dq, dk and dv``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _keywords() -> tuple[str, ...]:
@@ -107,6 +133,10 @@ def assert_attention_close(
     lse: Any = None,
     bias: Any = None,
     mask: Any = None,
+    dout: Any = None,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
     rtol: float | None = None,
     atol: float | None = None,
     reference: str | None = None,
@@ -129,20 +159,30 @@ def assert_attention_close(
     ``"dtype"``, ``"measured"``... as ``--tolerance``); the export's format is its
     dtype (a torch bfloat16 tensor counts as bfloat16).
 
+    A backward kernel's gradients ``dq``, ``dk``, ``dv`` (each shaped as its input:
+    ``q.grad``, ``k.grad``, ``v.grad``) of the loss ``Σ O ⊙ dout`` (``dout`` shaped as
+    the output, the gradient the kernel was given) are judged as ``sdpa check --dout
+    FILE --expect-dq FILE`` judges them (:mod:`~sdpa_cli.check.gradients`), any of
+    them, with or without ``output``. One function, not a sibling for gradients: a
+    kernel's forward and backward share their inputs and options, ``sdpa check``
+    judges both in one run, and one call gives one report of both.
+
     Returns:
         The report, when every check passed.
 
     Raises:
         AssertionError: a check failed; the message is the report.
         TypeError: an unknown keyword (before anything is computed), with the closest
-            valid one: ``casual`` → ``did you mean 'causal'?``.
+            valid one: ``casual`` → ``did you mean 'causal'?``; a gradient without
+            ``dout``, or ``dout`` without a gradient.
         SdpaError: the inputs or options are invalid (not a failed check).
     """
     _check_keywords(options)
+    given = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask, "dout": dout}
+    given |= {"output": output, "weights": weights, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    _check_gradients(given)
     arrays: dict[str, NDArray[Any]] = {}
     dtypes: set[str] = set()
-    given = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask}
-    given |= {"output": output, "weights": weights, "lse": lse}
     for name, value in given.items():
         if value is not None:
             arrays[name], dtype = _as_array(value, name)
@@ -172,11 +212,19 @@ def assert_attention_close(
         equal_nan=equal_nan,
         **chosen,
     )
-    expected = [Expected(n, arrays[n], n) for n in ("output", "weights", "lse") if n in arrays]
-    report = judge(spec, expected, settings, thresholds)
+    expected = [Expected(n, arrays[n], n) for n in EXPORTS if n in arrays]
+    report = judge(spec, expected, settings, thresholds, dout=_dout(spec, arrays.get("dout")))
     if not report.passed:
         raise AssertionError(report_text(report))
     return report
+
+
+def _dout(spec: AttentionSpec, dout: NDArray[Any] | None) -> NDArray[Any] | None:
+    """``dout`` after its shape is checked against the output's, naming it ``dout``
+    (the check itself would name it ``--dout``, the command line's flag)."""
+    if dout is not None:
+        make_dout(spec, dout, spec.options.seed, "dout")
+    return dout
 
 
 __all__ = ["assert_attention_close", "report_text"]

@@ -3,7 +3,11 @@
 The checks themselves are ``sdpa check``'s (``tests/check/test_check.py``); here, what
 the assertion adds: an unknown keyword refused as Python refuses one, with the closest
 valid name; a failure message with no line said twice; the tolerance left to ``sdpa
-check``'s default unless one is asked for. Exports come from the float64 loop oracle.
+check``'s default unless one is asked for; a backward kernel's gradients judged from
+torch tensors as they come (``q.grad``) and from numpy arrays, a gradient without
+``dout`` refused. Exports come from the float64 loop oracle, gradients from it written
+out (dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum), dQ = dS·K·scale, dK = dSᵀ·Q·scale) and
+from PyTorch's own CPU backward kernels.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ def close_of(report: CheckReport) -> Check:
         ("tolerence", "tolerance"),  # a setting of the check
         ("equal_nans", "equal_nan"),
         ("ouptut", "output"),  # an export
+        ("d_out", "dout"),  # a backward kernel's
+        ("dkk", "dk"),
     ],
 )
 def test_a_misspelt_keyword_raises_type_error_naming_the_closest(typed: str, meant: str) -> None:
@@ -213,3 +219,160 @@ def test_a_bad_tolerance_name_is_a_spec_error() -> None:
     out: Any = attention(q, k, v).output
     with pytest.raises(SpecError):
         assert_attention_close(q, k, v, output=out, tolerance="loose")
+
+
+# --- gradients ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def torch() -> Any:
+    return pytest.importorskip("torch")
+
+
+BACKENDS = {"math": "MATH", "fused": "FLASH_ATTENTION"}
+
+
+def torch_backward(
+    torch: Any, dtype: str, backend: str, *, kv_heads: int = 4, causal: bool = False
+) -> dict[str, Any]:
+    """Q, K, V (leaves, their ``.grad`` filled), the output and dO, as torch tensors in
+    ``dtype``, from PyTorch's CPU ``backend``: four query heads, 48 rows and keys."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator().manual_seed(0)
+    t = getattr(torch, dtype)
+    q, k, v = (
+        torch.randn(2, h, 48, 32, generator=g).to(t).requires_grad_(True)
+        for h in (4, kv_heads, kv_heads)
+    )
+    dout = torch.randn(2, 4, 48, 32, generator=g).to(t)
+    with sdpa_kernel(getattr(SDPBackend, BACKENDS[backend])):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=kv_heads != 4
+        )
+    out.backward(dout)
+    return {"q": q, "k": k, "v": v, "output": out, "dout": dout}
+
+
+GRADIENT_CHECKS = ["dq.finite", "dq.close", "dk.finite", "dk.close", "dv.finite", "dv.close"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize(("causal", "kv_heads"), [(True, 4), (False, 2), (True, 2)])
+def test_pytorchs_backward_kernels_pass_as_tensors(
+    torch: Any, dtype: str, backend: str, causal: bool, kv_heads: int
+) -> None:
+    t = torch_backward(torch, dtype, backend, kv_heads=kv_heads, causal=causal)
+    q, k, v = t["q"], t["k"], t["v"]
+    report = assert_attention_close(
+        q, k, v, output=t["output"], dout=t["dout"], dq=q.grad, dk=k.grad, dv=v.grad, causal=causal
+    )
+    assert report.export_dtype == dtype  # a bfloat16 tensor's format, too
+    names = [c.name for c in report.checks]
+    assert names[3:10] == [*GRADIENT_CHECKS, "dv.sums"]  # after the output's, before findings
+    assert names[:3] == ["output.finite", "output.range", "output.close"]
+
+
+def test_any_of_the_gradients_without_the_output(torch: Any) -> None:
+    t = torch_backward(torch, "float16", "fused", causal=True)
+    report = assert_attention_close(
+        t["q"], t["k"], t["v"], dout=t["dout"], dk=t["k"].grad, causal=True
+    )
+    assert [c.name for c in report.checks if not c.name.startswith("findings")] == [
+        "dk.finite",
+        "dk.close",
+    ]
+
+
+def test_dk_without_its_scale_fails_naming_dk_close_its_worst_element_and_not_rounding(
+    torch: Any,
+) -> None:
+    """dK = dSᵀ · Q without the 1/√E: √32 × the reference everywhere."""
+    t = torch_backward(torch, "float16", "fused", causal=True)
+    q, k, v = t["q"], t["k"], t["v"]
+    with pytest.raises(AssertionError) as caught:
+        assert_attention_close(
+            q, k, v, dout=t["dout"], dq=q.grad, dk=k.grad * 32**0.5, dv=v.grad, causal=True
+        )
+    message = str(caught.value)
+    assert message.splitlines()[0] == (
+        "sdpa check: 1 of 8 checks failed, dk.close (export float16, reference float32):"
+    )
+    by_check = blocks(message)
+    assert [n for n, lines in by_check.items() if lines[0].startswith("  FAIL")] == ["dk.close"]
+    details = [line.strip() for line in by_check["dk.close"][1:]]
+    assert any(line.startswith("worst element: index [") for line in details), details
+    (not_rounding,) = [line for line in details if line.startswith("not rounding: ")]
+    assert "the export is 5.657× the reference throughout" in not_rounding
+
+
+@pytest.mark.parametrize("gradients", [("dq",), ("dk", "dv"), ("dq", "dk", "dv")])
+def test_a_gradient_without_dout_is_a_type_error_before_anything_is_computed(
+    gradients: tuple[str, ...],
+) -> None:
+    """As a missing argument is; K's key dim (3) is not Q's, which would raise SpecError
+    if anything were computed."""
+    q, _, v = qkv()
+    bad_k = normal(2, 2, 5, 3)
+    given: dict[str, Any] = {n: np.zeros(1) for n in gradients}
+    named = {1: "{}", 2: "{} and {}", 3: "{}, {} and {}"}[len(gradients)].format(*gradients)
+    with pytest.raises(TypeError) as caught:
+        assert_attention_close(q, bad_k, v, causal=True, **given)
+    assert str(caught.value) == (
+        f"assert_attention_close() got {named} without dout: give dout=, the gradient of the "
+        "output the backward kernel was given"
+    )
+
+
+def test_dout_without_a_gradient_is_a_type_error() -> None:
+    """It would judge nothing of the backward kernel, silently."""
+    q, k, v = qkv()
+    out = attention(q, k, v).output
+    with pytest.raises(TypeError) as caught:
+        assert_attention_close(q, k, v, output=out, dout=out)
+    assert str(caught.value) == (
+        "assert_attention_close() got dout without a gradient to judge: give dq=, dk= or dv=, "
+        "the gradients the backward kernel computed from it"
+    )
+
+
+def test_a_dout_not_shaped_as_the_output_is_a_spec_error_naming_dout() -> None:
+    q, k, v = qkv()
+    with pytest.raises(SpecError) as caught:
+        assert_attention_close(q, k, v, dout=normal(4, 2, 3, 4), dv=v)
+    assert str(caught.value) == (
+        "dout: dO should have the output's shape (2, 3, 3): but got (2, 3, 4)"
+    )
+
+
+def gradients(q: F64, k: F64, v: F64, dout: F64, causal: bool) -> dict[str, F64]:
+    """dQ, dK, dV of Σ O ⊙ dO in float64, from the loop oracle's weights P:
+    dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ⊙ (dP − Σⱼ P ⊙ dP), dQ = dS·K·s, dK = dSᵀ·Q·s."""
+    p = attention(q, k, v, causal=causal).weights
+    scale = q.shape[-1] ** -0.5
+    dp = np.einsum("BLF,BSF->BLS", dout, v)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    return {
+        "dq": np.einsum("BLS,BSE->BLE", ds, k) * scale,
+        "dk": np.einsum("BLS,BLE->BSE", ds, q) * scale,
+        "dv": np.einsum("BLS,BLF->BSF", p, dout),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_numpy_gradients_pass_and_a_slip_fails(dtype: str) -> None:
+    """Float64 gradients of the inputs as a kernel in ``dtype`` saw them, rounded to it."""
+    wanted = np.dtype(dtype)
+    q, k, v = (x.astype(wanted) for x in qkv())
+    dout = normal(4, 2, 3, 3).astype(wanted)
+    wq, wk, wv, wd = (x.astype(np.float64) for x in (q, k, v, dout))
+    exact = gradients(wq, wk, wv, wd, causal=True)
+    out = attention(wq, wk, wv, causal=True).output.astype(wanted)
+    grads: dict[str, Any] = {n: g.astype(wanted) for n, g in exact.items()}
+    report = assert_attention_close(q, k, v, output=out, dout=dout, causal=True, **grads)
+    assert report.export_dtype == dtype
+    assert {c.name for c in report.checks} >= {*GRADIENT_CHECKS, "dv.sums"}
+    grads["dq"] = (exact["dq"] * 1.5).astype(wanted)
+    with pytest.raises(AssertionError, match=r"failed, dq\.close \("):
+        assert_attention_close(q, k, v, output=out, dout=dout, causal=True, **grads)
