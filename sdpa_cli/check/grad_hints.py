@@ -6,7 +6,7 @@ The slips: dQ or dK without the scale; the D = rowsum(dO ⊙ O) term left out of
 softmax's backward (dS = P ⊙ dA); dV from the unnormalised weights exp(S − max); the
 mask applied in the forward pass but not in the backward (P recomputed as exp(S − LSE)
 over every key, as a FlashAttention-style backward reads the forward's LSE); the whole
-backward run without the mask; grouped-query dK and dV holding one query head's share,
+backward run without the mask (the gradients of unmasked attention); grouped-query dK and dV holding one query head's share,
 not the sum over the heads that share a K/V head. A slice at a time, every row at
 once: only for cases of at most :data:`~sdpa_cli.check.hints._SUSPECT_LIMIT` scores.
 """
@@ -70,17 +70,19 @@ Slip = tuple[str, set[str], Callable[[], Gradient]]
 
 def _slips(spec: AttentionSpec, dout: F64, reference: Mapping[str, F64]) -> Iterator[Slip]:
     f = spec.factor
-    exact = {n: _engine_layout(spec, n, reference[n]) for n in ("dq", "dk", "dv")}
-    yield (
-        f"dK misses the scale: the export is dSᵀ·Q, not dSᵀ·Q·{_num(f)} (a bug in the kernel)",
-        {"dk"},
-        lambda: {"dk": exact["dk"] / f},
-    )
-    yield (
-        f"dQ misses the scale: the export is dS·K, not dS·K·{_num(f)} (a bug in the kernel)",
-        {"dq"},
-        lambda: {"dq": exact["dq"] / f},
-    )
+    exact = {n: _engine_layout(spec, n, values) for n, values in reference.items()}
+    if "dk" in exact:
+        yield (
+            f"dK misses the scale: the export is dSᵀ·Q, not dSᵀ·Q·{_num(f)} (a bug in the kernel)",
+            {"dk"},
+            lambda: {"dk": exact["dk"] / f},
+        )
+    if "dq" in exact:
+        yield (
+            f"dQ misses the scale: the export is dS·K, not dS·K·{_num(f)} (a bug in the kernel)",
+            {"dq"},
+            lambda: {"dq": exact["dq"] / f},
+        )
     yield (
         "the softmax's backward leaves out D = rowsum(dO ⊙ O): dS = P ⊙ dA, not "
         "P ⊙ (dA − D) (a bug in the kernel)",
@@ -99,6 +101,12 @@ def _slips(spec: AttentionSpec, dout: F64, reference: Mapping[str, F64]) -> Iter
             "as exp(S − LSE) over every key (a bug in the kernel)",
             {"dq", "dk", "dv"},
             _once(lambda: _variant(spec, dout, "unmasked-backward")),
+        )
+        yield (
+            "the backward pass ran without the mask: the gradients of attention over every "
+            "key (a bug in the kernel, or the mask not passed to it)",
+            {"dq", "dk", "dv"},
+            _once(lambda: _variant(spec, dout, "unmasked")),
         )
     if spec.group > 1:
         yield (
@@ -158,11 +166,14 @@ def _variant(spec: AttentionSpec, dout: F64, slip: str) -> Gradient:
                 top = np.max(logits, axis=1, keepdims=True, initial=-np.inf)
                 dv_part = np.nan_to_num(np.exp(logits - top)).T @ d_o
                 ds = p * (da - d)
-            elif slip == "unmasked-backward":
+            elif slip in ("unmasked-backward", "unmasked"):
                 before = block.biased if block.biased is not None else block.capped
                 scaled = np.asarray(before if before is not None else block.scaled, np.float64)
-                lse = _lse(np.asarray(block.masked, np.float64))
+                # the forward's LSE (masked), or the unmasked softmax's own
+                lse = _lse(np.asarray(block.masked if slip == "unmasked-backward" else scaled))
                 p = np.exp(scaled - lse[:, None])
+                if slip == "unmasked":
+                    d = np.einsum("ij,ij->i", p, da)[:, None]
                 dv_part = p.T @ d_o
                 ds = p * (da - d)
             else:

@@ -329,3 +329,15 @@ def test_faithful_gradients_get_no_hint() -> None:
     a = slip_inputs()
     checks = judged(a, "float16", causal=True)
     assert all(c.hint is None for c in checks.values())
+
+
+def test_a_backward_of_unmasked_attention_is_named() -> None:
+    """The kernel's backward ran without the causal mask at all: PyTorch's gradients of
+    the same inputs with no mask."""
+    a = slip_inputs()
+    full = torch_backward("float16", "fused")
+    hints = named(a, {n: full[n].astype(np.float64) for n in ("dq", "dk", "dv")})
+    assert all(
+        h is not None and h.startswith("the backward pass ran without the mask")
+        for h in hints.values()
+    )
