@@ -134,9 +134,9 @@ TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
 FORWARD_EXPORTS = ("output", "weights", "lse")
 """A forward kernel's exports: the output, the attention weights, the logsumexp per row."""
 
-GRADIENT_EXPORTS = ("dq", "dk", "dv")
+GRADIENT_EXPORTS = ("dq", "dk", "dv", "dbias", "dsinks")
 """A backward kernel's gradients ``sdpa check`` judges (with ``--dout``), each shaped as
-its input."""
+its input: Q, K, V, the bias, the sinks."""
 
 EXPORTS = (*FORWARD_EXPORTS, *GRADIENT_EXPORTS)
 """What ``sdpa check`` judges: the output, the attention weights, the logsumexp per row,

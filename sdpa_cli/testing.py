@@ -105,8 +105,8 @@ def _check_gradients(given: Mapping[str, Any]) -> None:
         )
     if given["dout"] is not None and not grads:
         raise TypeError(
-            "assert_attention_close() got dout without a gradient to judge: give dq=, dk= "
-            "or dv=, the gradients the backward kernel computed from it"
+            "assert_attention_close() got dout without a gradient to judge: give dq=, dk=, "
+            "dv= or dbias=, the gradients the backward kernel computed from it"
         )
 
 
@@ -137,6 +137,8 @@ def assert_attention_close(
     dq: Any = None,
     dk: Any = None,
     dv: Any = None,
+    dbias: Any = None,
+    dsinks: Any = None,
     rtol: float | None = None,
     atol: float | None = None,
     reference: str | None = None,
@@ -160,7 +162,7 @@ def assert_attention_close(
     dtype (a torch bfloat16 tensor counts as bfloat16).
 
     A backward kernel's gradients ``dq``, ``dk``, ``dv`` (each shaped as its input:
-    ``q.grad``, ``k.grad``, ``v.grad``) of the loss ``Σ O ⊙ dout`` (``dout`` shaped as
+    ``q.grad``, ``k.grad``, ``v.grad``; ``dbias`` as the bias) of the loss ``Σ O ⊙ dout`` (``dout`` shaped as
     the output, the gradient the kernel was given) are judged as ``sdpa check --dout
     FILE --expect-dq FILE`` judges them (:mod:`~sdpa_cli.check.gradients`), any of
     them, with or without ``output``. One function, not a sibling for gradients: a
@@ -180,6 +182,7 @@ def assert_attention_close(
     _check_keywords(options)
     given = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask, "dout": dout}
     given |= {"output": output, "weights": weights, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    given |= {"dbias": dbias, "dsinks": dsinks}
     _check_gradients(given)
     arrays: dict[str, NDArray[Any]] = {}
     dtypes: set[str] = set()

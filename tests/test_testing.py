@@ -332,8 +332,8 @@ def test_dout_without_a_gradient_is_a_type_error() -> None:
     with pytest.raises(TypeError) as caught:
         assert_attention_close(q, k, v, output=out, dout=out)
     assert str(caught.value) == (
-        "assert_attention_close() got dout without a gradient to judge: give dq=, dk= or dv=, "
-        "the gradients the backward kernel computed from it"
+        "assert_attention_close() got dout without a gradient to judge: give dq=, dk=, dv= or "
+        "dbias=, the gradients the backward kernel computed from it"
     )
 
 

@@ -90,8 +90,8 @@ def _entries(
                 f"{where}: {printable(str(raw_key))}",
                 "unknown key; expected name, case or q/k/v, bias, mask, sinks, segment-ids, "
                 "segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
-                "expect-dq, expect-dk, expect-dv, dout, expect-partials, decode, an option of "
-                "compute or a setting of check",
+                "expect-dq, expect-dk, expect-dv, expect-dbias, expect-dsinks, dout, "
+                "expect-partials, decode, an option of compute or a setting of check",
             )
         if key in PATH_KEYS:
             if not isinstance(value, str):

@@ -141,7 +141,7 @@ EXPECT_OPTIONS: list[Option] = [
         metavar="FILE",
         shell_complete=files,
         help="The gradient of the output a backward kernel was given, (..., L, Ev): with "
-        "--expect-dq, --expect-dk, --expect-dv.",
+        "--expect-dq, --expect-dk, --expect-dv, --expect-dbias, --expect-dsinks.",
     ),
     click.option(
         "--expect-dq",
@@ -160,6 +160,18 @@ EXPECT_OPTIONS: list[Option] = [
         metavar="FILE",
         shell_complete=files,
         help="The exported gradient of V, shaped as V (with --dout).",
+    ),
+    click.option(
+        "--expect-dbias",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported gradient of the bias, shaped as the bias (with --dout).",
+    ),
+    click.option(
+        "--expect-dsinks",
+        metavar="FILE",
+        shell_complete=files,
+        help="The exported gradient of the sinks, one per head (with --dout).",
     ),
     click.option(
         "--expect-partials",

@@ -11,8 +11,8 @@ PyTorch's math backward (autograd over its eager ops) does:
     dS = round(P ⊙ (dA − rowsum(dA ⊙ P)))       in --softmax-dtype, then stored in D
     dQ = round(dS · K · f)         dK = round(dSᵀ · Q · f)
 
-dK and dV are summed over the row blocks (and a group's query heads) in the
-accumulator before they are stored. Pure numpy; a slice at a time, rows in blocks,
+dK, dV, d(bias) and d(sinks) are summed over the row blocks (and a group's query heads)
+in the accumulator before they are stored. Pure numpy; a slice at a time, rows in blocks,
 so nothing score-sized outlives a block.
 """
 
@@ -32,26 +32,27 @@ from sdpa_cli.errors import SpecError
 
 def plain_backward(spec: AttentionSpec, dout: F64) -> dict[str, F64]:
     """dQ, dK and dV (the engine's layout: shaped like ``spec.q``, ``spec.k``,
-    ``spec.v``) of ``Σ O ⊙ dO`` as a kernel in ``spec.options.dtype`` computes them
-    plainly; ``dout`` in the engine's layout ``(*lead, L, Ev)``.
+    ``spec.v``), and d(bias) and d(sinks) when the computation has them, of
+    ``Σ O ⊙ dO`` as a kernel in ``spec.options.dtype`` computes them plainly; ``dout``
+    in the engine's layout ``(*lead, L, Ev)``. A softcap's chain rule stores
+    dS · (1 − tanh²) in the format; a sink's d(logit) is −p_sink · Σ_j P_j dA_j.
 
     Raises:
-        SpecError: for the options whose plain backward is not written here (a
-            softcap, sinks, a bias's gradient, --score-mod).
+        SpecError: for --score-mod, whose derivative would need autodiff.
     """
     o = spec.options
-    for given, flag in (
-        (o.softcap, "--softcap"),
-        (spec.sinks, "--sinks"),
-        (o.score_mod, "--score-mod"),
-    ):
-        if given is not None:
-            raise SpecError(flag, "has no plain backward computation here yet")
+    if o.score_mod is not None:
+        raise SpecError("--score-mod", "has no backward pass here; use it with compute")
     ar = Arithmetic.of(spec, emulate=True)
     acc = ar.accumulate
     dq = np.zeros(spec.q.shape)
-    dk_sum = np.zeros(spec.k.shape)  # the accumulator's running sums, stored in D at the end
-    dv_sum = np.zeros(spec.v.shape)
+    # the accumulator's running sums, stored in the format at the end
+    sums = {"dk": np.zeros(spec.k.shape), "dv": np.zeros(spec.v.shape)}
+    if spec.bias is not None:
+        sums["dbias"] = np.zeros(spec.bias.shape)
+    if spec.sinks is not None:
+        sums["dsinks"] = np.zeros(spec.sinks.shape)
+    f = spec.factor
     for lead in np.ndindex(*spec.lead):
         at: Index = tuple(int(i) for i in lead)
         ops = operands(spec, at, emulate=True)
@@ -69,18 +70,37 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> dict[str, F64]:
                 else:
                     p_used = p
                     da = ar.r(precision.matmul(d_o, ops.v.T, acc))
-                dv_sum[v_at] += precision.matmul(p_used.T, d_o, acc)
+                sums["dv"][v_at] += precision.matmul(p_used.T, d_o, acc)
                 ds = ar.r(_softmax_backward(p, da, ar.softmax))
                 if not block.all_visible:
                     ds = np.where(block.unreplaced, ds, 0.0)
-                f = spec.factor
+                if "dsinks" in sums and block.sink is not None:
+                    total = np.einsum("ij,ij->i", p, da)
+                    h = at[-1] if at and spec.sinks is not None and spec.sinks.shape[0] > 1 else 0
+                    sums["dsinks"][h] -= float(np.sum(np.asarray(block.sink) * total))
+                if "dbias" in sums:
+                    _add_dbias(spec, sums["dbias"], at, rows, ds)
+                dscaled = ds
+                if o.softcap is not None:
+                    t = np.tanh(np.asarray(block.scaled, np.float64) / o.softcap)
+                    dscaled = ar.r(ds * (1.0 - t * t))
                 dq[spec.operand_index("q", at)][rows] = ar.r(
-                    precision.round_to(precision.matmul(ds, ops.k, acc) * f, acc)
+                    precision.round_to(precision.matmul(dscaled, ops.k, acc) * f, acc)
                 )
-                dk_sum[k_at] += precision.matmul(ds.T, q_all[rows], acc) * f
-            dk_sum[k_at] = precision.round_to(dk_sum[k_at], acc)
-            dv_sum[v_at] = precision.round_to(dv_sum[v_at], acc)
-    return {"dq": dq, "dk": ar.r(dk_sum), "dv": ar.r(dv_sum)}
+                sums["dk"][k_at] += precision.matmul(dscaled.T, q_all[rows], acc) * f
+            for name in sums:
+                sums[name] = precision.round_to(sums[name], acc)
+    return {"dq": dq, **{name: ar.r(values) for name, values in sums.items()}}
+
+
+def _add_dbias(spec: AttentionSpec, dbias: F64, at: Index, rows: slice, ds: F64) -> None:
+    """d(bias) of a block: dS summed over the axes the bias broadcasts along."""
+    assert spec.bias is not None
+    target = dbias[spec.operand_index("bias", at)]
+    lb, sb = target.shape[-2:]
+    part = ds.sum(axis=0, keepdims=True) if lb == 1 else ds
+    part = part.sum(axis=1, keepdims=True) if sb == 1 else part
+    target[rows if lb > 1 else slice(0, 1)] += part
 
 
 def _row_blocks(spec: AttentionSpec) -> Iterator[slice]:

@@ -341,3 +341,57 @@ def test_a_backward_of_unmasked_attention_is_named() -> None:
         h is not None and h.startswith("the backward pass ran without the mask")
         for h in hints.values()
     )
+
+
+# --- the bias, the sinks and a softcap ---------------------------------------------------
+
+
+def extras_case(dtype: str) -> tuple[AttentionSpec, dict[str, F64]]:
+    """Q, K, V with a (L, S) bias, gpt-oss sinks and a softcap, in ``dtype``, and dO."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 12, 8)).astype(dtype) for _ in range(3))
+    bias = rng.standard_normal((12, 12)).astype(dtype)
+    sinks = rng.standard_normal(2)
+    spec = build_spec(
+        q, k, v, bias=bias, sinks=sinks, options=parse_options({"causal": True, "softcap": 5.0})
+    )
+    return spec, {"dout": rng.standard_normal((1, 2, 12, 8))}
+
+
+def test_the_plain_backward_in_float64_has_the_bias_sinks_and_softcap_gradients() -> None:
+    spec, extra = extras_case("float64")
+    exact = backward(spec, make_dout(spec, extra["dout"], 0, "--dout"))
+    plain = plain_backward(spec, extra["dout"])
+    assert set(plain) == {"dq", "dk", "dv", "dbias", "dsinks"}
+    for name in plain:
+        np.testing.assert_allclose(plain[name], getattr(exact, name), rtol=1e-11, atol=1e-13)
+
+
+def test_dbias_and_dsinks_are_judged_and_a_doubled_dbias_fails() -> None:
+    """float16 inputs; the exact gradients rounded to float16 stand for a faithful
+    kernel; d(bias) twice what it is fails, d(sinks) passes."""
+    spec, extra = extras_case("float16")
+    exact = backward(
+        build_spec(
+            *(np.asarray(x, np.float64) for x in (spec.q, spec.k, spec.v)),
+            bias=np.asarray(spec.bias, np.float64),
+            sinks=spec.sinks,
+            options=parse_options({"causal": True, "softcap": 5.0}),
+        ),
+        make_dout(spec, extra["dout"], 0, "--dout"),
+    )
+    exports = [
+        Expected(n, np.asarray(getattr(exact, n)).astype(np.float16), f"{n}.npy")
+        for n in ("dq", "dbias", "dsinks")
+    ]
+    assert exact.dbias is not None
+    exports[1] = Expected("dbias", (2 * exact.dbias).astype(np.float16), "dbias.npy")
+    checks = {
+        c.name: c for c in gradient_checks(spec, exports, extra["dout"], CheckSettings(), "float16")
+    }
+    assert checks["dq.close"].status == "pass"
+    assert checks["dsinks.close"].status == "pass"
+    assert checks["dbias.close"].status == "fail"
+    assert checks["dbias.close"].details["diagnosis"]["fit"]["factor"] == pytest.approx(
+        2.0, rel=1e-2
+    )

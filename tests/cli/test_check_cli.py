@@ -1177,8 +1177,8 @@ MALFORMED: list[tuple[str, str, str]] = [
         "cases:\n  - {q: q.npy, k: k.npy, v: v.npy, frob: 1}\n",
         "m.yaml: cases[1]: frob: unknown key; expected name, case or q/k/v, bias, mask, sinks, "
         "segment-ids, segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
-        "expect-dq, expect-dk, expect-dv, dout, expect-partials, decode, an option of compute "
-        "or a setting of check",
+        "expect-dq, expect-dk, expect-dv, expect-dbias, expect-dsinks, dout, expect-partials, "
+        "decode, an option of compute or a setting of check",
     ),
     (
         "missing-q",
