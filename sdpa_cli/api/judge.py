@@ -74,7 +74,12 @@ def judge(
         n = next((i for i, c in enumerate(report.checks) if c.name.startswith("findings")), None)
         n = len(report.checks) if n is None else n
         checks = (*report.checks[:n], *grads, *report.checks[n:])
-        report = dataclasses.replace(report, checks=checks, export_dtype=export)
+        # gradients are read against the float64 backward pass: a run of them alone
+        # says so (beside forward exports, the reference named is the forward's)
+        reference = report.reference if forward else "float64"
+        report = dataclasses.replace(
+            report, checks=checks, export_dtype=export, reference=reference
+        )
     if first:
         report = dataclasses.replace(report, checks=(*first, *report.checks))
     return report

@@ -18,6 +18,7 @@ import pytest
 from clirunner import invoke
 from numpy.typing import NDArray
 
+from sdpa_cli.api.judge import judge
 from sdpa_cli.check.gradients import GRADIENT_FACTORS, gradient_checks
 from sdpa_cli.check.records import Check, Expected
 from sdpa_cli.check.settings import CheckSettings
@@ -395,3 +396,14 @@ def test_dbias_and_dsinks_are_judged_and_a_doubled_dbias_fails() -> None:
     assert checks["dbias.close"].details["diagnosis"]["fit"]["factor"] == pytest.approx(
         2.0, rel=1e-2
     )
+
+
+def test_a_run_of_gradients_alone_names_its_float64_reference() -> None:
+    """Gradients are read against the float64 backward pass: the report says so."""
+    arrays = torch_backward("float16", "fused")
+    spec = build_spec(
+        arrays["q"], arrays["k"], arrays["v"], options=parse_options({"dtype": "float16"})
+    )
+    report = judge(spec, [Expected("dk", arrays["dk"], "dk.npy")], dout=arrays["dout"])
+    assert (report.export_dtype, report.reference) == ("float16", "float64")
+    assert report.passed
