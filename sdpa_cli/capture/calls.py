@@ -20,6 +20,12 @@ Two kinds of kernel are caught (:mod:`~sdpa_cli.capture.hooks`):
 
 Dropout in training draws a random mask no one can replay: such a call is recorded
 with the reason it cannot be checked (:attr:`Call.skip`).
+
+For a backward pass (``capture(backward=True)``), a call also names the tensors whose
+gradients autograd will compute (:attr:`Call.differentiable`): the output as the kernel
+returned it (its gradient is dO) and the inputs Q, K, V (and a mask) that require grad,
+the tensors the kernel got, so their gradients are the call's dQ, dK, dV (K and V
+before ``repeat_kv``: their gradients summed over each group's query heads).
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ EAGER_KNOWN = frozenset(
 ``position_bias``, gpt-oss's ``sinks``) changes the computation in a way no option says."""
 EAGER_INFORMATIONAL = frozenset({"sliding_window"})
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+GRADIENTS = {"dout": "output", "dq": "q", "dk": "k", "dv": "v", "dmask": "mask"}
+"""A gradient a backward pass gives a call → the tensor of :attr:`Call.tensors` it is
+shaped as (``dmask``: a float mask that requires grad, a learned bias)."""
 
 
 @dataclass
@@ -66,6 +75,12 @@ class Call:
         options: sdpa's options by manifest key: ``causal``, ``scale``, ``softcap``.
         info: informational keys (device, dtype, layout, mask kind, dropout, ...).
         skip: why ``sdpa check`` cannot replay the call (dropout in training), or None.
+        differentiable: the tensors a backward pass gives a gradient, by the
+            gradient's name (:data:`GRADIENTS`): ``dout`` the output as the kernel
+            returned it, ``dq``, ``dk``, ``dv``, ``dmask`` the inputs; empty when the
+            output does not require grad.
+        dout_transposed: the output was recorded transposed (``(B, L, H, Ev)`` →
+            ``(B, H, L, Ev)``), and so is dO.
     """
 
     source: str
@@ -73,6 +88,8 @@ class Call:
     options: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     skip: str | None = None
+    differentiable: dict[str, Any] = field(default_factory=dict)
+    dout_transposed: bool = False
 
 
 def layer_of(path: str) -> int | None:
@@ -144,6 +161,7 @@ def from_torch(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Ca
     }
     if dropout > 0:
         call.skip = f"dropout_p {dropout:g}: its random mask cannot be replayed"
+    call.differentiable = differentiable(output, tensors)
     return call
 
 
@@ -212,7 +230,30 @@ def from_eager(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], res
     if dropout > 0:
         reasons.insert(0, f"dropout {dropout:g} in training: its random mask cannot be replayed")
     call.skip = "; ".join(reasons) or None
+    call.differentiable = differentiable(output, tensors)
+    call.dout_transposed = tensors["output"] is not output
     return call
+
+
+def differentiable(output: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """The tensors of a call whose gradients a backward pass gives, by the gradient's
+    name (:data:`GRADIENTS`): ``output`` as the kernel returned it, and each input that
+    requires grad; none when the output does not (``torch.no_grad``, frozen inputs).
+
+    An input given twice (``q is k``, self-attention on one tensor) is left out: a
+    hook on it would see the sum of its gradients as Q and as K.
+    """
+    if not getattr(output, "requires_grad", False):
+        return {}
+    found = {"dout": output}
+    inputs = [tensors[n] for n in ("q", "k", "v", "mask") if n in tensors]
+    for name, key in GRADIENTS.items():
+        tensor = tensors.get(key) if key != "output" else None
+        if tensor is None or not getattr(tensor, "requires_grad", False):
+            continue
+        if sum(t is tensor for t in inputs) == 1:
+            found[name] = tensor
+    return found
 
 
 EAGER_ORDER = ("module", "query", "key", "value", "attention_mask")

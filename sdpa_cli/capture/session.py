@@ -6,6 +6,14 @@ module attends, during generation say) or, outside any module, ``call-N``. Which
 are recorded: those whose name ``match`` selects, then every ``every``-th of them, up to
 ``max_calls``, while their files fit in ``max_bytes`` (the first that does not stops the
 capture, with one line on stderr).
+
+With ``backward``, a recorded call whose output requires grad is hooked
+(:mod:`~sdpa_cli.capture.backward`): when the program's backward pass reaches it, its
+dO and the gradients of its Q, K, V join its file (``dout``, ``dq``, ``dk``, ``dv``),
+and its case lists them (``dout``, ``expect-dq``, ``expect-dk``, ``expect-dv``) for
+``sdpa check`` to judge the backward kernel; ``max_bytes`` counts them from the
+forward call on. Each call's gradients are on disk as they arrive; the manifest and
+``calls.yaml`` list them at the end of each backward pass.
 """
 
 from __future__ import annotations
@@ -20,17 +28,23 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sdpa_cli.capture.calls import Call, layer_of
+from sdpa_cli.capture.backward import Gradients
+from sdpa_cli.capture.calls import GRADIENTS, Call, layer_of
 from sdpa_cli.capture.hooks import Interceptor
 from sdpa_cli.capture.writer import (
+    add_safetensors,
     file_stem,
+    grown_size,
     human_bytes,
+    list_item,
     manifest_case,
     parse_size,
     record_progress,
+    rewrite_progress,
     safetensors_header,
     tensors_size,
     unwritable,
+    with_gradients,
     write_documents,
     write_safetensors,
 )
@@ -41,6 +55,12 @@ INSTALL_TORCH = "pip install torch"
 TENSORS = "tensors"
 _LOCK = threading.Lock()
 _RUNNING: list[Capture] = []
+
+
+def _with_gradients(n: int) -> str:
+    if n == 0:
+        return "none with gradients (no backward pass reached them)"
+    return f"{n} with {'its' if n == 1 else 'their'} gradients"
 
 
 def _stderr(line: str) -> None:
@@ -59,6 +79,8 @@ class Summary:
         folder: where it wrote.
         manifest: the manifest's path, or None when no call could go in one.
         stopped: why it stopped before the end (``max_bytes``), or None.
+        gradients: calls whose gradients were recorded, or None when the capture was
+            not asked for them (``backward``).
     """
 
     seen: int
@@ -68,6 +90,7 @@ class Summary:
     folder: Path
     manifest: Path | None
     stopped: str | None = None
+    gradients: int | None = None
 
     def line(self) -> str:
         """One line for a person: calls, bytes, where the manifest is."""
@@ -79,6 +102,8 @@ class Summary:
         )
         if self.skipped:
             text += f", {self.skipped} not replayable (see calls.yaml)"
+        if self.gradients is not None:
+            text += f", {_with_gradients(self.gradients)}"
         if self.stopped:
             text += "; stopped by max_bytes"
         if self.manifest is not None:
@@ -99,6 +124,7 @@ class Capture:
         max_bytes: int | str | None = None,
         notify: Callable[[str], None] | None = None,
         replace: bool = False,
+        backward: bool = False,
     ) -> None:
         if isinstance(max_bytes, str):
             max_bytes = parse_size(max_bytes, "max_bytes")
@@ -112,6 +138,7 @@ class Capture:
         self.folder = _absolute(self.shown)
         """The folder it meant at the start, whatever directory the program moves to."""
         self.replace = replace
+        self.backward = backward
         self.max_calls, self.match, self.every, self.max_bytes = max_calls, match, every, max_bytes
         self.notify = notify or _stderr
         self.lock = threading.Lock()
@@ -123,6 +150,16 @@ class Capture:
         self.summary: Summary | None = None
         self.torch: Any = None
         self.interceptor: Interceptor | None = None
+        self.gradients: Gradients | None = None
+        self.graded = 0
+        """Calls whose gradients joined their file."""
+        self.reserved = 0
+        """The bytes the gradients of the calls awaiting them will add."""
+        self.awaiting: dict[int, _Awaiting] = {}
+        self.case_items: list[bytes] = []
+        self.call_items: list[bytes] = []
+        self.changed = False
+        """Gradients joined a case since the documents were last rewritten."""
 
     # --- start and end --------------------------------------------------------------------
 
@@ -134,6 +171,8 @@ class Capture:
             self._prepare_folder()
             self.torch = torch
             self.interceptor = Interceptor(torch, self._on_call)
+            if self.backward:
+                self.gradients = Gradients(torch, self._gradients_arrived, self._pass_ended)
             self.interceptor.install()
             _RUNNING.append(self)
         return self
@@ -148,6 +187,10 @@ class Capture:
             assert self.interceptor is not None
             self.interceptor.remove()
             _RUNNING.remove(self)
+        if self.gradients is not None:
+            # a backward pass cut short (an exception in it): what arrived is kept
+            for number, got in sorted(self.gradients.release().items()):
+                self._gradients_arrived(number, got)
         with self.lock:
             manifest = write_documents(
                 self.folder, self.cases, self.calls, self._counts(), self.shown
@@ -160,6 +203,7 @@ class Capture:
                 self.shown,
                 None if manifest is None else self.shown / manifest.name,
                 self.stopped,
+                None if self.gradients is None else self.graded,
             )
 
     def _prepare_folder(self) -> None:
@@ -184,6 +228,8 @@ class Capture:
         text = f"{self.captured} of {plural(self.seen, 'attention call')} captured"
         if self.skipped:
             text += f" ({self.skipped} cannot be replayed)"
+        if self.gradients is not None:
+            text += f"; {_with_gradients(self.graded)}"
         if self.stopped:
             text += "; stopped by max_bytes"
         return text
@@ -228,13 +274,18 @@ class Capture:
         stem = file_stem(number, name)
         file = f"{TENSORS}/{stem}.safetensors"
         metadata = {"name": name, "call": str(number), "source": call.source}
-        size = 0
+        size = full = 0
+        hooked = self.gradients is not None and bool(call.tensors) and call.skip is None
         if call.tensors:
             size = len(safetensors_header(call.tensors, metadata)) + 8 + tensors_size(call.tensors)
-            if self.max_bytes is not None and self.bytes + size > self.max_bytes:
+            full = size
+            if hooked and call.differentiable:
+                like = {g: call.tensors[GRADIENTS[g]] for g in call.differentiable}
+                full = grown_size(call.tensors, metadata, like)
+            if self.max_bytes is not None and self.bytes + self.reserved + full > self.max_bytes:
                 self.stopped = (
                     f"stopped at {plural(self.captured, 'call')} ({human_bytes(self.bytes)}): "
-                    f"call {number} ({name}, {human_bytes(size)}) would pass max_bytes "
+                    f"call {number} ({name}, {human_bytes(full)}) would pass max_bytes "
                     f"{human_bytes(self.max_bytes)}; later calls are not captured"
                 )
                 self.notify(self.stopped)
@@ -265,6 +316,58 @@ class Capture:
         # native code) leaves every call it made checkable; the end rewrites them whole.
         case = self.cases[-1] if call.skip is None else None
         record_progress(self.folder, case, entry, self.shown)
+        if self.gradients is None:
+            return
+        # kept as written: a backward pass rewrites the documents from them
+        self.call_items.append(list_item(entry))
+        if case is not None:
+            self.case_items.append(list_item(case))
+        if hooked and self.gradients.watch(number, call):
+            self.reserved += full - size
+            at_case = len(self.cases) - 1 if case is not None else None
+            self.awaiting[number] = _Awaiting(len(self.calls) - 1, at_case, file, full - size)
+
+    # --- each call's gradients ------------------------------------------------------------
+
+    def _gradients_arrived(self, number: int, got: dict[str, Any]) -> None:
+        """Call ``number``'s gradients join its file, its entry and its case."""
+        with self.lock:
+            awaiting = self.awaiting.pop(number, None)
+            if awaiting is None:
+                return
+            self.reserved -= awaiting.reserve
+            entry = self.calls[awaiting.call]
+            tensors = {g: got[g] for g in GRADIENTS if g in got}
+            size = add_safetensors(self.folder / awaiting.file, tensors, self.torch)
+            self.bytes += size - entry["bytes"]
+            entry["bytes"] = size
+            entry["gradients"] = list(tensors)
+            self.graded += 1
+            if awaiting.case is not None:
+                case = with_gradients(self.cases[awaiting.case], awaiting.file, tensors)
+                self.cases[awaiting.case] = case
+                self.case_items[awaiting.case] = list_item(case)
+            self.call_items[awaiting.call] = list_item(entry)
+            self.changed = True
+
+    def _pass_ended(self) -> None:
+        """A backward pass ended: the documents list the gradients it brought."""
+        with self.lock:
+            if not self.changed or self.summary is not None:
+                return
+            self.changed = False
+            rewrite_progress(self.folder, self.case_items, self.call_items, self.shown)
+
+
+@dataclass(frozen=True)
+class _Awaiting:
+    """A recorded call whose gradients have not come: where its entry and case are in
+    the documents (by index), its file, and the bytes reserved for them."""
+
+    call: int
+    case: int | None
+    file: str
+    reserve: int
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -335,6 +438,7 @@ def capture(
     *,
     notify: Callable[[str], None] | None = None,
     replace: bool = False,
+    backward: bool = False,
 ) -> Capture:
     """Record every attention call made inside the ``with`` block into the folder ``out``.
 
@@ -362,6 +466,11 @@ def capture(
         notify: where that line goes (default: stderr).
         replace: replace an earlier capture in ``out`` (its manifest, ``calls.yaml``
             and tensor files; anything else there refuses it).
+        backward: also record each call's gradients when the program runs a backward
+            pass inside the ``with`` block: dO and the gradients of Q, K, V join the
+            call's file (``dout``, ``dq``, ``dk``, ``dv``) and its case
+            (``dout``, ``expect-dq``, ``expect-dk``, ``expect-dv``). The program's
+            gradients are unchanged.
 
     Raises:
         SpecError: PyTorch is not installed, a capture is already running, or a bound is
@@ -376,4 +485,5 @@ def capture(
         max_bytes=max_bytes,
         notify=notify,
         replace=replace,
+        backward=backward,
     )

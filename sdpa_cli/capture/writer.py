@@ -44,6 +44,9 @@ TENSOR_KEYS = {
     "weights": "expect-weights",
 }
 """A call file's tensor → the manifest key that names it."""
+GRADIENT_KEYS = {"dout": "dout", "dq": "expect-dq", "dk": "expect-dk", "dv": "expect-dv"}
+"""A call's gradient (recorded by ``capture(backward=True)``) → the manifest key that
+names it, for ``sdpa check`` to judge the backward kernel; a case file takes none."""
 _UNITS = {
     "": 1,
     "b": 1,
@@ -114,18 +117,46 @@ def tensors_size(tensors: Mapping[str, Any]) -> int:
 
 def safetensors_header(tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> bytes:
     """The JSON header of a safetensors file of ``tensors`` (padded to 8 bytes)."""
-    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    return _header(_entries(tensors), metadata)
+
+
+def _entries(tensors: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each tensor's header entry, at its offset after the ones before it."""
+    entries: dict[str, dict[str, Any]] = {}
     offset = 0
     for name, tensor in tensors.items():
         size = int(tensor.numel()) * int(tensor.element_size())
-        header[name] = {
+        entries[name] = {
             "dtype": SAFETENSORS_CODES[str(tensor.dtype).removeprefix("torch.")],
             "shape": [int(n) for n in tensor.shape],
             "data_offsets": [offset, offset + size],
         }
         offset += size
+    return entries
+
+
+def _header(entries: Mapping[str, Any], metadata: Mapping[str, str]) -> bytes:
+    header: dict[str, Any] = {"__metadata__": dict(metadata), **entries}
     text = json.dumps(header, separators=(",", ":")).encode()
     return text + b" " * (-len(text) % 8)  # the format aligns the data buffer to 8 bytes
+
+
+def _shifted(entries: Mapping[str, dict[str, Any]], by: int) -> dict[str, dict[str, Any]]:
+    return {
+        name: {**e, "data_offsets": [e["data_offsets"][0] + by, e["data_offsets"][1] + by]}
+        for name, e in entries.items()
+    }
+
+
+def grown_size(
+    tensors: Mapping[str, Any], metadata: Mapping[str, str], more: Mapping[str, Any]
+) -> int:
+    """The size of a file of ``tensors`` once tensors shaped as ``more`` (a gradient
+    name → the tensor it is shaped as) join it (:func:`add_safetensors`)."""
+    entries = _entries(tensors)
+    data = tensors_size(tensors)
+    header = _header({**entries, **_shifted(_entries(more), data)}, metadata)
+    return 8 + len(header) + data + tensors_size(more)
 
 
 def write_safetensors(
@@ -149,6 +180,33 @@ def write_safetensors(
     return 8 + len(text) + tensors_size(tensors)
 
 
+def add_safetensors(path: Path, tensors: Mapping[str, Any], torch: Any) -> int:
+    """Add torch ``tensors`` (on the host) to the safetensors file ``path`` after the
+    ones it holds, atomically; its new size in bytes. The file's data is copied, not
+    read whole: the host holds one of the new tensors at a time."""
+    import shutil  # imported here: only a backward capture grows its files
+
+    with open(path, "rb") as old:
+        n = int.from_bytes(old.read(8), "little")
+        header = json.loads(old.read(n))
+    metadata = header.pop("__metadata__", {})
+    data = max((e["data_offsets"][1] for e in header.values()), default=0)
+    text = _header({**header, **_shifted(_entries(tensors), data)}, metadata)
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(len(text).to_bytes(8, "little"))
+        fh.write(text)
+        with open(path, "rb") as old:
+            old.seek(8 + n)
+            shutil.copyfileobj(old, fh, 1 << 20)
+        for tensor in tensors.values():
+            host = tensor.detach().to("cpu").contiguous().reshape(-1)
+            fh.write(host.view(torch.uint8).numpy().data)
+
+    write_atomic(path, write)
+    return 8 + len(text) + data + tensors_size(tensors)
+
+
 def manifest_case(
     name: str, file: str, tensors: Mapping[str, Any], options: Mapping[str, Any], description: str
 ) -> dict[str, Any]:
@@ -162,6 +220,27 @@ def manifest_case(
     return entry
 
 
+def with_gradients(
+    case: Mapping[str, Any], file: str, gradients: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A manifest entry with a call's recorded gradients listed after its tensors
+    (``dout``, ``expect-dq``, ``expect-dk``, ``expect-dv``: :data:`GRADIENT_KEYS`);
+    none without dO, which the check needs to judge any of them, or without one of
+    them (dO alone judges nothing)."""
+    listed = {GRADIENT_KEYS[g]: f"{file}:{g}" for g in GRADIENT_KEYS if g in gradients}
+    if "dout" not in listed or len(listed) == 1:
+        return dict(case)
+    tensor_keys = set(TENSOR_KEYS.values())
+    entry: dict[str, Any] = {}
+    for key, value in case.items():
+        if key not in tensor_keys and key not in ("name", "description"):
+            entry.update(listed)
+            listed = {}
+        entry[key] = value
+    entry.update(listed)
+    return entry
+
+
 def case_file(entry: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """A manifest entry as a case file beside its tensors (``tensors/NAME.yaml``), which
     ``sdpa compute``, ``explain`` and ``grad`` take alone: its path relative to the
@@ -171,7 +250,7 @@ def case_file(entry: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     folder, _, file_name = tensor_file.rpartition("/")
     data: dict[str, Any] = {"description": f"{entry['name']}: {entry['description']}"}
     for key, value in entry.items():
-        if key in ("name", "description") or key.startswith("expect-"):
+        if key in ("name", "description", "dout") or key.startswith("expect-"):
             continue
         if key in TENSOR_KEYS.values():
             data[key] = str(value).removeprefix(f"{folder}/")
@@ -206,6 +285,18 @@ def _dump(data: Any) -> bytes:
     return str(text).encode()
 
 
+def list_item(entry: Mapping[str, Any]) -> bytes:
+    """``entry`` as one item of a YAML list (``- name: ...``), as the documents hold it."""
+    return _dump([dict(entry)])
+
+
+def _started(shown: Path) -> tuple[bytes, bytes]:
+    """The in-progress heads of ``manifest.yaml`` and ``calls.yaml``."""
+    manifest = MANIFEST_HEADER.format(manifest=shown / "manifest.yaml", counts=IN_PROGRESS)
+    calls = b"# Written by sdpa capture: " + IN_PROGRESS.encode() + b"\ncalls:\n"
+    return manifest.encode() + b"cases:\n", calls
+
+
 def record_progress(
     folder: Path, case: Mapping[str, Any] | None, call: Mapping[str, Any], shown: Path
 ) -> None:
@@ -214,13 +305,24 @@ def record_progress(
     header on the first), so a program that ends without unwinding leaves every call
     it made checkable. :func:`write_documents` rewrites them whole at the end.
     ``shown``: the folder as given, as the manifest's header names it."""
+    manifest, calls = _started(shown)
     if case is not None:
         path, data = case_file(case)
         write_atomic(folder / path, _writes(CASE_HEADER.encode() + _dump(data)))
-        manifest = MANIFEST_HEADER.format(manifest=shown / "manifest.yaml", counts=IN_PROGRESS)
-        _append(folder / "manifest.yaml", manifest.encode() + b"cases:\n", _dump([dict(case)]))
-    started = b"# Written by sdpa capture: " + IN_PROGRESS.encode() + b"\ncalls:\n"
-    _append(folder / "calls.yaml", started, _dump([dict(call)]))
+        _append(folder / "manifest.yaml", manifest, list_item(case))
+    _append(folder / "calls.yaml", calls, list_item(call))
+
+
+def rewrite_progress(folder: Path, cases: list[bytes], calls: list[bytes], shown: Path) -> None:
+    """``manifest.yaml`` (when it has cases) and ``calls.yaml`` rewritten whole from
+    their entries (:func:`list_item`) while the capture runs: after a backward pass,
+    whose gradients joined cases :func:`record_progress` appended. Case files do not
+    change (they take no gradient)."""
+    manifest, started = _started(shown)
+    files = [(folder / "calls.yaml", started + b"".join(calls))]
+    if cases:
+        files.append((folder / "manifest.yaml", manifest + b"".join(cases)))
+    write_all_atomic([(path, _writes(data)) for path, data in files])
 
 
 def _append(path: Path, start: bytes, item: bytes) -> None:

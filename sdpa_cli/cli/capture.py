@@ -52,6 +52,13 @@ CAPTURE_EXIT_CODES_HELP = (
     help="Replace a capture already in DIR (its manifest.yaml, calls.yaml and tensors/; "
     "anything else there refuses it).",
 )
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Also record each call's gradients when the program runs a backward pass: dO "
+    "and the dQ, dK, dV autograd computed, listed as dout and expect-dq/dk/dv for sdpa "
+    "check to judge the backward kernel.",
+)
 @click.argument(
     "command",
     nargs=-1,
@@ -66,6 +73,7 @@ def capture(
     every: int,
     max_bytes: str | None,
     replace: bool,
+    backward: bool,
     command: tuple[str, ...],
 ) -> int:
     """Run a Python program and record every attention call it makes, for sdpa check.
@@ -84,6 +92,7 @@ def capture(
       sdpa capture --out runs/llama -- python generate.py --prompt hi
       sdpa capture --out runs/bert --match 'encoder.layer.1*' -- -m my_pkg.eval
       sdpa capture --out runs/big --every 8 --max-bytes 2GiB -- train_step.py
+      sdpa capture --out runs/train --backward -- train_step.py
       sdpa check --manifest runs/llama/manifest.yaml
     """
     # imported here: keeps sdpa --help fast
@@ -102,6 +111,7 @@ def capture(
         max_bytes=limit,
         notify=lambda line: click.echo(f"sdpa capture: {line}", err=True),
         replace=replace,
+        backward=backward,
     )
     # Its files are written as the calls come, not held back until stdout is delivered.
     with immediate(), session:
