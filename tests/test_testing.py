@@ -297,7 +297,7 @@ def test_dk_without_its_scale_fails_naming_dk_close_its_worst_element_and_not_ro
         )
     message = str(caught.value)
     assert message.splitlines()[0] == (
-        "sdpa check: 1 of 8 checks failed, dk.close (export float16, reference float32):"
+        "sdpa check: 1 of 8 checks failed, dk.close (export float16, reference float64):"
     )
     by_check = blocks(message)
     assert [n for n, lines in by_check.items() if lines[0].startswith("  FAIL")] == ["dk.close"]
