@@ -7,7 +7,8 @@ softmax's backward (dS = P ⊙ dA); dV from the unnormalised weights exp(S − m
 mask applied in the forward pass but not in the backward (P recomputed as exp(S − LSE)
 over every key, as a FlashAttention-style backward reads the forward's LSE); the whole
 backward run without the mask (the gradients of unmasked attention); grouped-query dK and dV holding one query head's share,
-not the sum over the heads that share a K/V head. A slice at a time, every row at
+not the sum over the heads that share a K/V head; dropout's mask not replayed in the
+backward. A slice at a time, every row at
 once: only for cases of at most :data:`~sdpa_cli.check.hints._SUSPECT_LIMIT` scores.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from sdpa_cli.check.hints import _SUSPECT_LIMIT, export_matches
 from sdpa_cli.check.records import Check
-from sdpa_cli.engine.block import attend_block, operands
+from sdpa_cli.engine.block import attend_block, dropout_keep, operands
 from sdpa_cli.engine.grad import OPERAND
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
@@ -108,6 +109,13 @@ def _slips(spec: AttentionSpec, dout: F64, reference: Mapping[str, F64]) -> Iter
             {"dq", "dk", "dv"},
             _once(lambda: _variant(spec, dout, "unmasked")),
         )
+    if spec.options.dropout > 0:
+        yield (
+            "the backward pass did not replay dropout's mask: the gradients of attention "
+            "without dropout (a bug in the kernel, or its mask or seed not passed back)",
+            {"dq", "dk", "dv"},
+            _once(lambda: _variant(spec, dout, "no-dropout")),
+        )
     if spec.group > 1:
         yield (
             f"dK and dV of each K/V head hold one query head's share, not the sum over the "
@@ -157,8 +165,12 @@ def _variant(spec: AttentionSpec, dout: F64, slip: str) -> Gradient:
             d_o = np.asarray(dout[at], np.float64)
             p = np.asarray(block.weights, np.float64)
             da = d_o @ v.T
+            p_used = p
+            if spec.options.dropout > 0 and slip != "no-dropout":
+                keep = dropout_keep(spec, at, rows, block.keys) / (1.0 - spec.options.dropout)
+                da, p_used = da * keep, p * keep
             d = np.einsum("ij,ij->i", p, da)[:, None]  # rowsum(dO ⊙ O)
-            dv_part = p.T @ d_o
+            dv_part = p_used.T @ d_o
             if slip == "no-d":
                 ds = p * da
             elif slip == "unnormalised":

@@ -407,3 +407,45 @@ def test_a_run_of_gradients_alone_names_its_float64_reference() -> None:
     report = judge(spec, [Expected("dk", arrays["dk"], "dk.npy")], dout=arrays["dout"])
     assert (report.export_dtype, report.reference) == ("float16", "float64")
     assert report.passed
+
+
+def test_dropout_not_replayed_in_the_backward_is_named() -> None:
+    """With --dropout 0.2 (sdpa's own Philox mask, seed 3), gradients computed as if
+    nothing dropped: the exact ones of the same inputs without dropout."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float16) for _ in range(3))
+    dout = rng.standard_normal((1, 2, 16, 8))
+    spec = build_spec(q, k, v, options=parse_options({"dropout": 0.2, "seed": 3}))
+    wide = [np.asarray(x, np.float64) for x in (q, k, v)]
+    undropped = backward(
+        build_spec(*wide, options=parse_options({})), make_dout(spec, dout, 0, "--dout")
+    )
+    exports = [
+        Expected(n, np.asarray(getattr(undropped, n)).astype(np.float16), f"{n}.npy")
+        for n in ("dq", "dv")
+    ]
+    checks = {c.name: c for c in gradient_checks(spec, exports, dout, CheckSettings(), "float16")}
+    for name in ("dq", "dv"):
+        hint = checks[f"{name}.close"].hint
+        assert hint is not None
+        assert hint.startswith("the backward pass did not replay dropout's mask")
+
+
+def test_dropout_replayed_passes() -> None:
+    """The exact gradients with the same dropout mask (float16-rounded): they pass, the
+    plain backward replaying the mask as the kernel did."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float16) for _ in range(3))
+    dout = rng.standard_normal((1, 2, 16, 8))
+    spec = build_spec(q, k, v, options=parse_options({"dropout": 0.2, "seed": 3}))
+    wide = [np.asarray(x, np.float64) for x in (q, k, v)]
+    exact = backward(
+        build_spec(*wide, options=parse_options({"dropout": 0.2, "seed": 3})),
+        make_dout(spec, dout, 0, "--dout"),
+    )
+    exports = [
+        Expected(n, np.asarray(getattr(exact, n)).astype(np.float16), f"{n}.npy")
+        for n in ("dq", "dk", "dv")
+    ]
+    checks = gradient_checks(spec, exports, dout, CheckSettings(), "float16")
+    assert [c.name for c in checks if c.status != "pass"] == []
