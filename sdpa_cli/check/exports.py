@@ -53,7 +53,8 @@ def expected_shapes(spec: AttentionSpec, name: str) -> tuple[tuple[int, ...], ..
     return (spec.merged_output_shape,)
 
 
-def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+def strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` without its leading 1s (but its last axis)."""
     i = 0
     while i < len(shape) - 1 and shape[i] == 1:
         i += 1
@@ -79,7 +80,7 @@ def fit_expected(spec: AttentionSpec, exp: Expected) -> Fitted:
     """
     got = tuple(exp.values.shape)
     for shape in expected_shapes(spec, exp.name):
-        if got == shape or _strip_ones(got) == _strip_ones(shape):
+        if got == shape or strip_ones(got) == strip_ones(shape):
             values = np.asarray(exp.values).reshape(shape)  # read (as float64) chunk by chunk
             merged = (
                 exp.name == "output"

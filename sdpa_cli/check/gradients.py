@@ -14,7 +14,6 @@ over the rows (each row's weights sum to 1).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance
 from sdpa_cli.check.elements import close_check, finite_check
-from sdpa_cli.check.exports import as_naive, as_seen_by_kernel
+from sdpa_cli.check.exports import as_naive, as_seen_by_kernel, strip_ones
 from sdpa_cli.check.grad_hints import with_gradient_hints
 from sdpa_cli.check.records import Check, Expected
 from sdpa_cli.check.relative import Judgement, factor_for, relative_check
@@ -73,7 +72,7 @@ def gradient_checks(
         )
     seen = as_seen_by_kernel(spec, export)
     d = make_dout(seen, dout, spec.options.seed, dout_label)
-    reference = backward(_float64(seen), d, jobs=jobs)
+    reference = backward(seen.in_float64(), d, jobs=jobs)
     narrow = export != "float64" and settings.rtol is None and settings.tolerance == "kernel"
     plain = plain_backward(as_naive(seen, export), np.asarray(d, np.float64)) if narrow else None
     factor = settings.fudge if settings.fudge is not None else GRADIENT_FACTORS.get(export)
@@ -110,19 +109,7 @@ def gradient_checks(
             checks += _dv_sums(spec, got, d_seen, e.label, export)
     refs = {n: np.asarray(reference.loaded(n)) for n in got_all}
     d64 = np.asarray(d, np.float64)
-    return with_gradient_hints(checks, _float64(seen), d64, got_all, refs, export)
-
-
-def _float64(spec: AttentionSpec) -> AttentionSpec:
-    """The computation in float64 (the backward pass's own arithmetic)."""
-    options = dataclasses.replace(
-        spec.options,
-        dtype="float64",
-        accumulate="float64",
-        softmax_dtype="float64",
-        logits_dtype="float64",
-    )
-    return dataclasses.replace(spec, options=options)
+    return with_gradient_hints(checks, seen.in_float64(), d64, got_all, refs, export)
 
 
 def _fitted(spec: AttentionSpec, e: Expected) -> F64:
@@ -133,16 +120,9 @@ def _fitted(spec: AttentionSpec, e: Expected) -> F64:
         raise SpecError(e.label, f"is the gradient of the {operand}, and the computation has none")
     want = tuple(spec.shapes[operand])
     got = tuple(e.values.shape)
-    if got != want and _strip_ones(got) != _strip_ones(want):
+    if got != want and strip_ones(got) != strip_ones(want):
         raise SpecError(e.label, f"has shape {got}; {e.name} is shaped as its input, {want}")
     return np.asarray(e.values, dtype=np.float64).reshape(want)
-
-
-def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
-    i = 0
-    while i < len(shape) - 1 and shape[i] == 1:
-        i += 1
-    return shape[i:]
 
 
 def _fixed(settings: CheckSettings, export: str) -> Tolerance:
