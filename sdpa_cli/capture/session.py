@@ -333,7 +333,7 @@ class Capture:
         """Call ``number``'s gradients join its file, its entry and its case."""
         with self.lock:
             awaiting = self.awaiting.pop(number, None)
-            if awaiting is None:
+            if awaiting is None or self.summary is not None:  # the documents are final
                 return
             self.reserved -= awaiting.reserve
             entry = self.calls[awaiting.call]
