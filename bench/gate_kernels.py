@@ -35,6 +35,20 @@ shifted, one row rolled, a bfloat16 kernel claimed to be float32, Q, K, V and th
 or the output alone saved (B, L, H, E), the LSE in base 2). `HINT_NAMES` says what a hint
 that names each bug holds; `expected_exit` what `sdpa check` must exit with.
 
+Backward kernels (`backward_cases`, exports with `backward=True`, named backward/...):
+PyTorch's CPU SDPA backward pass, fused and math, float16, bfloat16 and float32 (full,
+causal, grouped-query with enable_gqa, a boolean mask; two seeds, the second faithful
+only); Hugging Face's eager attention in the tiny Llama (padded, its float mask) and
+Mistral (sliding window), the recorded call run again on Q, K, V leaves and
+backpropagated from a random dO; `jax.vjp` of JAX's `dot_product_attention` in bfloat16.
+Gemma 2 is left out: sdpa's backward does not take --softcap yet. Each exports q, k, v,
+dout, dq, dk, dv (and its mask) with the forward pass's flags. `inject_backward` puts a
+backward kernel's slips into them: dK without the scale, D = rowsum(dO ∘ O) forgotten,
+dV from unnormalised weights, the mask left out of the backward (P over every key from
+the forward's LSE, or the whole backward unmasked), grouped-query dK and dV not summed
+over the group, one head's dQ shifted by c × its RMS error; `backward64` is their float64
+reference, `BACKWARD_NAMES` what names each in a report.
+
 `noise_cases` and `randn` are data with nothing wrong, on which sdpa must raise nothing.
 Each kernel family is skipped when its library does not import (`cases()` says which).
 """
@@ -139,10 +153,12 @@ class Export:
     flags: tuple[str, ...]
     reference: Reference
     bug: str | None = None
+    backward: bool = False  # a backward kernel's export: q, k, v, dout, dq, dk, dv, [mask]
 
     @property
     def name(self) -> str:
-        return "/".join([self.kernel, self.dtype, self.case, self.bug or "faithful"])
+        parts = [self.kernel, self.dtype, self.case, self.bug or "faithful"]
+        return "/".join(["backward", *parts] if self.backward else parts)
 
 
 @dataclass(frozen=True)
@@ -315,6 +331,10 @@ FILE_OPTIONS = {
     "lse": "--expect-lse",
     "mask": "--mask",
     "segments": "--segment-ids",
+    "dout": "--dout",
+    "dq": "--expect-dq",
+    "dk": "--expect-dk",
+    "dv": "--expect-dv",
 }
 FILE_ARRAYS = frozenset({"mask", "segments"})  # arrays that describe the computation
 
@@ -339,8 +359,8 @@ def save(
 
 
 def check_args(paths: Mapping[str, Path], flags: Sequence[str]) -> list[str]:
-    """`sdpa`'s arguments: check Q K V --expect-output OUT [--expect-weights] [--expect-lse]
-    [--mask] [--segment-ids] FLAGS."""
+    """`sdpa`'s arguments: check Q K V [--expect-output OUT] [--expect-weights] [--expect-lse]
+    [--mask] [--segment-ids] [--dout DOUT --expect-dq DQ --expect-dk DK --expect-dv DV] FLAGS."""
     args = ["check", *(str(paths[n]) for n in "qkv")]
     for name, option in FILE_OPTIONS.items():
         if name in paths:
@@ -667,7 +687,8 @@ def _hf_forward(family: str, dtype: str, seed: int, bug: str | None) -> dict[int
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         out, weights = eager(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs).arguments
+        call = signature.bind(*args, **kwargs)
+        bound = call.arguments
         module, query = bound["module"], bound["query"]
         options = {**bound.get("kwargs", {}), **bound}
         scaling = options.get("scaling")
@@ -683,6 +704,7 @@ def _hf_forward(family: str, dtype: str, seed: int, bug: str | None) -> dict[int
             "scaling": scaling,
             "softcap": options.get("softcap"),
             "sliding_window": options.get("sliding_window"),
+            "call": (eager, call),  # to run it again with gradients (the backward cases)
         }
         return out, weights
 
@@ -842,6 +864,310 @@ def jax_cases(seed: int = 17) -> list[Case]:
     return cases
 
 
+# ---------------------------------------------------------------------------- backward
+
+
+# Slips of a backward kernel, put into a faithful backward export: the gradients they
+# change computed in float64 from the saved Q, K, V and dO as the slip computes them,
+# then rounded to the kernel's format (the others stay the kernel's own).
+DK_NO_SCALE = "dk-no-scale"  # dK = dSᵀ·Q without the scale: the kernel's dK × 1/scale
+D_FORGOTTEN = "d-forgotten"  # dS = P ⊙ dA, not P ⊙ (dA − D), D = rowsum(dO ∘ O): dQ, dK
+DV_UNNORMALISED = "dv-unnormalised"  # dV = exp(S − rowmax)ᵀ·dO: the row sums not divided out
+# The mask applied in the forward pass but not in the backward: P recomputed as
+# exp(S − LSE) over every key (S before the mask, LSE and D from the masked forward pass),
+# as a FlashAttention-style backward reads the forward's LSE: dQ, dK, dV.
+MASK_FORGOTTEN = "mask-forgotten-backward"
+# The whole backward pass run without the mask (the backward of unmasked attention; the
+# forward pass masked): dQ, dK, dV.
+BACKWARD_UNMASKED = "backward-unmasked"
+# Grouped-query dK and dV not summed over the query heads that share a K/V head: each
+# holds the first query head's share alone (a kernel that writes where it should add).
+GQA_UNSUMMED = "gqa-unsummed"
+DQ_SHIFTS = (2, 4, 8)  # one head's dQ + c × that head's dQ RMS error against float64
+
+
+def dq_shift(c: int) -> str:
+    return f"dq-head-shift-{c}"
+
+
+DQ_SHIFT_SLIPS = tuple(dq_shift(c) for c in DQ_SHIFTS)
+BACKWARD_SLIPS = (
+    DK_NO_SCALE,
+    D_FORGOTTEN,
+    DV_UNNORMALISED,
+    MASK_FORGOTTEN,
+    BACKWARD_UNMASKED,
+    GQA_UNSUMMED,
+)
+# What names each slip in a failed check's hint or summary (dv.sums says "unnormalised
+# weights"); a dK without its scale is also named by a structural diagnosis whose fit
+# is the factor 1/scale, a dQ head shift by one that places its slice alone
+# (bench_gate.Run.named).
+BACKWARD_NAMES: dict[str, str] = {
+    DK_NO_SCALE: "misses the scale",
+    D_FORGOTTEN: "rowsum(dO",
+    DV_UNNORMALISED: "unnormalised",
+    MASK_FORGOTTEN: "not in the backward",
+    BACKWARD_UNMASKED: "ran without the mask",
+    GQA_UNSUMMED: "query head's share",
+}
+GRADIENTS = ("dq", "dk", "dv")
+SOFTCAP_SKIPPED = (
+    "hf-gemma2 backward: skipped, sdpa's backward does not take --softcap yet "
+    "(Gemma 2 soft-caps its logits)"
+)
+
+
+@dataclass(frozen=True)
+class BackwardCase:
+    """A backward kernel on fixed inputs: `run()` its faithful export (backward=True)."""
+
+    kernel: str
+    dtype: str
+    name: str
+    run: Callable[[], Export] = field(repr=False, compare=False)
+    slips: bool = True  # whether the slips are put into it (else faithful only)
+
+    @property
+    def key(self) -> str:
+        return f"backward/{self.kernel}/{self.dtype}/{self.name}"
+
+
+def backward64(export: Export, slip: str | None = None) -> dict[str, F64]:
+    """dQ (B, H, L, E), dK and dV (B, G, S, E) of Σ O ⊙ dO in float64 from the saved Q, K,
+    V and dO; with `slip`, as a kernel with that slip computes them.
+
+    S = Q·Kᵀ·scale (+ mask), P = softmax(S), dA = dO·Vᵀ, D = rowsum(P ⊙ dA) = rowsum(dO ⊙ O),
+    dS = P ⊙ (dA − D), dQ = dS·K·scale, dK = dSᵀ·Q·scale, dV = Pᵀ·dO, dK and dV summed
+    over the query heads that share a K/V head.
+    """
+    ref = export.reference
+    if ref.softcap is not None:
+        raise ValueError(f"{export.name}: the backward cases take no softcap")
+    q, k, v, d_o = (np.asarray(export.arrays[n], np.float64) for n in ("q", "k", "v", "dout"))
+    group = q.shape[-3] // k.shape[-3]  # query head h reads kv head h // (H / G)
+    k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+    scaled = np.einsum("BHLE,BHSE->BHLS", q, k) * ref.scale
+    masked = slip != BACKWARD_UNMASKED
+    s = scaled if ref.additive is None or not masked else scaled + ref.additive
+    if ref.visible is not None and masked:
+        s = np.where(ref.visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    if not np.isfinite(m).all():
+        raise ValueError(f"{export.name}: a row has no visible key; the cases avoid them")
+    w = np.exp(s - m)  # max-subtracted: no overflow
+    p = w / w.sum(axis=-1, keepdims=True)
+    da = np.einsum("BHLE,BHSE->BHLS", d_o, v)
+    d = (p * da).sum(axis=-1, keepdims=True)
+    if slip == MASK_FORGOTTEN:
+        lse = m + np.log(w.sum(axis=-1, keepdims=True))
+        p = np.exp(scaled - lse)  # every key, the mask left out; LSE and D as masked
+    ds = p * da if slip == D_FORGOTTEN else p * (da - d)
+    weights = w if slip == DV_UNNORMALISED else p
+    dq = np.einsum("BHLS,BHSE->BHLE", ds, k) * ref.scale
+    dk = np.einsum("BHLS,BHLE->BHSE", ds, q) * ref.scale
+    dv = np.einsum("BHLS,BHLE->BHSE", weights, d_o)
+
+    def per_kv_head(x: F64) -> F64:
+        heads = x.reshape(*x.shape[:-3], x.shape[-3] // group, group, *x.shape[-2:])
+        return np.asarray(heads[..., 0, :, :] if slip == GQA_UNSUMMED else heads.sum(axis=-3))
+
+    return {"dq": np.asarray(dq), "dk": per_kv_head(dk), "dv": per_kv_head(dv)}
+
+
+def gradient_head_rms_error(export: Export, exact: Mapping[str, F64], name: str) -> F64:
+    """(B, heads): the RMS of the exported gradient − float64 over each head."""
+    err = np.asarray(export.arrays[name], np.float64) - exact[name]
+    return np.asarray(np.sqrt(np.mean(err * err, axis=(-2, -1))))
+
+
+def gradient_error(export: Export, exact: Mapping[str, F64]) -> float:
+    """The largest head's RMS error of dQ, dK and dV against float64, relative to its RMS."""
+    worst = 0.0
+    for name in GRADIENTS:
+        rms = np.sqrt(np.mean(exact[name] * exact[name], axis=(-2, -1)))
+        worst = max(worst, float(np.max(gradient_head_rms_error(export, exact, name) / rms)))
+    return worst
+
+
+def backward_slips(export: Export) -> tuple[str, ...]:
+    """The slips that apply to a backward export: the mask's where it has one, the
+    group's where K/V heads are shared."""
+    found = [DK_NO_SCALE, D_FORGOTTEN, DV_UNNORMALISED]
+    ref = export.reference
+    if ref.visible is not None or ref.additive is not None:
+        found += [MASK_FORGOTTEN, BACKWARD_UNMASKED]
+    if export.arrays["q"].shape[-3] > export.arrays["k"].shape[-3]:
+        found.append(GQA_UNSUMMED)
+    return (*found, *DQ_SHIFT_SLIPS)
+
+
+def inject_backward(export: Export, slip: str, exact: Mapping[str, F64]) -> Export:
+    """A backward slip put into a faithful backward export; `exact`: its backward64."""
+    changed: dict[str, F64]
+    if slip == DK_NO_SCALE:
+        changed = {"dk": np.asarray(export.arrays["dk"], np.float64) / export.reference.scale}
+    elif slip in DQ_SHIFT_SLIPS:
+        c = int(slip.rsplit("-", 1)[1])
+        b, h = SHIFTED
+        dq = np.asarray(export.arrays["dq"], np.float64).copy()
+        dq[b, h] += c * gradient_head_rms_error(export, exact, "dq")[b, h]
+        changed = {"dq": dq}
+    elif slip in BACKWARD_SLIPS:
+        wrong = backward64(export, slip)
+        names = {
+            D_FORGOTTEN: ("dq", "dk"),
+            DV_UNNORMALISED: ("dv",),
+            MASK_FORGOTTEN: GRADIENTS,
+            BACKWARD_UNMASKED: GRADIENTS,
+            GQA_UNSUMMED: ("dk", "dv"),
+        }[slip]
+        changed = {n: wrong[n] for n in names}
+    else:
+        raise ValueError(f"unknown backward slip {slip!r}")
+    rounded = {n: round_to(a, export.dtype) for n, a in changed.items()}
+    return replace(export, arrays={**export.arrays, **rounded}, bug=slip)
+
+
+def _backward_export(forward: Export, grads: Mapping[str, Array]) -> Export:
+    """A forward export's inputs, mask and flags with the backward's dO, dQ, dK, dV."""
+    arrays = {n: a for n, a in forward.arrays.items() if n not in ("out", "weights", "lse")}
+    arrays |= {n: saved(a, forward.dtype) for n, a in grads.items()}
+    return replace(forward, arrays=arrays, bug=None, backward=True)
+
+
+TORCH_BACKWARD_CASES = ("full", "causal", "gqa-causal", "bool-mask")
+# torch's inputs from two seeds per case: the slips put into the first's export, the
+# second's faithful only (a second draw of rounding, at a sixth of the runs).
+BACKWARD_SEEDS = 2
+
+
+def _run_torch_backward(backend: str, dtype: str, name: str, seed: int) -> Export:
+    """PyTorch's CPU SDPA forward and backward pass (`backend`) on seeded Q, K, V and dO."""
+    torch = importlib.import_module("torch")
+    functional = importlib.import_module("torch.nn.functional")
+    attention = importlib.import_module("torch.nn.attention")
+    forward = _run_torch(backend, dtype, name, seed, None)  # the inputs, mask and flags
+    tdtype = getattr(torch, dtype)
+    leaves = [torch.from_numpy(forward.arrays[n]).to(tdtype).requires_grad_(True) for n in "qkv"]
+    rng = np.random.default_rng([seed, 1])
+    d_o = torch.from_numpy(rng.standard_normal(forward.arrays["out"].shape)).to(tdtype)
+    mask = forward.arrays.get("mask")
+    attn_mask = None if mask is None else torch.from_numpy(np.asarray(mask))
+    h, g = forward.arrays["q"].shape[-3], forward.arrays["k"].shape[-3]
+    which = {"flash": attention.SDPBackend.FLASH_ATTENTION, "math": attention.SDPBackend.MATH}
+    with attention.sdpa_kernel(which[backend]):
+        out = functional.scaled_dot_product_attention(
+            *leaves,
+            attn_mask=attn_mask,
+            is_causal="--causal" in forward.flags,
+            scale=forward.reference.scale,
+            enable_gqa=g != h,
+        )
+    out.backward(d_o)
+    grads = {"dout": d_o.float().numpy()}
+    grads |= {n: x.grad.float().numpy() for n, x in zip(GRADIENTS, leaves, strict=True)}
+    return replace(_backward_export(forward, grads), case=f"{name}-seed{seed}")
+
+
+def _run_hf_backward(family: str, dtype: str, layer: int, seed: int) -> Export:
+    """The gradients of Q, K, V of one eager attention call of a model's forward pass:
+    the recorded call run again on Q, K, V leaves and backpropagated from a random dO."""
+    torch = importlib.import_module("torch")
+    rec = _hf_forward(family, dtype, seed, None)[layer]
+    forward = _run_hf(family, dtype, layer, seed, None)
+    eager, call = rec["call"]
+    again = call.signature.bind(*call.args, **call.kwargs)
+    leaves = [rec[n].detach().clone().requires_grad_(True) for n in "qkv"]
+    for param, leaf in zip(("query", "key", "value"), leaves, strict=True):
+        again.arguments[param] = leaf
+    generator = torch.Generator().manual_seed(seed)
+    d_o = torch.randn(rec["out"].shape, generator=generator).to(getattr(torch, dtype))
+    with torch.enable_grad():
+        out = eager(*again.args, **again.kwargs)[0].transpose(1, 2)  # (B, L, H, Ev) → BHLE
+        if not torch.equal(out, rec["out"]):
+            raise AssertionError(f"hf-{family} layer {layer}: the call again gave another output")
+        out.backward(d_o)
+    grads = {"dout": d_o.float().numpy()}
+    grads |= {n: x.grad.float().numpy() for n, x in zip(GRADIENTS, leaves, strict=True)}
+    return _backward_export(forward, grads)
+
+
+HF_BACKWARD = ("llama", "mistral")  # Gemma 2 soft-caps: SOFTCAP_SKIPPED
+
+
+def _run_jax_backward(name: str, seed: int) -> Export:
+    """jax.vjp of `dot_product_attention` (XLA) in bfloat16 on seeded Q, K, V and dO."""
+    jax = importlib.import_module("jax")
+    jnp = importlib.import_module("jax.numpy")
+    forward = _run_jax(name, seed, None)  # the inputs (saved exactly) and flags
+    _, causal, windowed = JAX_CASES[name]
+
+    def device(values: Array) -> Any:  # (B, N, T, H) → JAX's (B, T, N, H)
+        return jnp.asarray(np.swapaxes(values, 1, 2), jnp.bfloat16)
+
+    q, k, v = (device(forward.arrays[n]) for n in "qkv")
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        return jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            scale=forward.reference.scale,
+            is_causal=causal,
+            local_window_size=(JAX_WINDOW, 0) if windowed else None,
+            implementation="xla",
+        )
+
+    out, vjp = jax.vjp(attend, q, k, v)
+    rng = np.random.default_rng([seed, 1])
+    d_o = jnp.asarray(rng.standard_normal(out.shape), jnp.bfloat16)
+    dq, dk, dv = vjp(d_o)
+
+    def host(x: Any) -> Array:
+        return np.swapaxes(np.asarray(x.astype(jnp.float32)), 1, 2)
+
+    grads = {"dout": host(d_o), "dq": host(dq), "dk": host(dk), "dv": host(dv)}
+    return _backward_export(forward, grads)
+
+
+def torch_backward_cases(seed: int = 17) -> list[BackwardCase]:
+    return [
+        BackwardCase(
+            f"torch-{backend}",
+            dtype,
+            f"{name}-seed{s}",
+            functools.partial(_run_torch_backward, backend, dtype, name, s),
+            slips=s == first,
+        )
+        for backend in TORCH_BACKENDS
+        for dtype in ("float16", "bfloat16", "float32")
+        for i, name in enumerate(TORCH_BACKWARD_CASES)
+        for first in (seed + 10 * i,)
+        for s in range(first, first + BACKWARD_SEEDS)
+    ]
+
+
+def hf_backward_cases(seed: int = 17) -> list[BackwardCase]:
+    cases = []
+    for family in HF_BACKWARD:
+        spec = HF_MODELS[family]
+        for dtype in spec.dtypes:
+            for layer, name in spec.layers.items():
+                run = functools.partial(_run_hf_backward, family, dtype, layer, seed)
+                cases.append(BackwardCase(f"hf-{family}", dtype, name, run))
+    return cases
+
+
+def jax_backward_cases(seed: int = 17) -> list[BackwardCase]:
+    return [
+        BackwardCase(
+            "jax-xla", "bfloat16", name, functools.partial(_run_jax_backward, name, seed + i)
+        )
+        for i, name in enumerate(JAX_CASES)
+    ]
+
+
 # ---------------------------------------------------------------------------- all
 
 
@@ -895,4 +1221,27 @@ def cases() -> tuple[list[Case], list[str]]:
             skipped.append(f"{family}: skipped, {absent} does not import")
             continue
         found += make()
+    return found, skipped
+
+
+BACKWARD_FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[], list[BackwardCase]]]] = {
+    "torch": (("torch",), torch_backward_cases),
+    "hf": (("torch", "transformers"), hf_backward_cases),
+    "jax": (("jax",), jax_backward_cases),
+}
+
+
+def backward_cases() -> tuple[list[BackwardCase], list[str]]:
+    """Every backward case whose library imports, and a line per family skipped (and
+    Gemma 2's, whose softcap sdpa's backward does not take yet)."""
+    found: list[BackwardCase] = []
+    skipped: list[str] = []
+    for family, (modules, make) in BACKWARD_FAMILIES.items():
+        absent = missing(modules)
+        if absent is not None:
+            skipped.append(f"{family} backward: skipped, {absent} does not import")
+            continue
+        found += make()
+    if missing(BACKWARD_FAMILIES["hf"][0]) is None:
+        skipped.append(SOFTCAP_SKIPPED)
     return found, skipped

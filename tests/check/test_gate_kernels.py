@@ -6,7 +6,10 @@ tolerance flag; bugs injected into them fail it (issue 17), and the slips of iss
 (the causal mask transposed, a (B, L, H, E) export, packed documents leaking, an LSE in
 base 2, the temperature forgotten) fail it with a hint that names them. The exports come
 from bench/gate_kernels.py, whose own mapping (flags, masks, the float64 reference) is
-tested here first, apart from sdpa.
+tested here first, apart from sdpa. So are the backward exports (issue 33): backward64
+against PyTorch's float64 autograd, the slips where they apply and what they change, a
+faithful PyTorch and Mistral backward export passing and a dK without its scale failing
+with its factor found.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 from clirunner import invoke
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -287,3 +290,156 @@ def test_causal_random_data_raises_no_finding(tmp_path: Path) -> None:
     assert code == 0, said(report)
     assert report["findings"] == [], report["findings"]
     assert [c["status"] for c in report["checks"] if c["name"] == "findings"] == ["pass"]
+
+
+# ---------------------------------------------------------------------------- backward
+
+
+def backward_case(key: str) -> Any:
+    """The backward case backward/KERNEL/DTYPE/NAME of gate_kernels."""
+    found = [c for c in gk.torch_backward_cases() + gk.hf_backward_cases() if c.key == key]
+    assert found, key
+    return found[0]
+
+
+def torch_float64_gradients(export: Any) -> dict[str, Any]:
+    """dQ, dK, dV of Σ O ⊙ dO by PyTorch's float64 autograd on the export's inputs: a
+    reference apart from backward64's numpy."""
+    q, k, v = (
+        torch.tensor(export.arrays[n], dtype=torch.float64, requires_grad=True) for n in "qkv"
+    )
+    mask = export.reference.visible
+    group = q.shape[1] // k.shape[1]
+    s = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * export.reference.scale
+    if mask is not None:
+        s = s.masked_fill(~torch.from_numpy(np.broadcast_to(mask, s.shape).copy()), -torch.inf)
+    out = torch.softmax(s, dim=-1) @ v.repeat_interleave(group, 1)
+    out.backward(torch.tensor(export.arrays["dout"], dtype=torch.float64))
+    return {n: x.grad.numpy() for n, x in zip(("dq", "dk", "dv"), (q, k, v), strict=True)}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "backward/torch-flash/float32/gqa-causal-seed37",
+        "backward/torch-math/float16/bool-mask-seed47",
+    ],
+)
+def test_backward64_is_pytorchs_float64_autograd_and_the_kernel_is_close(key: str) -> None:
+    export = backward_case(key).run()
+    assert export.backward
+    assert export.name == f"{key}/faithful"
+    assert set(export.arrays) >= {"q", "k", "v", "dout", "dq", "dk", "dv"}
+    assert "out" not in export.arrays
+    exact = gk.backward64(export)
+    autograd = torch_float64_gradients(export)
+    for name in gk.GRADIENTS:
+        np.testing.assert_allclose(exact[name], autograd[name], rtol=1e-10, atol=1e-12)
+    assert gk.gradient_error(export, exact) < (1e-5 if "float32" in key else 1e-3)
+
+
+def test_each_backward_slip_changes_what_it_says() -> None:
+    export = backward_case("backward/torch-flash/float16/gqa-causal-seed37").run()
+    exact = gk.backward64(export)
+    assert gk.backward_slips(export) == (*gk.BACKWARD_SLIPS, *gk.DQ_SHIFT_SLIPS)
+
+    def changed(slip: str) -> set[str]:
+        arrays = gk.inject_backward(export, slip, exact).arrays
+        return {n for n, a in arrays.items() if a is not export.arrays[n]}
+
+    assert changed(gk.DK_NO_SCALE) == {"dk"}
+    assert changed(gk.D_FORGOTTEN) == {"dq", "dk"}
+    assert changed(gk.DV_UNNORMALISED) == {"dv"}
+    assert changed(gk.MASK_FORGOTTEN) == changed(gk.BACKWARD_UNMASKED) == {"dq", "dk", "dv"}
+    assert changed(gk.GQA_UNSUMMED) == {"dk", "dv"}
+    assert changed(gk.dq_shift(2)) == {"dq"}
+
+    dk = gk.inject_backward(export, gk.DK_NO_SCALE, exact).arrays["dk"].astype(np.float64)
+    ratio = dk / export.arrays["dk"].astype(np.float64)
+    assert np.nanmedian(ratio) == pytest.approx(8.0, rel=1e-3)  # 1/scale = √64
+
+    shifted = gk.inject_backward(export, gk.dq_shift(4), exact).arrays["dq"].astype(np.float64)
+    moved = np.argwhere(np.any(shifted != export.arrays["dq"], axis=(-2, -1)))
+    assert moved.tolist() == [list(gk.SHIFTED)]
+
+    # The slips in float64, before rounding: each is its formula.
+    share = gk.backward64(export, gk.GQA_UNSUMMED)
+    assert not np.allclose(share["dk"], exact["dk"])
+    # Σ over keys of dV is Σ over rows of dO (per K/V head) only when the weights sum to 1.
+    d_rows = export.arrays["dout"].astype(np.float64).sum(axis=-2).reshape(1, 2, 2, -1).sum(2)
+    np.testing.assert_allclose(exact["dv"].sum(axis=-2), d_rows, rtol=1e-9, atol=1e-9)
+    unnormalised = gk.backward64(export, gk.DV_UNNORMALISED)["dv"]
+    assert not np.allclose(unnormalised.sum(axis=-2), d_rows, rtol=1e-3)
+    no_d = gk.backward64(export, gk.D_FORGOTTEN)
+    np.testing.assert_array_equal(no_d["dv"], exact["dv"])
+
+
+def test_the_mask_slips_apply_to_masked_exports_and_the_group_slip_to_grouped_ones() -> None:
+    full = backward_case("backward/torch-math/float32/full-seed17").run()
+    assert gk.backward_slips(full) == (
+        gk.DK_NO_SCALE,
+        gk.D_FORGOTTEN,
+        gk.DV_UNNORMALISED,
+        *gk.DQ_SHIFT_SLIPS,
+    )
+    exact = gk.backward64(full)
+    for slip in (gk.MASK_FORGOTTEN, gk.BACKWARD_UNMASKED):  # no mask: nothing to forget
+        for name, a in gk.backward64(full, slip).items():
+            np.testing.assert_allclose(a, exact[name], rtol=1e-12, atol=1e-12)
+    masked = backward_case("backward/torch-math/float32/bool-mask-seed47").run()
+    assert gk.MASK_FORGOTTEN in gk.backward_slips(masked)
+    assert gk.GQA_UNSUMMED not in gk.backward_slips(masked)
+
+
+def test_the_second_torch_seed_is_faithful_only() -> None:
+    cases = {c.key: c.slips for c in gk.torch_backward_cases()}
+    assert len(cases) == 2 * 3 * len(gk.TORCH_BACKWARD_CASES) * gk.BACKWARD_SEEDS
+    assert cases["backward/torch-flash/float16/causal-seed27"]
+    assert not cases["backward/torch-flash/float16/causal-seed28"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "backward/torch-flash/float32/causal-seed27",
+        "backward/torch-math/bfloat16/gqa-causal-seed37",
+    ],
+)
+def test_a_faithful_torch_backward_export_passes_by_default(key: str, tmp_path: Path) -> None:
+    export = backward_case(key).run()
+    code, report = verdict(export, tmp_path)
+    assert code == 0, said(report)
+    assert {"dq.close", "dk.close", "dv.close", "dv.sums"} <= {c["name"] for c in report["checks"]}
+
+
+def test_a_dk_without_its_scale_fails_and_the_fit_finds_the_factor(tmp_path: Path) -> None:
+    faithful = backward_case("backward/torch-flash/float16/causal-seed27").run()
+    paths = gk.save(faithful, tmp_path / "faithful")
+    slip = gk.inject_backward(faithful, gk.DK_NO_SCALE, gk.backward64(faithful))
+    code, report = verdict(slip, tmp_path / "slip", (faithful, paths))
+    assert code == 1, said(report)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["dk.close"]["status"] == "fail"
+    assert checks["dq.close"]["status"] == checks["dv.close"]["status"] == "pass"
+    fit = (checks["dk.close"].get("diagnosis") or checks["dk.close"]["details"]["diagnosis"])["fit"]
+    assert fit["factor"] == pytest.approx(8.0, rel=1e-2)
+
+
+def test_an_hf_eager_backward_export_is_its_forward_with_gradients(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    export = backward_case("backward/hf-mistral/float16/layer0-sliding").run()
+    forward = case("hf-mistral/float16/layer0-sliding").run(None)
+    assert export.flags == forward.flags == ("--causal", "--window", "15,0")
+    for n in "qkv":
+        np.testing.assert_array_equal(export.arrays[n], forward.arrays[n])
+    assert export.arrays["dk"].shape == export.arrays["k"].shape == (2, 2, 64, 32)
+    assert gk.gradient_error(export, gk.backward64(export)) < 1e-2
+    code, report = verdict(export, tmp_path)
+    assert code == 0, said(report)
+
+
+def test_gemma2_is_left_out_of_the_backward_cases_and_says_why() -> None:
+    pytest.importorskip("transformers")
+    cases, skipped = gk.backward_cases()
+    assert not any("gemma2" in c.key for c in cases)
+    assert gk.SOFTCAP_SKIPPED in skipped
