@@ -21,6 +21,17 @@ pass (exit 0), a bug should fail (exit 1), an output saved (B, L, H, E) beside
 says what it is (gate_kernels.HINT_NAMES) or, for a head shift or a rolled row, which no
 option explains, when the JSON's diagnosis says structural and places it.
 
+Backward kernels' exports (PyTorch's CPU SDPA backward, fused and math; Hugging Face eager
+attention's backward in Llama and Mistral; jax.vjp of JAX's attention in bfloat16) are
+checked with --dout DOUT --expect-dq DQ --expect-dk DK --expect-dv DV and the forward
+flags, faithful and with a backward slip put in (dK without the scale, D = rowsum(dO ∘ O)
+forgotten, dV from unnormalised weights, the mask left out of the backward two ways,
+grouped-query dK and dV not summed, one head's dQ shifted by c = 2, 4, 8 × its error). A
+slip is named by its words (gate_kernels.BACKWARD_NAMES) in a hint or a failed check's
+summary, a dK without its scale also by a structural fit of the factor 1/scale, a dQ
+shift by a structural diagnosis that places its slice; their tables come after the
+forward ones, with the slips caught but not named and those that say another slip's words.
+
 Noise runs must raise nothing: causal random data through the fused kernel (no finding
 at all in the JSON), `sdpa inspect` of float16 random data (no overflow, flush,
 subnormal, NaN or inf counted), and a captured tiny Llama's manifest (no WARN without a
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -82,6 +94,7 @@ class Run:
     args: list[str]
     expected: int = 0  # the right exit code (gate_kernels.expected_exit)
     place: tuple[tuple[int, int], int | None] | None = None  # where a shift or roll is
+    fit: float | None = None  # the factor a structural fit names the slip by (dK's 1/scale)
     exit_code: int | None = None
     said: list[dict[str, Any]] = field(default_factory=list)  # failed checks, else the .close ones
     warned: list[str] = field(default_factory=list)
@@ -104,14 +117,65 @@ class Run:
         return "missed" if self.exit_code == 0 else "error"
 
     @property
+    def backward(self) -> bool:
+        return self.name.startswith("backward/")
+
+    @property
     def named(self) -> bool:
         """Whether a caught bug is named: by its hint, or by a structural diagnosis that
-        places it (a head shift: its slice alone; a rolled row: its slice and row)."""
+        places it (a head shift: its slice alone; a rolled row: its slice and row). A
+        backward slip: by its words in a hint or a failed check's summary, a dK without
+        its scale also by a structural fit of the factor 1/scale (gk.BACKWARD_NAMES)."""
         if self.outcome != "caught" or self.bug is None:
             return False
+        if self.bug in gk.BACKWARD_NAMES:
+            return self._says(gk.BACKWARD_NAMES[self.bug]) or self._fitted()
         words = gk.HINT_NAMES.get(self.bug)
         if words is not None:
             return any(words in h for h in self.hints)
+        return self._placed()
+
+    @property
+    def named_without_hint(self) -> bool:
+        """Whether a caught backward slip is named with no hint: by a failed check's
+        summary (dv.sums for dV from unnormalised weights) or a structural diagnosis."""
+        if self.outcome != "caught" or not self.backward or self.bug is None:
+            return False
+        words = gk.BACKWARD_NAMES.get(self.bug)
+        if words is None:
+            return self._placed()
+        return any(words in str(c["summary"]) for c in self.said) or self._fitted()
+
+    @property
+    def misnamed(self) -> list[str]:
+        """The other backward slips whose words a caught backward slip's report holds."""
+        if self.outcome != "caught" or not self.backward:
+            return []
+        return [b for b, w in gk.BACKWARD_NAMES.items() if b != self.bug and self._says(w)]
+
+    def _says(self, words: str) -> bool:
+        """Whether a hint or a failed check's summary holds `words`."""
+        return bool(self.saying(words))
+
+    def saying(self, words: str) -> list[str]:
+        """Where `words` are said: "hint on CHECK" or "CHECK's summary"."""
+        found = [f"hint on {h.split(':', 1)[0]}" for h in self.hints if words in h]
+        return found + [f"{c['name']}'s summary" for c in self.said if words in str(c["summary"])]
+
+    def _fitted(self) -> bool:
+        """Whether a structural diagnosis fits the export as `fit` × the reference."""
+        if self.fit is None:
+            return False
+        for d in self.diagnoses:
+            diagnosis = d.get("diagnosis") or {}
+            factor = (diagnosis.get("fit") or {}).get("factor")
+            structural = diagnosis.get("error") == "structural"
+            if structural and factor and math.isclose(factor, self.fit, rel_tol=0.01):
+                return True
+        return False
+
+    def _placed(self) -> bool:
+        """Whether a structural diagnosis places the slip where it is (`place`)."""
         if self.place is None:
             return False
         where, row = self.place
@@ -125,7 +189,13 @@ class Run:
         return False
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "outcome": self.outcome, "named": self.named}
+        return {
+            **asdict(self),
+            "outcome": self.outcome,
+            "named": self.named,
+            "named_without_hint": self.named_without_hint,
+            "misnamed": self.misnamed,
+        }
 
 
 @dataclass
@@ -260,9 +330,59 @@ def build(case: gk.Case, root: Path, wanted: Any) -> tuple[Built | None, list[Ru
     return built, runs
 
 
+def build_backward(
+    case: gk.BackwardCase, root: Path, wanted: Any
+) -> tuple[Built | None, list[Run]]:
+    """A backward case's faithful export and its slips, written under root; the runs
+    --only keeps."""
+    slips = (*gk.BACKWARD_SLIPS, *gk.DQ_SHIFT_SLIPS) if case.slips else ()
+    if not any(wanted(f"{case.key}/{b}") for b in ("faithful", *slips)):
+        return None, []
+    progress(f"building {case.key}")
+    faithful = case.run()
+    exact = gk.backward64(faithful)
+    folder = root / case.key
+    paths = gk.save(faithful, folder / "faithful")
+    applied = gk.backward_slips(faithful) if case.slips else ()
+    slipped = [gk.inject_backward(faithful, b, exact) for b in applied if wanted(f"{case.key}/{b}")]
+    runs = []
+    for export in [faithful, *slipped]:
+        if not wanted(export.name):
+            continue
+        mine = (
+            paths
+            if export is faithful
+            else gk.save(export, folder / str(export.bug), (faithful, paths))
+        )
+        args = [*gk.check_args(mine, export.flags), "--format", "json"]
+        fit = 1.0 / export.reference.scale if export.bug == gk.DK_NO_SCALE else None
+        runs.append(
+            Run(
+                export.name,
+                export.kernel,
+                export.dtype,
+                export.case,
+                export.bug,
+                args,
+                expected=gk.expected_exit(export.bug),
+                place=place(export),
+                fit=fit,
+            )
+        )
+    built = Built(
+        faithful.name,
+        {n: list(a.shape) for n, a in faithful.arrays.items()},
+        list(faithful.flags),
+        gk.gradient_error(faithful, exact),
+        [str(e.bug) for e in slipped],
+    )
+    return built, runs
+
+
 def place(export: gk.Export) -> tuple[tuple[int, int], int | None] | None:
-    """Where a head shift or a rolled row sits: its (batch, head), and the rolled row."""
-    if export.bug in gk.SHIFT_BUGS:
+    """Where a head shift (of the output or of dQ) or a rolled row sits: its (batch,
+    head), and the rolled row."""
+    if export.bug in gk.SHIFT_BUGS or export.bug in gk.DQ_SHIFT_SLIPS:
         return gk.SHIFTED, None
     if export.bug == gk.ROW_ROLL:
         return gk.ROLLED_HEAD, int(export.arrays["out"].shape[-2]) // 2
@@ -481,7 +601,7 @@ def inspected(report: dict[str, Any]) -> list[str]:
 
 def counted(run: Run, min_shift: int) -> bool:
     """Whether a wrong verdict on this run counts against the exit code."""
-    if run.bug in gk.SHIFT_BUGS:
+    if run.bug in gk.SHIFT_BUGS or run.bug in gk.DQ_SHIFT_SLIPS:
         return shift_of(run) >= min_shift
     return True
 
@@ -555,6 +675,10 @@ BUG_HEADERS = ["bug", "runs", "caught", "missed", "errors", "named", "named by"]
 
 def naming(bug: str) -> str:
     """What names the bug: the words its hint must hold, or the diagnosis's place."""
+    words = gk.BACKWARD_NAMES.get(bug)
+    if words is not None:
+        said = f'"{words}" in a hint or summary'
+        return f"{said}, or diagnosis: fit 1/scale" if bug == gk.DK_NO_SCALE else said
     words = gk.HINT_NAMES.get(bug)
     if words is not None:
         return f'hint: "{words}"'
@@ -586,28 +710,41 @@ NOISE_SOURCES = {
 }
 
 
-def shift_table(runs: Sequence[Run]) -> tuple[str, dict[str, int | None]]:
-    """Per dtype: caught / runs at each c, and the smallest c from which every shift is caught."""
-    dtypes = sorted({r.dtype for r in runs if r.bug in gk.SHIFT_BUGS})
+OUTPUT_SHIFTS = (gk.SHIFTS, gk.shift_bug)
+DQ_SHIFTS = (gk.DQ_SHIFTS, gk.dq_shift)
+
+
+def shift_table(
+    runs: Sequence[Run], shifts: tuple[Sequence[int], Any] = OUTPUT_SHIFTS
+) -> tuple[str, dict[str, int | None]]:
+    """Per dtype: caught / runs at each c, and the smallest c from which every shift is
+    caught; `shifts`: the factors c and the bug of each (the output's, or dQ's)."""
+    factors, bug_of = shifts
+    bugs = {bug_of(c) for c in factors}
+    dtypes = sorted({r.dtype for r in runs if r.bug in bugs})
     rows = []
     smallest: dict[str, int | None] = {}
     for dtype in dtypes:
-        shifts = [r for r in runs if r.dtype == dtype and r.bug in gk.SHIFT_BUGS]
+        shifted = [r for r in runs if r.dtype == dtype and r.bug in bugs]
         cells = []
-        for c in gk.SHIFTS:
-            rs = [r for r in shifts if r.bug == gk.shift_bug(c)]
+        for c in factors:
+            rs = [r for r in shifted if r.bug == bug_of(c)]
             cells.append(f"{sum(r.outcome == 'caught' for r in rs)}/{len(rs)}")
-        smallest[dtype] = caught_from(shifts)
+        smallest[dtype] = caught_from(shifted, shifts)
         rows.append([dtype, *cells, times(smallest[dtype])])
-    headers = ["dtype", *(f"c = {c}" for c in gk.SHIFTS), "caught from"]
+    headers = ["dtype", *(f"c = {c}" for c in factors), "caught from"]
     return render_table(headers, rows), smallest
 
 
-def caught_from(shifts: Iterable[Run]) -> int | None:
-    """The smallest c such that every head shift by c or more is caught; None if not even 8."""
+def caught_from(
+    shifts: Iterable[Run], which: tuple[Sequence[int], Any] = OUTPUT_SHIFTS
+) -> int | None:
+    """The smallest c such that every head shift by c or more is caught; None if not
+    even the largest."""
+    factors, bug_of = which
     found = None
-    for c in reversed(gk.SHIFTS):
-        rs = [r for r in shifts if r.bug == gk.shift_bug(c)]
+    for c in reversed(factors):
+        rs = [r for r in shifts if r.bug == bug_of(c)]
         if not rs or any(r.outcome != "caught" for r in rs):
             break
         found = c
@@ -730,9 +867,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(", ".join(f"{m} {v or 'not importable'}" for m, v in found.items()))
     print(f"sdpa: {args.sdpa}; every check with no tolerance flag")
     cases, skipped = gk.cases()
+    backward_cases, backward_skipped = gk.backward_cases()
 
     built: list[Built] = []
     runs: list[Run] = []
+    backward = Backward()
     with tempfile.TemporaryDirectory(prefix="sdpa-gate-") as tmp:
         root = args.keep if args.keep is not None else Path(tmp)
         for case in cases:
@@ -740,23 +879,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             if b is not None:
                 built.append(b)
             runs += rs
+        for bcase in backward_cases:
+            b, rs = build_backward(bcase, root, wanted)
+            if b is not None:
+                backward.built.append(b)
+            backward.runs += rs
         noise, quiet_skipped = build_noise(root, wanted, args.sdpa)
-        skipped += quiet_skipped
+        skipped += [*backward_skipped, *quiet_skipped]
         for line in skipped:
             print(line)
         print(flush=True)
-        if not runs and not noise:
+        if not runs and not backward.runs and not noise:
             print(f"nothing matches --only {' '.join(args.only or [])}")
             return 0
         progress(
-            f"checking {len(runs)} exports and {len(noise)} noise runs, {args.workers} at a time"
+            f"checking {len(runs)} exports, {len(backward.runs)} backward exports and "
+            f"{len(noise)} noise runs, {args.workers} at a time"
         )
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
             runs = list(pool.map(lambda r: check(args.sdpa, r), runs))
+            backward.runs = list(pool.map(lambda r: check(args.sdpa, r), backward.runs))
             noise = list(pool.map(lambda n: listen(args.sdpa, n), noise))
 
-    smallest = report(args, built, runs, noise)
+    smallest = report(args, built, runs, noise, backward)
     counts = tally(runs, noise, args.min_shift)
+    backward_counts = tally(backward.runs, (), args.min_shift)
     print(
         f"faithful exports passed: {counts['passed']} of {counts['faithful']}; bugs caught: "
         f"{counts['caught']} of {counts['bugs']}, named {counts['named']}; noise runs quiet: "
@@ -772,6 +919,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"false alarms: {counts['false_alarms']}; structural errors offered a --fudge: "
         f"{counts['fudged']}; errors: {counts['errors']}"
     )
+    if backward.runs:
+        print(backward_line(backward_counts, args.min_shift))
 
     if args.json is not None:
         dump = {
@@ -784,12 +933,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             "noise": [{**asdict(n), "quiet": n.quiet} for n in noise],
             "smallest_shift_caught": smallest,
             "counts": counts,
+            "backward_exports": [asdict(b) for b in backward.built],
+            "backward_runs": [r.to_json() for r in backward.runs],
+            "smallest_dq_shift_caught": backward.smallest,
+            "backward_counts": backward_counts,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(dump, indent=2, default=_json_default) + "\n")
         progress(f"wrote {args.json}")
     failures = ("false_fail", "false_pass", "false_alarms", "fudged", "errors")
-    return 0 if not any(counts[k] for k in failures) else 1
+    return 0 if not any(c[k] for c in (counts, backward_counts) for k in failures) else 1
+
+
+def backward_line(counts: dict[str, int], min_shift: int) -> str:
+    """The backward runs' counts, as the forward's last two lines."""
+    extra = (
+        f" ({counts['uncounted']} dQ head shifts below {min_shift}× missed, not counted)"
+        if counts["uncounted"]
+        else ""
+    )
+    return (
+        f"backward: faithful exports passed: {counts['passed']} of {counts['faithful']}; "
+        f"slips caught: {counts['caught']} of {counts['bugs']}, named {counts['named']}; "
+        f"false failures: {counts['false_fail']}; false passes: {counts['false_pass']}{extra}; "
+        f"structural errors offered a --fudge: {counts['fudged']}; errors: {counts['errors']}"
+    )
 
 
 def tally(runs: Sequence[Run], noise: Sequence[Noise], min_shift: int) -> dict[str, int]:
@@ -813,22 +981,18 @@ def tally(runs: Sequence[Run], noise: Sequence[Noise], min_shift: int) -> dict[s
 
 
 def report(
-    args: argparse.Namespace, built: Sequence[Built], runs: Sequence[Run], noise: Sequence[Noise]
+    args: argparse.Namespace,
+    built: Sequence[Built],
+    runs: Sequence[Run],
+    noise: Sequence[Noise],
+    backward: Backward | None = None,
 ) -> dict[str, int | None]:
-    """Print the tables and lists; return the smallest head shift caught per dtype."""
+    """Print the tables and lists; return the smallest head shift caught per dtype (and
+    set the backward runs' smallest dQ shift caught)."""
     commands = args.keep is not None
+    backward = backward if backward is not None else Backward()
     print("Faithful exports (error: the largest head's RMS error against float64 ÷ its RMS):")
-    rows = [
-        [
-            b.name.removesuffix("/faithful"),
-            " ".join(b.flags) or "-",
-            "x".join(map(str, b.shapes["q"])),
-            "x".join(map(str, b.shapes["k"])),
-            f"{b.relative_error:.2e}",
-        ]
-        for b in built
-    ]
-    print(render_table(["export", "flags", "Q", "K", "error"], rows, left=2))
+    print(built_table(built))
     print()
     print("Verdicts per kernel and dtype (faithful: passed / failed; bugs: caught / missed):")
     print(confusion(runs))
@@ -854,6 +1018,8 @@ def report(
         if lines:
             print("\n".join(lines))
         print()
+    if backward.runs:
+        sections += report_backward(backward, args.min_shift, commands)
     if not commands and any(lines for _, lines in sections):
         print("(--keep DIR keeps the exports and prints each command to rerun)")
         print()
@@ -861,7 +1027,158 @@ def report(
     print()
     print(markdown(runs, smallest, noise))
     print()
+    if backward.runs:
+        print(markdown_backward(backward.runs, backward.smallest))
+        print()
     return smallest
+
+
+def built_table(built: Sequence[Built]) -> str:
+    rows = [
+        [
+            b.name.removesuffix("/faithful"),
+            " ".join(b.flags) or "-",
+            "x".join(map(str, b.shapes["q"])),
+            "x".join(map(str, b.shapes["k"])),
+            f"{b.relative_error:.2e}",
+        ]
+        for b in built
+    ]
+    return render_table(["export", "flags", "Q", "K", "error"], rows, left=2)
+
+
+@dataclass
+class Backward:
+    """The backward exports and their runs, and the smallest dQ head shift caught."""
+
+    built: list[Built] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    smallest: dict[str, int | None] = field(default_factory=dict)
+
+
+def report_backward(
+    backward: Backward, min_shift: int, commands: bool
+) -> list[tuple[str, list[str]]]:
+    """Print the backward tables and lists; set `backward.smallest`."""
+    runs = backward.runs
+    print(
+        "Faithful backward exports (error: the largest head's RMS error of dQ, dK, dV "
+        "against float64 ÷ its RMS):"
+    )
+    print(built_table(backward.built))
+    print()
+    print("Backward verdicts per kernel and dtype (faithful: passed / failed; slips: caught /")
+    print("missed):")
+    print(confusion(runs))
+    print()
+    print(
+        "Backward verdicts per slip (named: of those caught, how many a hint, a failed check's "
+        "summary or a diagnosis names; without a hint: by a summary or diagnosis alone; named "
+        "as another: another slip's words said):"
+    )
+    print(render_table(SLIP_HEADERS, per_slip(runs)))
+    print()
+    table, backward.smallest = shift_table(runs, DQ_SHIFTS)
+    print("One head's dQ shifted by c × its RMS error against float64: caught / runs")
+    print(table)
+    print()
+    sections = [
+        ("Backward wrong verdicts", wrong_verdicts(runs, min_shift, commands)),
+        ("Backward slips caught but not named (the targets for hints)", unnamed(runs, commands)),
+        ("Backward slips named as another", misnamed_lines(runs)),
+        ("Backward structural errors offered a --fudge", fudge_lines(runs)),
+    ]
+    for title, lines in sections:
+        print(f"{title}: {'none' if not lines else ''}".rstrip())
+        if lines:
+            print("\n".join(lines))
+        print()
+    return sections
+
+
+def per_slip(runs: Sequence[Run]) -> list[list[str]]:
+    """Per backward slip: per_bug's columns, and how many caught runs say another
+    slip's words (and which)."""
+    rows = []
+    for row in per_bug(runs):
+        caught = [r for r in runs if r.bug == row[0] and r.outcome == "caught"]
+        others = sorted({b for r in caught for b in r.misnamed})
+        n = sum(bool(r.misnamed) for r in caught)
+        alone = sum(r.named_without_hint for r in caught)
+        rows.append([*row[:-1], str(alone), f"{n} ({', '.join(others)})" if n else "0", row[-1]])
+    return rows
+
+
+SLIP_HEADERS = [
+    "slip",
+    "runs",
+    "caught",
+    "missed",
+    "errors",
+    "named",
+    "without a hint",
+    "named as another",
+    "named by",
+]
+
+
+def misnamed_lines(runs: Sequence[Run]) -> list[str]:
+    """Per slip, the caught runs that say another slip's words: how many, where, the first."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        for other in r.misnamed:
+            groups.setdefault((str(r.bug), other), []).append(r)
+    lines = []
+    for (slip, other), rs in groups.items():
+        caught = sum(r.bug == slip and r.outcome == "caught" for r in runs)
+        where = sorted({w for r in rs for w in r.saying(gk.BACKWARD_NAMES[other])})
+        own = sum(r.named for r in rs)
+        lines.append(
+            f"  {slip}: {len(rs)} of {caught} caught say {other}'s words "
+            f'("{gk.BACKWARD_NAMES[other]}", in {", ".join(where)}); {own} name their own too'
+        )
+        lines.append(f"      first: {rs[0].name}")
+    return lines
+
+
+def markdown_backward(runs: Sequence[Run], smallest: dict[str, int | None]) -> str:
+    """The backward runs' tables: per kernel and dtype, per slip."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.kernel, r.dtype), []).append(r)
+    rows = [
+        "| backward kernel | dtype | faithful exports passed | slips caught | named "
+        "| dQ head shift caught from |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def row(kernel: str, dtype: str, rs: Sequence[Run], shift: str) -> str:
+        faithful = [r for r in rs if r.bug is None]
+        slips = [r for r in rs if r.bug is not None]
+        passed = sum(r.outcome == "passed" for r in faithful)
+        caught = sum(r.outcome == "caught" for r in slips)
+        named = sum(r.named for r in slips)
+        return (
+            f"| {kernel} | {dtype} | {passed} of {len(faithful)} | {caught} of {len(slips)} "
+            f"| {named} | {shift} |"
+        )
+
+    for (kernel, dtype), rs in groups.items():
+        shifts = [r for r in rs if r.bug in gk.DQ_SHIFT_SLIPS]
+        rows.append(row(kernel, dtype, rs, times(caught_from(shifts, DQ_SHIFTS))))
+    total = ", ".join(f"{d}: {times(c)}" for d, c in smallest.items())
+    rows.append(row("**all**", "", runs, total or "-"))
+    rows += [
+        "",
+        "| backward slip | caught | named | without a hint | named as another | named by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for slip, n, caught, _missed, _errors, named, alone, other, by in per_slip(runs):
+        rows.append(
+            f"| {slip} | {caught} of {n} | {named.replace('/', ' of ')} | {alone} | {other} "
+            f"| {by} |"
+        )
+    return "\n".join(rows)
 
 
 def fudge_lines(runs: Sequence[Run]) -> list[str]:

@@ -271,3 +271,91 @@ def test_gate_the_markdown_tables_count_verdicts_bugs_and_noise() -> None:
     assert lines[2] == "| k | d | 1 of 1 | 1 of 2 | - |"
     assert '| scale-dk | 1 of 2 | 1 of 1 | hint: "--scale dk" |' in lines
     assert lines[-1] == f"| {gate.NOISE_SOURCES['check']} | 1 of 1 | 0 |"
+
+
+def backward_run(slip: str | None, exit_code: int, **kw: Any) -> Any:
+    """A bench_gate.Run of a backward export with `slip`, as its report left it."""
+    gate, gk = load("bench_gate"), load("gate_kernels")
+    name = f"backward/k/d/c/{slip or 'faithful'}"
+    run = gate.Run(name, "k", "d", "c", slip, [], expected=gk.expected_exit(slip), **kw)
+    run.exit_code = exit_code
+    return run
+
+
+def test_gate_a_backward_slip_is_named_by_its_words_its_fit_or_its_place() -> None:
+    gk = load("gate_kernels")
+    hinted = backward_run(gk.D_FORGOTTEN, 1, hints=["dq.close: ... D = rowsum(dO ⊙ O) ..."])
+    assert hinted.backward
+    assert (hinted.named, hinted.named_without_hint) == (True, False)
+    assert not backward_run(gk.D_FORGOTTEN, 1, hints=["dq.close: dQ misses the scale"]).named
+    assert not backward_run(gk.D_FORGOTTEN, 0, hints=["dq.close: rowsum(dO"]).named  # missed
+
+    sums = {"name": "dv.sums", "summary": "... was dV computed from unnormalised weights?"}
+    summed = backward_run(gk.DV_UNNORMALISED, 1, said=[sums])
+    assert (summed.named, summed.named_without_hint) == (True, True)
+    assert summed.saying("unnormalised") == ["dv.sums's summary"]
+
+    def fitted(factor: float, error: str = "structural") -> Any:
+        diagnosis = {"error": error, "fit": {"factor": factor}}
+        diagnoses = [{"name": "dk.close", "diagnosis": diagnosis}]
+        return backward_run(gk.DK_NO_SCALE, 1, fit=8.0, diagnoses=diagnoses)
+
+    assert fitted(7.99).named_without_hint
+    assert not fitted(2.0).named
+    assert not fitted(7.99, "rounding").named
+
+    diagnoses = [{"name": "dq.close", "diagnosis": structural([list(gk.SHIFTED)], [[0, 127]])}]
+    shift = backward_run(gk.dq_shift(2), 1, place=(gk.SHIFTED, None), diagnoses=diagnoses)
+    assert (shift.named, shift.named_without_hint) == (True, True)
+
+
+def test_gate_a_backward_slip_that_says_another_slips_words_is_counted() -> None:
+    gate, gk = load("bench_gate"), load("gate_kernels")
+    sums = {"name": "dv.sums", "summary": "... was dV computed from unnormalised weights?"}
+    hint = "dq.close: the mask is applied in the forward pass but not in the backward"
+    both = backward_run(gk.MASK_FORGOTTEN, 1, said=[sums], hints=[hint])
+    alone = backward_run(gk.MASK_FORGOTTEN, 1, hints=[hint])
+    assert both.misnamed == [gk.DV_UNNORMALISED]
+    assert alone.misnamed == []
+    row = gate.per_slip([both, alone])[0]
+    assert row[:9] == [
+        gk.MASK_FORGOTTEN,
+        "2",
+        "2",
+        "0",
+        "0",
+        "2/2",
+        "0",
+        "1 (dv-unnormalised)",
+        row[8],
+    ]
+    lines = gate.misnamed_lines([both, alone])
+    assert lines[0].startswith(f"  {gk.MASK_FORGOTTEN}: 1 of 2 caught say dv-unnormalised's")
+    assert "in dv.sums's summary" in lines[0]
+
+
+def test_gate_the_backward_tables_count_verdicts_slips_and_dq_shifts() -> None:
+    gate, gk = load("bench_gate"), load("gate_kernels")
+    placed: dict[str, Any] = {"name": "dq.close", "summary": "", "hint": None}
+    placed |= {"passing_factor": None, "diagnosis": structural([list(gk.SHIFTED)], [])}
+    runs = [
+        backward_run(None, 0),
+        backward_run(gk.dq_shift(2), 0),
+        backward_run(gk.dq_shift(4), 1, diagnoses=[placed], place=(gk.SHIFTED, None)),
+        backward_run(gk.dq_shift(8), 1),
+    ]
+    table, smallest = gate.shift_table(runs, gate.DQ_SHIFTS)
+    assert smallest == {"d": 4}
+    assert "c = 2" in table
+    assert "c = 1" not in table
+    assert gate.counted(runs[1], 2)
+    assert not gate.counted(runs[1], 4)
+    lines = gate.markdown_backward(runs, smallest).splitlines()
+    assert lines[2] == "| k | d | 1 of 1 | 2 of 3 | 1 | 4× |"
+    assert lines[3] == "| **all** |  | 1 of 1 | 2 of 3 | 1 | d: 4× |"
+    assert (
+        "| dq-head-shift-4 | 1 of 1 | 1 of 1 | 1 | 0 | diagnosis: structural, its slice alone |"
+        in lines
+    )
+    counts = gate.tally(runs, (), 2)
+    assert (counts["false_pass"], counts["caught"], counts["named"]) == (1, 2, 1)
