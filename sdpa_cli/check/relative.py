@@ -74,13 +74,16 @@ class Judgement:
     export: str
     factor: float = FACTOR
     floor_ulps: float = FLOOR_ULPS
+    floor_of: str = "the row's scale"
+    """What the floor's ulps are of, as the report names it (a gradient's: the sum of
+    its terms' magnitudes, ``relative_check``'s ``terms``)."""
 
     @property
     def tolerance(self) -> Tolerance:
         """The rule as the report names it (no single rtol/atol: 0 and 0)."""
         source = (
             f"kernel: ≤ {sig(self.factor, 6)}× the plain {self.export} computation's largest "
-            f"error in the (batch, head) slice, floor {sig(self.floor_ulps, 6)} ulp of the row's scale"
+            f"error in the (batch, head) slice, floor {sig(self.floor_ulps, 6)} ulp of {self.floor_of}"
         )
         return Tolerance(0.0, 0.0, source, factor=self.factor)
 
@@ -263,9 +266,14 @@ def relative_check(
     *,
     rows: bool,
     slices: int,
+    terms: F64 | None = None,
 ) -> Check:
     """``name.close`` under the kernel-relative rule (the module's docstring), read a
     block of slices at a time (``plain`` None: not needed anywhere).
+
+    ``terms``: each element's sum of the magnitudes of the terms it is summed from
+    (a gradient's: cancellation leaves it far smaller than its terms); the floor is
+    then at least ``floor_ulps`` ulp of that, the rounding any order of the sum makes.
 
     ``rows``: judge each element at its row's scale (last axis); ``slices``: the
     trailing axes of one (batch, head) slice (2 for the output, 1 for the LSE);
@@ -273,6 +281,7 @@ def relative_check(
     m = compare(actual, reference, 0.0, math.inf, equal_nan=equal_nan)  # non-finite only
     a_view, r_view = by_slice(actual, slices), by_slice(reference, slices)
     p_view = None if plain is None else by_slice(plain, slices)
+    t_view = None if terms is None else by_slice(terms, slices)
     lead = tuple(np.shape(actual)[: max(np.ndim(actual) - slices, 0)])
     tail = a_view.shape[1:]
     n = len(a_view)
@@ -303,6 +312,9 @@ def relative_check(
                 plain_err = np.where(known, p - r, 0.0)
                 del p
             floor = _floor(r, rows, judgement)
+            if t_view is not None:
+                sums = np.asarray(t_view[at], np.float64)
+                floor = np.maximum(floor, judgement.floor_ulps * ulp(sums, judgement.export))
             # |err| / (factor · max(the slice's largest |plain err|, floor)); err is 0
             # where a side is not finite, so the ratio is 0 there
             axes = tuple(range(1, err.ndim))

@@ -19,6 +19,7 @@ so nothing score-sized outlives a block.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,7 +31,18 @@ from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 
 
-def plain_backward(spec: AttentionSpec, dout: F64) -> dict[str, F64]:
+class PlainGradients(NamedTuple):
+    """The plain backward's gradients, and the magnitudes of the terms each element
+    is summed from (dQ's: Σ_j |dS_ij| · |K_j| · f with |dS| bounded by P ⊙ (|dA| +
+    |D|), so that dS's own cancellation counts; dV's: Σ_i P_ij · |dO_i|): the scale
+    of the rounding any order of the sums makes, which cancellation hides from the
+    gradient's own magnitude. By name, in the engine's layout."""
+
+    values: dict[str, F64]
+    terms: dict[str, F64]
+
+
+def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
     """dQ, dK and dV (the engine's layout: shaped like ``spec.q``, ``spec.k``,
     ``spec.v``), and d(bias) and d(sinks) when the computation has them, of
     ``Σ O ⊙ dO`` as a kernel in ``spec.options.dtype`` computes them plainly; ``dout``
@@ -52,6 +64,7 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> dict[str, F64]:
         sums["dbias"] = np.zeros(spec.bias.shape)
     if spec.sinks is not None:
         sums["dsinks"] = np.zeros(spec.sinks.shape)
+    terms = {n: np.zeros_like(x) for n, x in (("dq", dq), *sums.items())}
     f = spec.factor
     for lead in np.ndindex(*spec.lead):
         at: Index = tuple(int(i) for i in lead)
@@ -71,7 +84,10 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> dict[str, F64]:
                     p_used = p
                     da = ar.r(precision.matmul(d_o, ops.v.T, acc))
                 sums["dv"][v_at] += precision.matmul(p_used.T, d_o, acc)
+                terms["dv"][v_at] += np.abs(p_used).T @ np.abs(d_o)
                 ds = ar.r(_softmax_backward(p, da, ar.softmax))
+                # |dS| bounded over its own cancellation: P ⊙ (|dA| + |Σ P ⊙ dA|)
+                ds_terms = np.abs(p) * (np.abs(da) + np.abs(np.einsum("ij,ij->i", p, da))[:, None])
                 if not block.all_visible:
                     ds = np.where(block.unreplaced, ds, 0.0)
                 if "dsinks" in sums and block.sink is not None:
@@ -80,17 +96,25 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> dict[str, F64]:
                     sums["dsinks"][h] -= float(np.sum(np.asarray(block.sink) * total))
                 if "dbias" in sums:
                     _add_dbias(spec, sums["dbias"], at, rows, ds)
+                    _add_dbias(spec, terms["dbias"], at, rows, ds_terms)
                 dscaled = ds
                 if o.softcap is not None:
                     t = np.tanh(np.asarray(block.scaled, np.float64) / o.softcap)
                     dscaled = ar.r(ds * (1.0 - t * t))
+                    ds_terms = ds_terms * (1.0 - t * t)
                 dq[spec.operand_index("q", at)][rows] = ar.r(
                     precision.round_to(precision.matmul(dscaled, ops.k, acc) * f, acc)
                 )
                 sums["dk"][k_at] += precision.matmul(dscaled.T, q_all[rows], acc) * f
+                terms["dq"][spec.operand_index("q", at)][rows] = ds_terms @ np.abs(ops.k) * f
+                terms["dk"][k_at] += ds_terms.T @ np.abs(q_all[rows]) * f
+                if "dsinks" in sums and block.sink is not None:
+                    h = at[-1] if at and spec.sinks is not None and spec.sinks.shape[0] > 1 else 0
+                    terms["dsinks"][h] += float(np.sum(np.abs(block.sink) * np.abs(p * da).sum(1)))
             for name in sums:
                 sums[name] = precision.round_to(sums[name], acc)
-    return {"dq": dq, **{name: ar.r(values) for name, values in sums.items()}}
+    values = {"dq": dq, **{name: ar.r(values) for name, values in sums.items()}}
+    return PlainGradients(values, terms)
 
 
 def _add_dbias(spec: AttentionSpec, dbias: F64, at: Index, rows: slice, ds: F64) -> None:

@@ -113,9 +113,9 @@ def test_pytorchs_backward_kernels_pass(dtype: str, backend: str, case: str) -> 
 
 
 def test_the_16_bit_kernels_stay_well_inside_the_plain_backwards_error() -> None:
-    """The plain backward rounds dA, dS and the products to the format, which kernels
-    accumulating in float32 do not: PyTorch's need under 1 of its largest error per
-    slice, where the rule allows 2."""
+    """The plain backward rounds dA, dS and the products to the format, as kernels do,
+    but in its own order: PyTorch's fused kernel needs under 1 of its largest error per
+    slice here (1.8 at most on slices of 5 to 48 rows), where the rule allows 3."""
     for dtype in ("float16", "bfloat16"):
         checks = judged(torch_backward(dtype, "fused", causal=True), dtype, causal=True)
         for name in ("dq", "dk", "dv"):
@@ -123,9 +123,9 @@ def test_the_16_bit_kernels_stay_well_inside_the_plain_backwards_error() -> None
 
 
 def test_float32_gradients_get_their_own_factor() -> None:
-    assert GRADIENT_FACTORS == {"float32": 16.0}
+    assert GRADIENT_FACTORS == {"float16": 3.0, "bfloat16": 3.0, "float32": 8.0}
     checks = judged(torch_backward("float32", "fused"), "float32")
-    assert "16× the plain computation's largest error" in checks["dq.close"].summary
+    assert "8× the plain computation's largest error" in checks["dq.close"].summary
 
 
 def slipped(name: str, change: Any) -> dict[str, Check]:
@@ -192,7 +192,7 @@ def test_the_plain_backward_in_float64_is_the_backward_pass() -> None:
     spec: AttentionSpec = build_spec(q, k, v, options=parse_options({"causal": True}))
     dout: NDArray[np.float64] = rng.standard_normal((2, 3, 9, 4))
     exact = backward(spec, make_dout(spec, dout, 0, "--dout"))
-    plain = plain_backward(spec, dout)
+    plain = plain_backward(spec, dout).values
     for name in ("dq", "dk", "dv"):
         np.testing.assert_allclose(plain[name], getattr(exact, name), rtol=1e-12, atol=1e-14)
 
@@ -362,7 +362,7 @@ def extras_case(dtype: str) -> tuple[AttentionSpec, dict[str, F64]]:
 def test_the_plain_backward_in_float64_has_the_bias_sinks_and_softcap_gradients() -> None:
     spec, extra = extras_case("float64")
     exact = backward(spec, make_dout(spec, extra["dout"], 0, "--dout"))
-    plain = plain_backward(spec, extra["dout"])
+    plain = plain_backward(spec, extra["dout"]).values
     assert set(plain) == {"dq", "dk", "dv", "dbias", "dsinks"}
     for name in plain:
         np.testing.assert_allclose(plain[name], getattr(exact, name), rtol=1e-11, atol=1e-13)
@@ -449,3 +449,23 @@ def test_dropout_replayed_passes() -> None:
     ]
     checks = gradient_checks(spec, exports, dout, CheckSettings(), "float16")
     assert [c.name for c in checks if c.status != "pass"] == []
+
+
+def test_dv_sums_count_the_rows_a_finite_mask_weighs_alike() -> None:
+    """A left-padded row hidden whole by Hugging Face's finfo.min float mask still has
+    weights summing to 1 (uniform over its keys): its dO counts in Σ over rows. Under
+    a boolean mask and −inf the same row weighs nothing, and its dO does not count."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 1, 6, 4)) for _ in range(3))
+    dout = rng.standard_normal((1, 1, 6, 4))
+    pad = np.zeros((1, 1, 6, 6))
+    pad[..., :2] = np.finfo(np.float64).min  # keys 0, 1 padding: row 0, 1 see nothing real
+    pad[..., :2, :] = np.finfo(np.float64).min
+    for mask in (pad, pad == 0):
+        spec = build_spec(q, k, v, mask=mask, options=parse_options({}))
+        exact = backward(spec, make_dout(spec, dout, 0, "--dout"))
+        exports = [Expected("dv", exact.dv, "dv.npy")]
+        checks = {
+            c.name: c for c in gradient_checks(spec, exports, dout, CheckSettings(), "float64")
+        }
+        assert checks["dv.sums"].status == "pass", checks["dv.sums"].summary
