@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def test_ulp_is_the_formats_spacing_at_that_magnitude(x: float, fmt: str, spacin
     assert ulp(np.array([x, -x]), fmt).tolist() == [spacing, spacing]
 
 
-def judged(actual: np.ndarray, reference: np.ndarray, plain: np.ndarray, **kw: float):  # type: ignore[no-untyped-def]
+def judged(actual: np.ndarray, reference: np.ndarray, plain: np.ndarray, **kw: Any):  # type: ignore[no-untyped-def]
     return relative_check(
         "output",
         actual,
