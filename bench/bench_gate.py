@@ -78,7 +78,9 @@ from bench_report import render_table
 ONLY_HELP = (
     "run the matching checks only: a glob or a substring of a run's name, "
     "KERNEL/DTYPE/CASE/BUG such as torch-flash/bfloat16/causal/faithful, "
-    "hf-gemma2, */float16/*, scale-dk, head-shift-2; repeatable"
+    "hf-gemma2, */float16/*, scale-dk, head-shift-2; the backward runs are "
+    "backward/KERNEL/DTYPE/CASE/SLIP (backward, 'backward/*/faithful', dk-no-scale); "
+    "repeatable"
 )
 
 
