@@ -209,8 +209,8 @@ def _dv_sums(spec: AttentionSpec, dv: F64, dout: F64, label: str, export: str) -
             "fail",
             f"Σ over keys of dV is not Σ over rows of dO in {int(bad.sum()):,} of {bad.size:,} "
             f"(slice, feature) pairs; at {format_index(at)}: {sig(float(v_keys[at]), 6)} against "
-            f"{sig(float(d_rows[at]), 6)} (each row's weights sum to 1: was dV computed from "
-            "unnormalised weights?)",
+            f"{sig(float(d_rows[at]), 6)}, where each row's weights sum to 1: dV is not Pᵀ·dO "
+            "for weights P (dv.close's hint names the slip where one matches)",
             index=at,
             file=label,
         )

@@ -155,7 +155,7 @@ def test_dv_from_unnormalised_weights_breaks_its_column_sums() -> None:
     dV 10% too large breaks it, and the close check too."""
     checks = slipped("dv", lambda a: a["dv"] * 1.1)
     assert checks["dv.sums"].status == "fail"
-    assert "was dV computed from unnormalised weights?" in checks["dv.sums"].summary
+    assert "where each row's weights sum to 1: dV is not Pᵀ·dO" in checks["dv.sums"].summary
     assert checks["dv.close"].status == "fail"
 
 
