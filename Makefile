@@ -110,11 +110,14 @@ bench-grad: $(VENV)/.dev-installed
 # error, a rolled row, scale 1/d_k, an inverted mask, a window off by one, a flipped
 # causal alignment, the causal mask transposed, packed documents leaking, the
 # temperature forgotten, (B, L, H, E) tensors or output alone read as (B, H, L, E), an
-# LSE in base 2, bfloat16 claimed as float32. Noise: causal random data, float16 randn
+# LSE in base 2, bfloat16 claimed as float32. Backward exports (--dout, --expect-dq/dk/dv)
+# of the same kernels, and their slips: dK without the scale, D = rowsum(dO ⊙ O) left
+# out, dV from unnormalised weights, the mask in the forward pass only, grouped-query
+# gradients unsummed, one head's dQ shifted. Noise: causal random data, float16 randn
 # inspected, a captured model's manifest. Prints a confusion table, a table per bug
 # (caught, named), the noise, every wrong verdict and unnamed bug, and Markdown tables;
 # exits 1 on any false failure, false pass, false alarm or --fudge offered over a
-# structural error. About 3 minutes on 2 cores; a library that cannot be installed
+# structural error. About 4 minutes on 2 cores; a library that cannot be installed
 # skips its kernels. More options: BENCH_ARGS="--only hf-gemma2 --keep /tmp/gate --json
 # gate.json" (bench/bench_gate.py --help).
 BENCH_GATE_LIBS = $(BIN)/pip install --quiet transformers==5.23.0 jax==0.10.2 \
