@@ -39,9 +39,9 @@ Backward kernels (`backward_cases`, exports with `backward=True`, named backward
 PyTorch's CPU SDPA backward pass, fused and math, float16, bfloat16 and float32 (full,
 causal, grouped-query with enable_gqa, a boolean mask; two seeds, the second faithful
 only); Hugging Face's eager attention in the tiny Llama (padded, its float mask) and
-Mistral (sliding window), the recorded call run again on Q, K, V leaves and
-backpropagated from a random dO; `jax.vjp` of JAX's `dot_product_attention` in bfloat16.
-Gemma 2 is left out: sdpa's backward does not take --softcap yet. Each exports q, k, v,
+Mistral (sliding window) and Gemma 2 (softcap, sliding and global layers), the recorded
+call run again on Q, K, V leaves and backpropagated from a random dO; `jax.vjp` of JAX's
+`dot_product_attention` in bfloat16. Each exports q, k, v,
 dout, dq, dk, dv (and its mask) with the forward pass's flags. `inject_backward` puts a
 backward kernel's slips into them: dK without the scale, D = rowsum(dO ∘ O) forgotten,
 dV from unnormalised weights, the mask left out of the backward (P over every key from
@@ -912,10 +912,6 @@ BACKWARD_NAMES: dict[str, str] = {
     GQA_UNSUMMED: "query head's share",
 }
 GRADIENTS = ("dq", "dk", "dv")
-SOFTCAP_SKIPPED = (
-    "hf-gemma2 backward: skipped, sdpa's backward does not take --softcap yet "
-    "(Gemma 2 soft-caps its logits)"
-)
 
 
 @dataclass(frozen=True)
@@ -937,17 +933,18 @@ def backward64(export: Export, slip: str | None = None) -> dict[str, F64]:
     """dQ (B, H, L, E), dK and dV (B, G, S, E) of Σ O ⊙ dO in float64 from the saved Q, K,
     V and dO; with `slip`, as a kernel with that slip computes them.
 
-    S = Q·Kᵀ·scale (+ mask), P = softmax(S), dA = dO·Vᵀ, D = rowsum(P ⊙ dA) = rowsum(dO ⊙ O),
+    S = Q·Kᵀ·scale (soft-capped: C·tanh(S / C)) (+ mask), P = softmax(S), dA = dO·Vᵀ, D = rowsum(P ⊙ dA) = rowsum(dO ⊙ O),
     dS = P ⊙ (dA − D), dQ = dS·K·scale, dK = dSᵀ·Q·scale, dV = Pᵀ·dO, dK and dV summed
     over the query heads that share a K/V head.
     """
     ref = export.reference
-    if ref.softcap is not None:
-        raise ValueError(f"{export.name}: the backward cases take no softcap")
     q, k, v, d_o = (np.asarray(export.arrays[n], np.float64) for n in ("q", "k", "v", "dout"))
     group = q.shape[-3] // k.shape[-3]  # query head h reads kv head h // (H / G)
     k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
     scaled = np.einsum("BHLE,BHSE->BHLS", q, k) * ref.scale
+    if ref.softcap is not None:  # C·tanh(x / C), as Gemma 2
+        t = np.tanh(scaled / ref.softcap)
+        scaled = ref.softcap * t
     masked = slip != BACKWARD_UNMASKED
     s = scaled if ref.additive is None or not masked else scaled + ref.additive
     if ref.visible is not None and masked:
@@ -963,6 +960,8 @@ def backward64(export: Export, slip: str | None = None) -> dict[str, F64]:
         lse = m + np.log(w.sum(axis=-1, keepdims=True))
         p = np.exp(scaled - lse)  # every key, the mask left out; LSE and D as masked
     ds = p * da if slip == D_FORGOTTEN else p * (da - d)
+    if ref.softcap is not None:
+        ds = ds * (1.0 - t * t)  # the softcap's chain rule
     weights = w if slip == DV_UNNORMALISED else p
     dq = np.einsum("BHLS,BHSE->BHLE", ds, k) * ref.scale
     dk = np.einsum("BHLS,BHLE->BHSE", ds, q) * ref.scale
@@ -1093,7 +1092,7 @@ def _run_hf_backward(family: str, dtype: str, layer: int, seed: int) -> Export:
     return _backward_export(forward, grads)
 
 
-HF_BACKWARD = ("llama", "mistral")  # Gemma 2 soft-caps: SOFTCAP_SKIPPED
+HF_BACKWARD = ("llama", "mistral", "gemma2")
 
 
 def _run_jax_backward(name: str, seed: int) -> Export:
@@ -1232,8 +1231,7 @@ BACKWARD_FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[], list[BackwardCa
 
 
 def backward_cases() -> tuple[list[BackwardCase], list[str]]:
-    """Every backward case whose library imports, and a line per family skipped (and
-    Gemma 2's, whose softcap sdpa's backward does not take yet)."""
+    """Every backward case whose library imports, and a line per family skipped."""
     found: list[BackwardCase] = []
     skipped: list[str] = []
     for family, (modules, make) in BACKWARD_FAMILIES.items():
@@ -1242,6 +1240,4 @@ def backward_cases() -> tuple[list[BackwardCase], list[str]]:
             skipped.append(f"{family} backward: skipped, {absent} does not import")
             continue
         found += make()
-    if missing(BACKWARD_FAMILIES["hf"][0]) is None:
-        skipped.append(SOFTCAP_SKIPPED)
     return found, skipped

@@ -190,6 +190,9 @@ def _variant(spec: AttentionSpec, dout: F64, slip: str) -> Gradient:
                 ds = p * (da - d)
             else:
                 ds = p * (da - d)
+            if spec.options.softcap is not None:  # the softcap's chain rule
+                t = np.tanh(np.asarray(block.scaled, np.float64) / spec.options.softcap)
+                ds = ds * (1.0 - t * t)
             q_at, k_at, v_at = (spec.operand_index(n, at) for n in ("q", "k", "v"))
             dq[q_at] += ds @ k * f
             # first-head: only query head g·r of each group writes K/V head g's share

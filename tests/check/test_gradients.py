@@ -469,3 +469,27 @@ def test_dv_sums_count_the_rows_a_finite_mask_weighs_alike() -> None:
             c.name: c for c in gradient_checks(spec, exports, dout, CheckSettings(), "float64")
         }
         assert checks["dv.sums"].status == "pass", checks["dv.sums"].summary
+
+
+def test_the_d_term_left_out_under_a_softcap_is_named() -> None:
+    """Gemma 2's softcap C·tanh(S / C): the slip's dS passes through the chain rule
+    (1 − tanh²) as the faithful one does, and is still named."""
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 2, 10, 8)) * 2 for _ in range(3))
+    dout = rng.standard_normal((1, 2, 10, 8))
+    scaled = q @ np.swapaxes(k, -1, -2) / np.sqrt(8.0)
+    t = np.tanh(scaled / 5.0)
+    logits = np.where(np.triu(np.ones((10, 10), dtype=np.bool_), 1), -np.inf, 5.0 * t)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ds = p * (dout @ np.swapaxes(v, -1, -2)) * (1.0 - t * t)  # D left out
+    slipped = {"dq": ds @ k / np.sqrt(8.0), "dk": np.swapaxes(ds, -1, -2) @ q / np.sqrt(8.0)}
+    spec = build_spec(
+        *(x.astype(np.float16) for x in (q, k, v)),
+        options=parse_options({"causal": True, "softcap": 5.0}),
+    )
+    exports = [Expected(n, x.astype(np.float16), f"{n}.npy") for n, x in slipped.items()]
+    checks = gradient_checks(spec, exports, dout, CheckSettings(), "float16")
+    hints = [c.hint for c in checks if c.name.endswith(".close")]
+    assert len(hints) == 2
+    assert all(h is not None and "leaves out D = rowsum(dO ⊙ O)" in h for h in hints)
