@@ -442,6 +442,6 @@ def test_gemma2s_soft_capped_backward_is_among_the_cases() -> None:
     pytest.importorskip("transformers")
     cases, _ = gk.backward_cases()
     assert {c.key for c in cases if "gemma2" in c.key} >= {
-        "hf-gemma2/bfloat16/layer0-sliding-softcap",
-        "hf-gemma2/float32/layer1-global-softcap",
+        "backward/hf-gemma2/bfloat16/layer0-sliding-softcap",
+        "backward/hf-gemma2/float32/layer1-global-softcap",
     }
