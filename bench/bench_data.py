@@ -160,6 +160,26 @@ class Datasets:
             _write_npy(path, _filled_with(values), shape, dtype)
         return path
 
+    def gradients(self, shape: Shape, dtype: str) -> list[Path]:
+        """dq.npy, dk.npy, dv.npy: a backward kernel's export of ``inputs`` and ``dout``
+        (seed 0), as sdpa's float64 backward pass gives it, rounded to ``dtype``."""
+        data = self._dir(shape, dtype, 0)
+        paths = [data / f"{name}.npy" for name in ("dq", "dk", "dv")]
+        if all(path.exists() for path in paths):
+            return paths
+        from sdpa_cli.engine.grad import backward, make_dout
+        from sdpa_cli.engine.options import parse_options
+        from sdpa_cli.engine.spec import build_spec
+
+        self.progress(f"exporting dQ, dK, dV {shape} {dtype} ...")
+        q, k, v = (np.load(p, mmap_mode="r") for p in self.inputs(shape, dtype))
+        dout = np.load(self.dout(shape, dtype), mmap_mode="r")
+        spec = build_spec(q, k, v, options=parse_options({}))
+        grads = backward(spec, make_dout(spec, dout, 0, "dout"))
+        for path, values in zip(paths, (grads.dq, grads.dk, grads.dv), strict=True):
+            _write_npy(path, _filled_with(np.asarray(values).astype(dtype)), shape, dtype)
+        return paths
+
     def manifest(self, count: int, shape: Shape, dtype: str) -> Path:
         """A manifest of `count` cases, each its own q, k, v and exported output."""
         path = self.root / f"manifest-{count}-{shape_tag(shape)}-{dtype}.yaml"

@@ -235,7 +235,14 @@ def grad_section(ctx: Context, plan: Plan) -> Section | None:
         runs.append((torch, worker_runner(wcmd, torch_limits(ctx))))
     else:
         torch.skipped = "torch not measured"
-    ctx.progress("grad: sdpa grad vs torch float64 forward + backward")
+    # Beside it, sdpa check judging a backward kernel's export of the same gradients.
+    dq, dk, dv = ctx.datasets.gradients(shape, dtype)
+    ccmd = [ctx.sdpa, "check", *map(str, inputs), "--dout", str(dout), "--no-color"]
+    ccmd += ["--expect-dq", str(dq), "--expect-dk", str(dk), "--expect-dv", str(dv)]
+    ccmd += ["--jobs", str(ctx.jobs)] if ctx.jobs is not None else []
+    check = ctx.new_series("grad/check", ccmd)
+    runs.append((check, sdpa_runner(ccmd, ctx.limits)))
+    ctx.progress("grad: sdpa grad vs torch float64 forward + backward, and sdpa check --dout")
     alternate(runs, ctx.repeat, ctx.progress)
     r = ratio(sdpa.median_s, torch.median_s)
     tag = shape_tag(shape)
@@ -259,14 +266,20 @@ def grad_section(ctx: Context, plan: Plan) -> Section | None:
         ]
     ]
     headers = ["inputs f16", "sdpa s", "torch s", "ratio", "target", "verdict", "sdpa MiB"]
+    beside = [[tag, fmt(check.median_s, ".3f"), fmt(check.peak_mib, ".0f")]]
     text = "\n".join(
         [
             "  `sdpa grad Q K V --dout dO` as a whole process (tables to /dev/null)",
             "  ÷ torch's float64 forward + backward (after a warm-up, fresh process)",
             render_table(headers, rows),
+            "",
+            "  beside it, `sdpa check Q K V --dout dO --expect-dq --expect-dk --expect-dv`",
+            "  judging the same gradients exported in float16 (no target yet)",
+            render_table(["inputs f16", "check s", "check MiB"], beside),
         ]
     )
-    return Section("4. sdpa grad vs torch autograd", text, [f], series_problems([sdpa, torch]))
+    problems = series_problems([sdpa, torch, check])
+    return Section("4. sdpa grad vs torch autograd", text, [f], problems)
 
 
 # --------------------------------------------------------------------------- 5
