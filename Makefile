@@ -120,7 +120,7 @@ bench-grad: $(VENV)/.dev-installed
 # structural error. About 4 minutes on 2 cores; a library that cannot be installed
 # skips its kernels. More options: BENCH_ARGS="--only hf-gemma2 --keep /tmp/gate --json
 # gate.json" (bench/bench_gate.py --help).
-BENCH_GATE_LIBS = $(BIN)/pip install --quiet transformers==5.23.0 jax==0.10.2 \
+BENCH_GATE_LIBS = $(BIN)/pip install --quiet transformers==5.24.0 jax==0.10.2 \
 	|| echo "bench-gate: transformers or jax not installable; their kernels are skipped"
 
 bench-gate: $(VENV)/.dev-installed
