@@ -87,7 +87,7 @@ def gradient_checks(
     d = make_dout(seen, dout, spec.options.seed, dout_label)
     reference = backward(seen.in_float64(), d, jobs=jobs)
     narrow = export != "float64" and settings.rtol is None and settings.tolerance == "kernel"
-    plain = plain_backward(as_naive(seen, export), np.asarray(d, np.float64)) if narrow else None
+    plain = plain_backward(as_naive(seen, export), d) if narrow else None
     factor = settings.fudge if settings.fudge is not None else GRADIENT_FACTORS.get(export)
     judgement = Judgement(
         export,
@@ -127,8 +127,7 @@ def gradient_checks(
             d_seen = np.where(_weighing_rows(seen)[..., None], np.asarray(d, np.float64), 0.0)
             checks += _dv_sums(spec, got, d_seen, e.label, export)
     refs = {n: np.asarray(reference.loaded(n)) for n in got_all}
-    d64 = np.asarray(d, np.float64)
-    return with_gradient_hints(checks, seen.in_float64(), d64, got_all, refs, export)
+    return with_gradient_hints(checks, seen.in_float64(), d, got_all, refs, export)
 
 
 def _weighing_rows(spec: AttentionSpec) -> NDArray[np.bool_]:
@@ -153,8 +152,8 @@ ROW_BLOCK = 256
 
 
 def _fitted(spec: AttentionSpec, e: Expected) -> F64:
-    """A gradient export as float64 in its input's shape as loaded (leading 1s may
-    differ)."""
+    """A gradient export in its input's shape as loaded (leading 1s may differ), in
+    its own dtype (the checks read it as float64 a block at a time)."""
     operand = OPERAND[e.name]
     if operand not in spec.shapes:
         raise SpecError(e.label, f"is the gradient of the {operand}, and the computation has none")
@@ -162,7 +161,7 @@ def _fitted(spec: AttentionSpec, e: Expected) -> F64:
     got = tuple(e.values.shape)
     if got != want and strip_ones(got) != strip_ones(want):
         raise SpecError(e.label, f"has shape {got}; {e.name} is shaped as its input, {want}")
-    return np.asarray(e.values, dtype=np.float64).reshape(want)
+    return np.asarray(e.values).reshape(want)  # read as float64 a block at a time
 
 
 def _fixed(settings: CheckSettings, export: str) -> Tolerance:
@@ -183,7 +182,7 @@ def _dv_sums(spec: AttentionSpec, dv: F64, dout: F64, label: str, export: str) -
         return []
     if spec.options.heads is not None or spec.options.layout != "bhsd":
         return []
-    dv4 = np.asarray(dv).reshape(spec.v.shape)
+    dv4 = np.asarray(dv, np.float64).reshape(spec.v.shape)
     group = spec.group
     # dO summed over rows, then over the query heads that share a K/V head
     d_rows = dout.sum(axis=-2)  # (*lead, Ev)

@@ -19,9 +19,10 @@ so nothing score-sized outlives a block.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import Arithmetic, attend_block, dropout_keep, operands
@@ -38,8 +39,8 @@ class PlainGradients(NamedTuple):
     of the rounding any order of the sums makes, which cancellation hides from the
     gradient's own magnitude. By name, in the engine's layout."""
 
-    values: dict[str, F64]
-    terms: dict[str, F64]
+    values: dict[str, NDArray[np.floating[Any]]]
+    terms: dict[str, NDArray[np.float32]]
 
 
 def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
@@ -57,14 +58,20 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
         raise SpecError("--score-mod", "has no backward pass here; use it with compute")
     ar = Arithmetic.of(spec, emulate=True)
     acc = ar.accumulate
-    dq = np.zeros(spec.q.shape)
+    # Held in the accumulator's format when it is float32 (every value of the sums and
+    # of the format is one): half the memory of float64, the same numbers.
+    held = np.float32 if acc == "float32" else np.float64
+    dq = np.zeros(spec.q.shape, held)
     # the accumulator's running sums, stored in the format at the end
-    sums = {"dk": np.zeros(spec.k.shape), "dv": np.zeros(spec.v.shape)}
+    sums = {"dk": np.zeros(spec.k.shape, held), "dv": np.zeros(spec.v.shape, held)}
     if spec.bias is not None:
-        sums["dbias"] = np.zeros(spec.bias.shape)
+        sums["dbias"] = np.zeros(spec.bias.shape, held)
     if spec.sinks is not None:
-        sums["dsinks"] = np.zeros(spec.sinks.shape)
-    terms = {n: np.zeros_like(x) for n, x in (("dq", dq), *sums.items())}
+        sums["dsinks"] = np.zeros(spec.sinks.shape, held)
+    # magnitudes, for a floor: float32 is precision enough
+    terms: dict[str, NDArray[np.float32]] = {
+        n: np.zeros(x.shape, np.float32) for n, x in (("dq", dq), *sums.items())
+    }
     f = spec.factor
     for lead in np.ndindex(*spec.lead):
         at: Index = tuple(int(i) for i in lead)
@@ -111,13 +118,14 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
                 if "dsinks" in sums and block.sink is not None:
                     h = at[-1] if at and spec.sinks is not None and spec.sinks.shape[0] > 1 else 0
                     terms["dsinks"][h] += float(np.sum(np.abs(block.sink) * np.abs(p * da).sum(1)))
-            for name in sums:
-                sums[name] = precision.round_to(sums[name], acc)
-    values = {"dq": dq, **{name: ar.r(values) for name, values in sums.items()}}
+            if held is np.float64:  # float32 holds its sums rounded already
+                for name in sums:
+                    sums[name] = precision.round_to(sums[name], acc)
+    values = {"dq": dq, **{name: np.asarray(ar.r(v), held) for name, v in sums.items()}}
     return PlainGradients(values, terms)
 
 
-def _add_dbias(spec: AttentionSpec, dbias: F64, at: Index, rows: slice, ds: F64) -> None:
+def _add_dbias(spec: AttentionSpec, dbias: NDArray[Any], at: Index, rows: slice, ds: F64) -> None:
     """d(bias) of a block: dS summed over the axes the bias broadcasts along."""
     assert spec.bias is not None
     target = dbias[spec.operand_index("bias", at)]
@@ -127,8 +135,13 @@ def _add_dbias(spec: AttentionSpec, dbias: F64, at: Index, rows: slice, ds: F64)
     target[rows if lb > 1 else slice(0, 1)] += part
 
 
+PLAIN_ELEMENTS = 1 << 18
+"""Scores per block of the plain backward: the emulated block keeps about ten
+score-sized float64 arrays (its stages, dA, dS and their magnitudes), 2 MiB each."""
+
+
 def _row_blocks(spec: AttentionSpec) -> Iterator[slice]:
-    step = block_rows(spec)
+    step = block_rows(spec, PLAIN_ELEMENTS)
     for i0 in range(0, spec.L, step):
         yield slice(i0, min(i0 + step, spec.L))
 
