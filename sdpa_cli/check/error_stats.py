@@ -57,14 +57,15 @@ HIGH = 1 << 16
 """Bins of the first histogram: the top 16 bits of a float32."""
 
 
-def _errors(a: F64, r: F64, finite: NDArray[np.bool_]) -> tuple[F64, F64]:
-    """The absolute and the relative error of the pairs finite on both sides."""
-    # inf − inf at pairs not finite on both sides is NaN, and dropped by the mask
+def _errors(a: F64, r: F64, finite: NDArray[np.bool_]) -> tuple[F64, F64, F64, F64]:
+    """The absolute and the relative error of a piece ``(k, m)``, shaped as it with 0
+    at the pairs not finite on both sides (per slice), and of its finite pairs alone
+    (flat: what the statistics count)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        every = bool(finite.all())  # the common case: no copy through the mask
-        diff = np.abs(a - r).ravel() if every else np.abs(a - r)[finite]
-        mag = np.abs(r).ravel() if every else np.abs(r)[finite]
-    return diff, relative_error(diff, mag)
+        d = np.abs(np.where(finite, a, 0.0) - np.where(finite, r, 0.0))
+        rel = relative_error(d, np.abs(np.where(finite, r, 0.0)))
+    every = bool(finite.all())  # the common case: no copy through the mask
+    return d, rel, (d.ravel() if every else d[finite]), (rel.ravel() if every else rel[finite])
 
 
 PIECE = 1 << 18
@@ -137,7 +138,7 @@ class ErrorFigures:
         """One block of slices ``at`` (each added once): ``a`` and ``r`` in float64,
         ``(k, ...)``, read a piece of :data:`PIECE` elements at a time."""
         for piece, pa, pr, pf in _pieces(a, r, finite):
-            diff, rel = _errors(pa, pr, pf)
+            d, rel_all, diff, rel = _errors(pa, pr, pf)
             for kind, values in (("abs", diff), ("rel", rel)):
                 self.sums[kind] += float(values.sum())
                 self.maxima[kind] = max(self.maxima[kind], float(np.max(values, initial=0.0)))
@@ -146,16 +147,12 @@ class ErrorFigures:
                 else:
                     self.high[kind] += np.bincount(_bits(values) >> 16, minlength=HIGH)
             self.count += diff.size
-            aa = np.where(pf, pa, 0.0)
-            rr = np.where(pf, pr, 0.0)
-            with np.errstate(over="ignore", invalid="ignore"):
-                d = np.abs(aa - rr)
-                rel = relative_error(d, np.abs(rr))
             rows = np.arange(len(pa)) + at.start + piece.start
             self.slice_count[rows] += pf.sum(axis=1)
             self.slice_sum[rows] += d.sum(axis=1)
             np.maximum.at(self.slice_max, rows, d.max(axis=1, initial=0.0))
-            np.maximum.at(self.slice_max_rel, rows, rel.max(axis=1, initial=0.0))
+            np.maximum.at(self.slice_max_rel, rows, rel_all.max(axis=1, initial=0.0))
+            aa, rr = np.where(pf, pa, 0.0), np.where(pf, pr, 0.0)
             self.dot[at][piece] += np.einsum("ij,ij->i", aa, rr)
             self.norm_a[at][piece] += np.einsum("ij,ij->i", aa, aa)
             self.norm_r[at][piece] += np.einsum("ij,ij->i", rr, rr)
@@ -181,7 +178,7 @@ class ErrorFigures:
             marked[kind][list(bins_of)] = True
         for _, a, r, finite in again():
             for _, pa, pr, pf in _pieces(a, r, finite):
-                for kind, values in zip(("abs", "rel"), _errors(pa, pr, pf), strict=True):
+                for kind, values in zip(("abs", "rel"), _errors(pa, pr, pf)[2:], strict=True):
                     bits = _bits(values)
                     few = bits[marked[kind][bits >> 16]]  # one pass: the needed bins' values
                     top = few >> 16

@@ -1,6 +1,6 @@
 """A backward kernel's exported gradients judged as the output is: ``--dout`` (the
 upstream gradient dO the kernel was given) with ``--expect-dq``, ``--expect-dk``,
-``--expect-dv``.
+``--expect-dv``, ``--expect-dbias``, ``--expect-dsinks``.
 
 Each gradient is compared with the float64 backward pass of ``Σ O ⊙ dO``
 (:func:`~sdpa_cli.engine.grad.backward`, from the inputs as the kernel saw them) by the
@@ -85,7 +85,8 @@ def gradient_checks(
         )
     seen = as_seen_by_kernel(spec, export)
     d = make_dout(seen, dout, spec.options.seed, dout_label)
-    reference = backward(seen.in_float64(), d, jobs=jobs)
+    wide = seen.in_float64()
+    reference = backward(wide, d, jobs=jobs)
     narrow = export != "float64" and settings.rtol is None and settings.tolerance == "kernel"
     plain = plain_backward(as_naive(seen, export), d) if narrow else None
     factor = settings.fudge if settings.fudge is not None else GRADIENT_FACTORS.get(export)
@@ -96,11 +97,11 @@ def gradient_checks(
         floor_of="the sum of its terms' magnitudes",
     )
     checks: list[Check] = []
-    got_all: dict[str, F64] = {}
+    exports: dict[str, F64] = {}
+    refs: dict[str, F64] = {}
     for e in expected:
-        got = got_all[e.name] = _fitted(spec, e)
-        ref = reference.loaded(e.name)
-        assert ref is not None
+        got = exports[e.name] = _fitted(spec, e)
+        ref = refs[e.name] = np.asarray(reference.loaded(e.name))
         checks.append(finite_check(e.name, got, e.label))
         if plain is not None:
             mine = spec.as_loaded(OPERAND[e.name], plain.values[e.name])
@@ -126,8 +127,7 @@ def gradient_checks(
         if e.name == "dv":
             d_seen = np.where(_weighing_rows(seen)[..., None], np.asarray(d, np.float64), 0.0)
             checks += _dv_sums(spec, got, d_seen, e.label, export)
-    refs = {n: np.asarray(reference.loaded(n)) for n in got_all}
-    return with_gradient_hints(checks, seen.in_float64(), d, got_all, refs, export)
+    return with_gradient_hints(checks, wide, d, exports, refs, export)
 
 
 def _weighing_rows(spec: AttentionSpec) -> NDArray[np.bool_]:
@@ -174,13 +174,13 @@ def _fixed(settings: CheckSettings, export: str) -> Tolerance:
 
 def _dv_sums(spec: AttentionSpec, dv: F64, dout: F64, label: str, export: str) -> list[Check]:
     """``dv.sums``: Σ over keys of dV equals Σ over rows of dO (``dout``: zero in the
-    rows that see no key), per slice and feature, as each row's weights sum to 1;
-    where nothing drops. Within the format's rounding of the sums: 4 ε of the format
-    times Σ |dO|."""
+    rows whose weights do not sum to 1), per slice and feature; where nothing drops
+    and nothing else takes weight (sinks). Within the format's rounding of the sums:
+    4 ε of the format times Σ |dO|."""
     o = spec.options
     if o.dropout > 0 or spec.sinks is not None or o.query_lengths is not None:
         return []
-    if spec.options.heads is not None or spec.options.layout != "bhsd":
+    if o.heads is not None or o.layout != "bhsd":
         return []
     dv4 = np.asarray(dv, np.float64).reshape(spec.v.shape)
     group = spec.group

@@ -291,7 +291,7 @@ def relative_check(
     slice_rms, slice_plain = np.zeros(n), np.zeros(n)
     row_rms = np.zeros((n, *tail[:-1])) if slices > 1 else np.zeros(0)
     row_plain = np.zeros_like(row_rms)
-    slice_allowed, slice_beyond = np.zeros(n), np.zeros(n, np.int64)
+    slice_allowed = np.zeros(n)
     square = len(tail) == 2 and tail[0] == tail[1]
     spread = ErrorShape(n, tail[0] if tail else 1, triangle=name == "weights" and square)
 
@@ -323,8 +323,7 @@ def relative_check(
             ratio /= judgement.factor * np.maximum(largest, floor)
         beyond = ratio > 1.0
         tally.beyond += int(np.count_nonzero(beyond))
-        spread.add(at, a, r, finite, beyond if beyond.ndim > 1 else beyond[:, None])
-        slice_beyond[at] = beyond.reshape(len(a), -1).sum(axis=1)
+        spread.add(at, a, r, finite, beyond)
         widest = np.max(np.broadcast_to(floor, err.shape), axis=axes, initial=0.0)
         slice_allowed[at] = judgement.factor * np.maximum(largest.reshape(-1), widest.reshape(-1))
         top = float(np.max(ratio, initial=0.0))
@@ -385,7 +384,7 @@ def relative_check(
             rms_error=float(slice_rms[k]),
             plain_rms_error=float(slice_plain[k]),
             allowed=float(slice_allowed[k]),
-            beyond=int(slice_beyond[k]),
+            beyond=int(spread.by_slice[k]),
         )
     details: dict[str, Any] = {
         "error_stats": stats,
