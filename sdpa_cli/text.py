@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import reprlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -101,6 +101,23 @@ def plural(n: int, unit: str) -> str:
 def format_index(at: Sequence[int] | None) -> str:
     """``[0, 2, 5]``."""
     return "[" + ", ".join(str(i) for i in (at or ())) + "]"
+
+
+def runs(values: Iterable[int]) -> list[tuple[int, int]]:
+    """Ascending integers as their runs of consecutive values, ``(first, last)``:
+    ``0, 1, 2, 5`` → ``(0, 2), (5, 5)``."""
+    found: list[tuple[int, int]] = []
+    for v in values:
+        if found and v == found[-1][1] + 1:
+            found[-1] = (found[-1][0], v)
+        else:
+            found.append((v, v))
+    return found
+
+
+def run_text(first: int, last: int) -> str:
+    """``3`` or ``0–2``."""
+    return str(first) if first == last else f"{first}–{last}"
 
 
 def shape(s: Sequence[int]) -> str:

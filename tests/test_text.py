@@ -19,6 +19,8 @@ from sdpa_cli.text import (
     plural,
     printable,
     prose,
+    run_text,
+    runs,
     shape,
     share,
     shown,
@@ -121,3 +123,9 @@ def test_printable_shows_the_bytes_of_a_non_utf8_file_name_as_the_shell_does() -
     assert printable(os.fsdecode(b"q\xff\xfe.npy")) == "q\\xff\\xfe.npy"
     assert printable(os.fsdecode(b"\x80dir/\xe9t\xe9.npy")) == "\\x80dir/\\xe9t\\xe9.npy"
     assert printable("caf\u00e9.npy") == "caf\u00e9.npy"  # UTF-8 names as they are
+
+
+def test_runs_join_consecutive_integers() -> None:
+    assert runs([0, 1, 2, 5, 7, 8]) == [(0, 2), (5, 5), (7, 8)]
+    assert runs([]) == []
+    assert [run_text(*r) for r in runs([3, 9, 10])] == ["3", "9–10"]

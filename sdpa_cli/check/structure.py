@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine.types import F64
-from sdpa_cli.text import format_index, plural, sig
+from sdpa_cli.text import format_index, plural, run_text, runs, sig
 
 ROUNDING_LIMIT = 10.0
 """The largest ``--fudge`` a report suggests: an error that needs more is no rounding."""
@@ -111,7 +111,7 @@ class ErrorShape:
                 slices.append(list(at))
         out["slices"] = sorted(slices)
         rows = [int(i) for i in np.flatnonzero(self.by_row)]
-        out["rows"] = _runs(rows)
+        out["rows"] = [list(run) for run in runs(rows)]
         places = [self._slices_words(out["slices"]), _rows_words(rows, self.n_rows)]
         triangle = self._triangle_words()
         if triangle:
@@ -186,27 +186,16 @@ class ErrorShape:
         }
 
 
-def _runs(rows: list[int]) -> list[list[int]]:
-    """Sorted indices as runs ``[first, last]``."""
-    runs: list[list[int]] = []
-    for i in rows:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    return runs
-
-
 def _rows_words(rows: list[int], n: int) -> str:
     """``rows 96–127``, ``row 3``, ``every row``, ``57 of 128 rows``."""
     if not rows:
         return ""
     if len(rows) == n:
         return "every row"
-    runs = _runs(rows)
-    if len(runs) > RANGES:
+    found = runs(rows)
+    if len(found) > RANGES:
         return f"{len(rows):,} of {n:,} rows"
-    named = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)
+    named = ", ".join(run_text(a, b) for a, b in found)
     return f"{'row' if len(rows) == 1 else 'rows'} {named} of {n:,}"
 
 

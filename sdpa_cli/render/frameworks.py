@@ -18,7 +18,7 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import Index
 from sdpa_cli.render.common import THEME, note_text, rule, slice_label
 from sdpa_cli.render.header import header
-from sdpa_cli.text import plural, sig
+from sdpa_cli.text import plural, run_text, runs, sig
 
 SHOWN_SLICES = 6
 """(batch, head) slices whose rows a disagreement lists; the rest are counted."""
@@ -107,13 +107,9 @@ def rows_label(spec: AttentionSpec, rows: Sequence[Index]) -> str:
 
 def _ranges(values: Iterable[int]) -> str:
     """``0–2, 5``: consecutive runs joined."""
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][-1] + 1:
-            runs[-1].append(v)
-        else:
-            runs.append([v])
-    shown = [str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs[:SHOWN_RUNS]]
-    if len(runs) > SHOWN_RUNS:
-        shown.append(f"and {plural(sum(len(r) for r in runs[SHOWN_RUNS:]), 'more row')}")
+    found = runs(values)
+    shown = [run_text(first, last) for first, last in found[:SHOWN_RUNS]]
+    if len(found) > SHOWN_RUNS:
+        rest = sum(last - first + 1 for first, last in found[SHOWN_RUNS:])
+        shown.append(f"and {plural(rest, 'more row')}")
     return ", ".join(shown)
