@@ -371,12 +371,18 @@ def attend_block(
     )
 
 
+def sink_head(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
+    """Which of ``--sinks``' logits the slice reads: its query head's (the last
+    leading axis), or the one logit every head shares."""
+    assert spec.sinks is not None
+    return lead_index[-1] if lead_index and spec.sinks.shape[0] > 1 else 0
+
+
 def sink_logit(spec: AttentionSpec, lead_index: tuple[int, ...]) -> float | None:
     """The sink logit of the slice's query head (None without ``--sinks``)."""
     if spec.sinks is None:
         return None
-    h = lead_index[-1] if lead_index and spec.sinks.shape[0] > 1 else 0
-    return float(spec.sinks[h])
+    return float(spec.sinks[sink_head(spec, lead_index)])
 
 
 def _weights(

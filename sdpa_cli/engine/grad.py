@@ -35,8 +35,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.engine.block import sink_head
 from sdpa_cli.engine.driver import InOrder, KeyMode, Place, Progress, block_rows, sweep
-from sdpa_cli.engine.grad_block import BlockGrad, backward_block, lean_backward_block
+from sdpa_cli.engine.grad_block import (
+    BlockGrad,
+    add_bias_gradient,
+    backward_block,
+    lean_backward_block,
+)
 from sdpa_cli.engine.grad_health import GRAD_RECORDS, HealthRecords, record_bytes
 from sdpa_cli.engine.precision import is_float
 from sdpa_cli.engine.spec import AttentionSpec
@@ -225,14 +231,9 @@ def backward(
         sums.at("dk", li)[ks] += g.dk
         sums.at("dv", li)[ks] += g.dv
         if dbias is not None and g.dbias is not None:
-            target = dbias[spec.operand_index("bias", li)]
-            at_rows = r if target.shape[0] > 1 else slice(0, 1)
-            at_keys = ks if target.shape[1] > 1 else slice(0, 1)
-            target[at_rows, at_keys] += g.dbias
+            add_bias_gradient(spec, dbias, li, r, ks, g.dbias)
         if dsinks is not None and g.dsinks is not None:
-            heads = list(li)  # the query head is the last leading axis
-            head = heads[-1] if heads and dsinks.shape[0] > 1 else 0
-            dsinks[head] += g.dsinks.sum()
+            dsinks[sink_head(spec, li)] += g.dsinks.sum()
         at: tuple[int | slice, ...] = (*li, r)
         for record in GRAD_RECORDS:
             if record.merge is None:  # a row's record: one block's

@@ -128,7 +128,7 @@ def backward_block(
         draw = dscaled * factor
         dq = draw @ k
         dk = draw.T @ q
-        dbias = _dbias(spec, dlogits)
+        dbias = bias_gradient(spec, dlogits)
         attended = None if block.all_visible else block.attended
         health = read_health(HealthBlock(a, top, attended, block.keys.start, da=da, ds=ds))
     return BlockGrad(
@@ -241,7 +241,18 @@ def softmax_backward(
     return ds, top
 
 
-def _dbias(spec: AttentionSpec, dlogits: F64) -> F64 | None:
+def add_bias_gradient(
+    spec: AttentionSpec, dbias: NDArray[Any], lead: Index, rows: slice, keys: slice, part: F64
+) -> None:
+    """Add a block's d(bias) (:func:`bias_gradient`: summed over the axes the bias
+    broadcasts along) at its place in ``dbias``, shaped like ``spec.bias``."""
+    target = dbias[spec.operand_index("bias", lead)]
+    at_rows = rows if target.shape[0] > 1 else slice(0, 1)
+    at_keys = keys if target.shape[1] > 1 else slice(0, 1)
+    target[at_rows, at_keys] += part
+
+
+def bias_gradient(spec: AttentionSpec, dlogits: F64) -> F64 | None:
     """d(bias): dS summed over the axes the bias broadcasts along."""
     if spec.bias is None:
         return None

@@ -25,8 +25,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
-from sdpa_cli.engine.block import Arithmetic, attend_block, dropout_keep, operands
+from sdpa_cli.engine.block import Arithmetic, attend_block, dropout_keep, operands, sink_head
 from sdpa_cli.engine.driver import block_rows
+from sdpa_cli.engine.grad_block import add_bias_gradient, bias_gradient
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
@@ -92,18 +93,23 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
                     da = ar.r(precision.matmul(d_o, ops.v.T, acc))
                 sums["dv"][v_at] += precision.matmul(p_used.T, d_o, acc)
                 terms["dv"][v_at] += np.abs(p_used).T @ np.abs(d_o)
-                ds = ar.r(_softmax_backward(p, da, ar.softmax))
-                # |dS| bounded over its own cancellation: P ⊙ (|dA| + |Σ P ⊙ dA|)
-                ds_terms = np.abs(p) * (np.abs(da) + np.abs(np.einsum("ij,ij->i", p, da))[:, None])
+                total = np.einsum("ij,ij->i", p, da)  # Σ P ⊙ dA per row: D
+                ds = ar.r(_softmax_backward(p, da, total, ar.softmax))
+                # |dS| bounded over its own cancellation: P ⊙ (|dA| + |D|)
+                ds_terms = np.abs(p) * (np.abs(da) + np.abs(total)[:, None])
                 if not block.all_visible:
                     ds = np.where(block.unreplaced, ds, 0.0)
                 if "dsinks" in sums and block.sink is not None:
-                    total = np.einsum("ij,ij->i", p, da)
-                    h = at[-1] if at and spec.sinks is not None and spec.sinks.shape[0] > 1 else 0
-                    sums["dsinks"][h] -= float(np.sum(np.asarray(block.sink) * total))
+                    sink = np.asarray(block.sink)
+                    sums["dsinks"][sink_head(spec, at)] -= float(np.sum(sink * total))
+                    magnitude = np.abs(sink) * np.abs(p * da).sum(axis=1)  # D's terms
+                    terms["dsinks"][sink_head(spec, at)] += float(np.sum(magnitude))
                 if "dbias" in sums:
-                    _add_dbias(spec, sums["dbias"], at, rows, ds)
-                    _add_dbias(spec, terms["dbias"], at, rows, ds_terms)
+                    keys = slice(0, spec.S)
+                    for into, part in ((sums, ds), (terms, ds_terms)):
+                        summed = bias_gradient(spec, part)
+                        assert summed is not None  # the computation has a bias
+                        add_bias_gradient(spec, into["dbias"], at, rows, keys, summed)
                 dscaled = ds
                 if o.softcap is not None:
                     t = np.tanh(np.asarray(block.scaled, np.float64) / o.softcap)
@@ -115,24 +121,11 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
                 sums["dk"][k_at] += precision.matmul(dscaled.T, q_all[rows], acc) * f
                 terms["dq"][spec.operand_index("q", at)][rows] = ds_terms @ np.abs(ops.k) * f
                 terms["dk"][k_at] += ds_terms.T @ np.abs(q_all[rows]) * f
-                if "dsinks" in sums and block.sink is not None:
-                    h = at[-1] if at and spec.sinks is not None and spec.sinks.shape[0] > 1 else 0
-                    terms["dsinks"][h] += float(np.sum(np.abs(block.sink) * np.abs(p * da).sum(1)))
             if held is np.float64:  # float32 holds its sums rounded already
                 for name in sums:
                     sums[name] = precision.round_to(sums[name], acc)
     values = {"dq": dq, **{name: np.asarray(ar.r(v), held) for name, v in sums.items()}}
     return PlainGradients(values, terms)
-
-
-def _add_dbias(spec: AttentionSpec, dbias: NDArray[Any], at: Index, rows: slice, ds: F64) -> None:
-    """d(bias) of a block: dS summed over the axes the bias broadcasts along."""
-    assert spec.bias is not None
-    target = dbias[spec.operand_index("bias", at)]
-    lb, sb = target.shape[-2:]
-    part = ds.sum(axis=0, keepdims=True) if lb == 1 else ds
-    part = part.sum(axis=1, keepdims=True) if sb == 1 else part
-    target[rows if lb > 1 else slice(0, 1)] += part
 
 
 PLAIN_ELEMENTS = 1 << 18
@@ -146,8 +139,8 @@ def _row_blocks(spec: AttentionSpec) -> Iterator[slice]:
         yield slice(i0, min(i0 + step, spec.L))
 
 
-def _softmax_backward(p: F64, da: F64, softmax: str) -> F64:
-    """P ⊙ (dA − rowsum(dA ⊙ P)) in the format ``softmax`` (float32: the row sum
-    accumulated and the result stored in it)."""
-    total = precision.round_to(np.einsum("ij,ij->i", da, p), softmax)
-    return precision.round_to(p * precision.round_to(da - total[:, None], softmax), softmax)
+def _softmax_backward(p: F64, da: F64, total: F64, softmax: str) -> F64:
+    """P ⊙ (dA − D), D = ``total`` = rowsum(dA ⊙ P), in the format ``softmax``
+    (float32: the row sum accumulated and the result stored in it)."""
+    d = precision.round_to(total, softmax)
+    return precision.round_to(p * precision.round_to(da - d[:, None], softmax), softmax)
