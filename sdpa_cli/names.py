@@ -134,17 +134,14 @@ TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
 FORWARD_EXPORTS = ("output", "weights", "lse")
 """A forward kernel's exports: the output, the attention weights, the logsumexp per row."""
 
-GRADIENT_EXPORTS = ("dq", "dk", "dv", "dbias", "dsinks")
-"""A backward kernel's gradients ``sdpa check`` judges (with ``--dout``), each shaped as
-its input: Q, K, V, the bias, the sinks."""
-
-EXPORTS = (*FORWARD_EXPORTS, *GRADIENT_EXPORTS)
-"""What ``sdpa check`` judges: the output, the attention weights, the logsumexp per row,
-and the gradients of Q, K, V (``--expect-NAME``, a manifest's ``expect-NAME``)."""
-
 GRADIENTS = ("dq", "dk", "dv", "dbias", "dsinks")
 """What ``sdpa grad`` computes, named as in ``--save``, each shaped as its input: of Q,
-K, V, the bias and the sinks."""
+K, V, the bias and the sinks; a backward kernel's exports ``sdpa check`` judges (with
+``--dout``)."""
+
+EXPORTS = (*FORWARD_EXPORTS, *GRADIENTS)
+"""What ``sdpa check`` judges: the output, the attention weights, the logsumexp per row,
+and the gradients (``--expect-NAME``, a manifest's ``expect-NAME``)."""
 
 DOUT_SOURCES = ("ones", "random")
 """``--dout``'s words (besides a file)."""

@@ -31,7 +31,7 @@ from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.engine.grad import make_dout
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
-from sdpa_cli.names import EXPORTS, GRADIENT_EXPORTS
+from sdpa_cli.names import EXPORTS, GRADIENTS
 from sdpa_cli.text import plural
 
 
@@ -97,7 +97,7 @@ def _check_keywords(options: Mapping[str, Any]) -> None:
 def _check_gradients(given: Mapping[str, Any]) -> None:
     """Refuse a gradient without ``dout`` (the loss it is the gradient of is unknown),
     and a ``dout`` with no gradient to judge, as Python refuses a missing argument."""
-    grads = [n for n in GRADIENT_EXPORTS if given[n] is not None]
+    grads = [n for n in GRADIENTS if given[n] is not None]
     if grads and given["dout"] is None:
         raise TypeError(
             f"assert_attention_close() got {_listed(grads)} without dout: give dout=, the "

@@ -30,7 +30,7 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.errors import SdpaError, SpecError
 from sdpa_cli.files.confine import allow_outside
 from sdpa_cli.files.loaders import load_array
-from sdpa_cli.names import GRADIENT_EXPORTS
+from sdpa_cli.names import GRADIENTS
 
 
 def judge(
@@ -63,8 +63,8 @@ def judge(
         first += partial_checks(spec, list(partials), settings)
     if decode:
         first += decode_checks(spec, settings)
-    forward = [e for e in expected if e.name not in GRADIENT_EXPORTS]
-    backward = [e for e in expected if e.name in GRADIENT_EXPORTS]
+    forward = [e for e in expected if e.name not in GRADIENTS]
+    backward = [e for e in expected if e.name in GRADIENTS]
     report = run_checks(
         spec, forward, settings, thresholds, jobs=jobs, progress=progress, judged=bool(expected)
     )

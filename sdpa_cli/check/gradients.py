@@ -68,7 +68,7 @@ def gradient_checks(
     jobs: int = 1,
 ) -> list[Check]:
     """The checks of exported gradients (``expected``: of
-    :data:`~sdpa_cli.names.GRADIENT_EXPORTS`) of ``Σ O ⊙ dout``; ``export`` the format
+    :data:`~sdpa_cli.names.GRADIENTS`) of ``Σ O ⊙ dout``; ``export`` the format
     the kernel computed in.
 
     Raises:

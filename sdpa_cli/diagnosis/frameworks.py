@@ -52,9 +52,8 @@ def options_as(o: Options, conv: Convention) -> Options:
     """The case's options under ``conv``'s conventions: its alignment (unless
     ``--query-offset`` places the queries), its mask value, and the window's numbers
     as given read in its terms (given under ``--as``: in that framework's terms)."""
-    window = o.window
-    if window is not None:
-        window = conv.window(o.typed.get("window") or o.typed_window(window))
+    typed = o.window_as_typed
+    window = None if typed is None else conv.window(typed)
     align = o.causal_align if o.query_offset is not None else conv.causal_align
     return dataclasses.replace(
         o,

@@ -107,6 +107,15 @@ class Options:
         return window
 
     @property
+    def window_as_typed(self) -> tuple[int, int] | None:
+        """The window as the user gave it (in ``--as``'s terms), or the resolved one in
+        those terms when built directly; None without a window."""
+        if self.window is None:
+            return None
+        typed = self.typed.get("window")
+        return (typed[0], typed[1]) if typed is not None else self.typed_window(self.window)
+
+    @property
     def emulated(self) -> bool:
         """Whether the pipeline runs in a format narrower than float64 (``--dtype``)."""
         return self.dtype != "float64"

@@ -304,11 +304,6 @@ SETTLED = tuple(s for s in ROW_STATISTICS if s.settle is not None)
 assert len(ONLINE) + len(SETTLED) == len(ROW_STATISTICS), "a statistic is online or settled"
 
 
-def statistic(name: str) -> RowStatistic:
-    """The entry of :data:`ROW_STATISTICS` called ``name``."""
-    return next(s for s in ROW_STATISTICS if s.name == name)
-
-
 Column = tuple[RowStatistic, str, str | None]
 """A statistic, one of its columns and that column's format (None: not per format)."""
 

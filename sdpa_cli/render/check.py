@@ -48,7 +48,10 @@ def failure_panel(check: Check) -> Panel:
     finding and its hint hang from their bullet when they wrap."""
     body: list[RenderableType] = []
     bullets: Table | None = None
-    for line in failure_lines(check):
+    lines = failure_lines(check)
+    # the explanation of "worst" follows what the worst element was allowed, if told
+    told = any(line.startswith("at the worst element:") for line in lines)
+    for line in lines:
         if line.startswith(("• ", "  ")):
             if bullets is None:
                 bullets = Table.grid(padding=(0, 1))
@@ -63,18 +66,13 @@ def failure_panel(check: Check) -> Panel:
             bullets = None
             body.append(Text(line))
             if line.startswith("at the worst element:") or (
-                line.startswith("worst element:") and not _allowed_told(check)
+                line.startswith("worst element:") and not told
             ):
                 body.append(Text(WORST_VERSUS_GREATEST, style=MUTED))
     title = Text(check.name, style=STATUS_STYLE["fail"])
     if check.file:
         title.append(f" · {check.file}", style="default")
     return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED)
-
-
-def _allowed_told(check: Check) -> bool:
-    """Whether the failure's lines tell what the worst element was allowed."""
-    return any(line.startswith("at the worst element:") for line in failure_lines(check))
 
 
 def _verdict(failed: int, total: int, unit: str, warned: int = 0, errors: int = 0) -> Text:

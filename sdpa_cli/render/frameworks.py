@@ -34,9 +34,9 @@ def render_frameworks(spec: AttentionSpec, comparison: Comparison, width: int) -
     """The header, the conventions and answers, one table per disagreement, the verdict."""
     parts: list[RenderableType] = [header(spec, "sdpa compute --frameworks")]
     parts += [Text(""), rule("Frameworks", width)]
-    o = spec.options
-    if o.window is not None:
-        left, right = o.typed.get("window") or o.typed_window(o.window)
+    typed = spec.options.window_as_typed
+    if typed is not None:
+        left, right = typed
         counting = [c.name for c in CONVENTIONS.values() if c.window_counts_query]
         parts.append(
             Text(

@@ -109,11 +109,11 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
             lines.append(("causal", f"{o.causal_align}, within each document"))
         else:
             lines.append(("causal", f"{o.causal_align} ({rule})"))
-    if o.window is not None:
+    typed = o.window_as_typed
+    if o.window is not None and typed is not None:
         left, right = o.window
         rule = f"{left} left, {right} right (−{left} ≤ j − i − offset ≤ {right})"
-        typed = o.typed.get("window") or o.typed_window(o.window)
-        if tuple(typed) != (left, right):  # --as hf: its window counts the query
+        if typed != (left, right):  # --as hf: its window counts the query
             rule = f"{typed[0]},{typed[1]} as {o.framework} counts it (with the query): {rule}"
         lines.append(("window", rule))
     if o.mask_mod is not None:
