@@ -77,11 +77,11 @@ def _rows(flagged: NDArray[np.bool_]) -> Iterator[Index]:
 
 
 def row_findings(
-    spec: AttentionSpec, stats: Stats, th: Thresholds, working: tuple[str, ...]
+    spec: AttentionSpec, stats: Stats, classes: RowClasses, working: tuple[str, ...]
 ) -> Iterator[tuple[str, list[Finding]]]:
-    """Every flagged row, kind by kind: ``(kind, all its findings)``; the caller lists
-    ``max_findings`` of them and counts the rest."""
-    classes = classify_rows(stats, th)
+    """Every flagged row, kind by kind (``classes``: :func:`classify_rows` of every
+    row): ``(kind, all its findings)``; the caller lists ``max_findings`` of them and
+    counts the rest."""
     yield "saturated", list(_saturated(spec, stats, classes))
     yield "near_uniform", list(_near_uniform(spec, stats, classes))
     yield "fully_masked", list(_fully_masked(spec, stats))
@@ -189,10 +189,10 @@ def _underflow(stats: Stats, working: tuple[str, ...]) -> Iterator[Finding]:
 # --- heads -------------------------------------------------------------------------------
 
 
-def head_summaries(stats: Stats, th: Thresholds) -> tuple[HeadSummary, ...]:
+def head_summaries(stats: Stats, classes: RowClasses) -> tuple[HeadSummary, ...]:
     """Each (batch, head) slice: its rows with ≥ 2 visible keys, their mean entropy
-    and max weight, and how many are one-hot or near uniform."""
-    classes = classify_rows(stats, th)
+    and max weight, and how many are one-hot or near uniform (``classes``:
+    :func:`classify_rows` of every row)."""
     heads = []
     for lead in np.ndindex(*stats.spec.lead):
         e = classes.eligible[lead]

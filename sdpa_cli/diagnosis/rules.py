@@ -24,7 +24,7 @@ from sdpa_cli.diagnosis.causes import (
 )
 from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
-from sdpa_cli.diagnosis.rows import head_findings, head_summaries, row_findings
+from sdpa_cli.diagnosis.rows import classify_rows, head_findings, head_summaries, row_findings
 from sdpa_cli.diagnosis.sentinels import sentinel_fully_masked, sentinel_overflow, weak_sentinels
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.records import argmax_index, finite_std
@@ -46,8 +46,9 @@ def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Dia
     tally.add(_nonfinite(spec, stats))
     tally.add(overflow(spec, stats, working))
     tally.add(sentinel_overflow(spec, stats, working))
-    heads = head_summaries(stats, th)
-    for kind, rows in row_findings(spec, stats, th, working):
+    classes = classify_rows(stats, th)  # once: its chance test reads every row
+    heads = head_summaries(stats, classes)
+    for kind, rows in row_findings(spec, stats, classes, working):
         tally.rows(kind, rows, th.max_findings)
     tally.add(_mask_suspect(spec, stats))
     tally.add(_unscaled(spec, stats))
