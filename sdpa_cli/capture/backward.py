@@ -30,12 +30,17 @@ Arrived = Callable[[int, dict[str, Any]], None]
 
 @dataclass
 class _Awaited:
-    """One call's hooks and what they have seen."""
+    """One call's hooks (by gradient name) and what they have seen."""
 
-    names: frozenset[str]
     transposed: bool
-    handles: list[Any] = field(default_factory=list)
+    handles: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, Any] = field(default_factory=dict)
     got: dict[str, Any] = field(default_factory=dict)
+
+    def drop(self, name: str) -> None:
+        """Stop awaiting gradient ``name``: its hook removed."""
+        self.handles.pop(name).remove()
+        del self.tensors[name]
 
 
 class Gradients:
@@ -60,20 +65,27 @@ class Gradients:
 
     def watch(self, number: int, call: Call) -> bool:
         """Hook the tensors of call ``number`` whose gradients a backward pass gives;
-        whether there were any."""
+        whether there were any. A tensor another call awaiting its gradients has hooked
+        too (K and V shared by two calls) is dropped from both: its gradient will be the
+        sum of theirs, neither call's own."""
         if not call.differentiable:
             return False
-        awaited = _Awaited(frozenset(call.differentiable), call.dout_transposed)
+        awaited = _Awaited(call.dout_transposed)
         with self.lock:
-            self.awaited[number] = awaited
             for name, tensor in call.differentiable.items():
-                awaited.handles.append(tensor.register_hook(self._hook(number, name)))
+                shared = [
+                    (other, theirs)
+                    for other in self.awaited.values()
+                    for theirs, hooked in other.tensors.items()
+                    if hooked is tensor
+                ]
+                for other, theirs in shared:
+                    other.drop(theirs)
+                if not shared:
+                    awaited.tensors[name] = tensor
+                    awaited.handles[name] = tensor.register_hook(self._hook(number, name))
+            self.awaited[number] = awaited
         return True
-
-    def pending(self) -> int:
-        """Calls still awaiting a gradient."""
-        with self.lock:
-            return len(self.awaited)
 
     def release(self) -> dict[int, dict[str, Any]]:
         """Remove every hook left; the gradients of the calls that got some but not all
@@ -82,7 +94,7 @@ class Gradients:
             self.closed = True
             partial = {}
             for number, awaited in self.awaited.items():
-                for handle in awaited.handles:
+                for handle in awaited.handles.values():
                     handle.remove()
                 if awaited.got:
                     partial[number] = awaited.got
@@ -105,9 +117,9 @@ class Gradients:
             if name == "dout" and awaited.transposed:
                 host = host.transpose(1, 2)  # as the output is recorded: (B, H, L, Ev)
             awaited.got[name] = host
-            done = awaited.got.keys() == awaited.names
+            done = awaited.got.keys() == awaited.tensors.keys()
             if done:
-                for handle in awaited.handles:
+                for handle in awaited.handles.values():
                     handle.remove()
                 del self.awaited[number]
             queue = not self.queued

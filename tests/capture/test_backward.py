@@ -219,6 +219,23 @@ def test_only_the_inputs_that_require_grad_are_recorded(tmp_path: Path) -> None:
     assert "dk.close" in checks_of(report["cases"][0])
 
 
+def test_k_and_v_shared_by_two_calls_are_left_out_of_both(tmp_path: Path) -> None:
+    """Two calls reading one K and V (KV sharing across layers): the gradient a hook on
+    K sees is the sum of both calls', neither's own, so neither lists dK or dV, and
+    the check of each passes on its own dQ."""
+    q1, k, v = leaves()
+    q2 = torch.randn(q1.shape, requires_grad=True)
+    with capture(tmp_path / "run", backward=True):
+        out = F.scaled_dot_product_attention(q1, k, v, enable_gqa=True)
+        out = out + F.scaled_dot_product_attention(q2, k, v, enable_gqa=True)
+        out.sum().backward()
+    calls = calls_of(tmp_path / "run")
+    assert [c.get("gradients") for c in calls] == [["dout", "dq"], ["dout", "dq"]]
+    code, report = check(tmp_path / "run")
+    assert code == 0, [checks_of(case) for case in report["cases"]]
+    assert all("dq.close" in checks_of(case) for case in report["cases"])
+
+
 def test_a_gradient_asked_for_alone_is_kept_when_the_capture_ends(tmp_path: Path) -> None:
     q, k, v = leaves(dtype=torch.bfloat16)
     with capture(tmp_path / "run", backward=True) as cap:
