@@ -5,7 +5,8 @@ A hook (``Tensor.register_hook``) on the output as the kernel returned it sees d
 gradient flowing into the call's output; one on each input the kernel got (Q, K, V,
 and a mask that requires grad) sees that input's gradient: for a tensor autograd made
 (a projection's output, after the rotary embedding), the gradient with respect to that
-tensor, which is the call's dQ, dK, dV when the tensor is used by this call alone. The
+tensor, which is the call's dQ, dK, dV when the tensor is used by this call alone (one
+two recorded calls share is awaited by neither). The
 hooks return None: the gradients the program computes, and its graph, are unchanged.
 
 Each gradient is copied to the host when it arrives (autograd may reuse its buffer);
