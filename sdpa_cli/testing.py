@@ -28,9 +28,8 @@ from sdpa_cli.api.judge import judge
 from sdpa_cli.check.records import CheckReport, Expected, failure_lines
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
-from sdpa_cli.engine.grad import make_dout
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
-from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.names import EXPORTS, GRADIENTS
 from sdpa_cli.text import plural
 
@@ -216,18 +215,10 @@ def assert_attention_close(
         **chosen,
     )
     expected = [Expected(n, arrays[n], n) for n in EXPORTS if n in arrays]
-    report = judge(spec, expected, settings, thresholds, dout=_dout(spec, arrays.get("dout")))
+    report = judge(spec, expected, settings, thresholds, dout=arrays.get("dout"), dout_label="dout")
     if not report.passed:
         raise AssertionError(report_text(report))
     return report
-
-
-def _dout(spec: AttentionSpec, dout: NDArray[Any] | None) -> NDArray[Any] | None:
-    """``dout`` after its shape is checked against the output's, naming it ``dout``
-    (the check itself would name it ``--dout``, the command line's flag)."""
-    if dout is not None:
-        make_dout(spec, dout, spec.options.seed, "dout")
-    return dout
 
 
 __all__ = ["assert_attention_close", "report_text"]

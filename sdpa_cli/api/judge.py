@@ -42,6 +42,7 @@ def judge(
     partials: Sequence[Partial] | None = None,
     decode: bool = False,
     dout: NDArray[Any] | None = None,
+    dout_label: str = "--dout",
     jobs: int = 1,
     progress: Progress | None = None,
 ) -> CheckReport:
@@ -50,7 +51,8 @@ def judge(
     ``partials`` of a split-KV kernel (each over its keys, then their merge) and the
     prefill against its tokens decoded one by one (``decode``). The partials' and the
     decode run's checks come first; exported gradients (``dq``, ``dk``, ``dv``), of the
-    loss Σ O ⊙ ``dout``, are judged after the forward exports
+    loss Σ O ⊙ ``dout`` (named ``dout_label`` in messages), are judged after the
+    forward exports
     (:func:`~sdpa_cli.check.gradients.gradient_checks`).
 
     Raises:
@@ -70,7 +72,9 @@ def judge(
     )
     if backward:
         export = export_dtype(spec, list(expected))
-        grads = gradient_checks(spec, backward, dout, settings, export, jobs=jobs)
+        grads = gradient_checks(
+            spec, backward, dout, settings, export, dout_label=dout_label, jobs=jobs
+        )
         n = next((i for i, c in enumerate(report.checks) if c.name.startswith("findings")), None)
         n = len(report.checks) if n is None else n
         checks = (*report.checks[:n], *grads, *report.checks[n:])
