@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.check.residual import Readable
 from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.text import ceil_sig, format_index, percent, sig
@@ -122,7 +123,7 @@ of a whole tensor is allocated."""
 
 def compare(
     actual: NDArray[Any],
-    reference: NDArray[Any],
+    reference: Readable,
     rtol: float,
     atol: float,
     *,
@@ -135,9 +136,8 @@ def compare(
     ``equal_nan``). The arrays are read :data:`CHUNK` elements at a time (in float64)
     and the chunks' figures combined: the largest, the first non-finite mismatch.
     """
-    shape = np.shape(actual)
-    flat_a = np.asarray(actual).reshape(-1)
-    flat_r = np.asarray(reference).reshape(-1)
+    shape = tuple(actual.shape) if hasattr(actual, "shape") else np.shape(actual)
+    flat_a, flat_r = _flat(actual), _flat(reference)
     n = flat_a.size
     parts = []
     for i0 in range(0, max(n, 1), CHUNK):
@@ -148,6 +148,12 @@ def compare(
     if m.worst_reference is None or not math.isfinite(m.worst_reference):
         return m
     return dataclasses.replace(m, worst_allowed=atol + rtol * abs(m.worst_reference))
+
+
+def _flat(x: Readable) -> Readable:
+    """``x`` flat, a view where it can be (an array-like with ``reshape``, a
+    :class:`~sdpa_cli.check.residual.Residual`, as it is)."""
+    return x.reshape(-1) if hasattr(x, "reshape") else np.asarray(x).reshape(-1)
 
 
 def _combine(

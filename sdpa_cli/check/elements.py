@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from sdpa_cli.check.compare import Tolerance, compare, mismatch_summary
 from sdpa_cli.check.exports import merged_index
 from sdpa_cli.check.records import Check
+from sdpa_cli.check.residual import Readable
 from sdpa_cli.engine.block import Block
 from sdpa_cli.engine.masks import document_of
 from sdpa_cli.engine.records import argmax_index
@@ -40,7 +41,7 @@ def finite_check(name: str, values: F64, label: str) -> Check:
 
 
 def close_check(
-    name: str, actual: F64, reference: F64, tol: Tolerance, label: str, equal_nan: bool
+    name: str, actual: F64, reference: Readable, tol: Tolerance, label: str, equal_nan: bool
 ) -> Check:
     m = compare(actual, reference, tol.rtol, tol.atol, equal_nan=equal_nan)
     return Check(

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import relative_error
 from sdpa_cli.check.records import Check
+from sdpa_cli.check.residual import Readable
 from sdpa_cli.engine.types import F64
 from sdpa_cli.text import sig
 
@@ -31,10 +32,11 @@ BLOCK_ELEMENTS = 1 << 20
 """Elements read at a time: a few float64 temporaries of 8 MiB."""
 
 
-def by_slice(x: NDArray[Any], slices: int) -> NDArray[Any]:
+def by_slice(x: Readable, slices: int) -> Any:
     """``x`` as ``(slices of it, *its trailing slices axes)``: a view (one slice when
-    it has no more axes than that)."""
-    a = np.asarray(x)
+    it has no more axes than that). An array-like with ``shape`` and ``reshape`` (a
+    :class:`~sdpa_cli.check.residual.Residual`) is reshaped as it is."""
+    a = x if hasattr(x, "reshape") and hasattr(x, "shape") else np.asarray(x)
     lead = a.shape[: max(a.ndim - slices, 0)]
     return a.reshape((math.prod(lead), *a.shape[len(lead) :]))
 

@@ -134,6 +134,40 @@ def merged_index(spec: AttentionSpec, at: Index) -> Index:
     return (*lead, i, h * spec.Ev + c)
 
 
+def engine_layout(spec: AttentionSpec, name: str, loaded: NDArray[Any]) -> NDArray[Any]:
+    """Operand ``name``'s values (or its gradient's) as loaded, in the engine's layout
+    (:meth:`~sdpa_cli.engine.spec.AttentionSpec.as_loaded` undone): the heads split
+    again under ``--heads``, ``(..., H, L, E)`` under ``--layout bshd``. A view where
+    the file's array is contiguous."""
+    arr = np.asarray(loaded)
+    if name in ("q", "k", "v") and arr.ndim >= 2:
+        if spec.options.heads is not None:
+            split = arr.reshape(*arr.shape[:-1], spec.options.heads, -1)
+            arr = np.moveaxis(split, -2, -3)
+        elif spec.options.layout == "bshd" and arr.ndim >= 3:
+            arr = np.swapaxes(arr, -3, -2)
+    return arr.reshape(getattr(spec, name).shape)
+
+
+def loaded_index(spec: AttentionSpec, name: str, at: Index) -> Index:
+    """An index into operand ``name`` (or its gradient) in the engine's layout as an
+    index into the file's (:func:`engine_layout` undone)."""
+    shape = getattr(spec, name).shape
+    index, merged = tuple(at), tuple(shape)
+    if name in ("q", "k", "v") and len(at) >= 3:
+        *lead, h, i, c = at
+        *outer, heads, rows, e = shape
+        if spec.options.heads is not None:
+            index, merged = (*lead, i, h * e + c), (*outer, rows, heads * e)
+        elif spec.options.layout == "bshd":
+            index, merged = (*lead, i, h, c), (*outer, rows, heads, e)
+    loaded = tuple(spec.shapes.get(name, merged))
+    if loaded == merged:
+        return index
+    flat = int(np.ravel_multi_index(index, merged))
+    return tuple(int(x) for x in np.unravel_index(flat, loaded))
+
+
 # --- the runs compared with -------------------------------------------------------------
 
 

@@ -14,7 +14,9 @@ weights sum to 1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,17 +24,25 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance
 from sdpa_cli.check.elements import close_check, finite_check
-from sdpa_cli.check.exports import as_naive, as_seen_by_kernel, strip_ones
+from sdpa_cli.check.error_stats import by_slice, pairs
+from sdpa_cli.check.exports import (
+    as_naive,
+    as_seen_by_kernel,
+    engine_layout,
+    loaded_index,
+    strip_ones,
+)
 from sdpa_cli.check.grad_hints import with_gradient_hints
 from sdpa_cli.check.records import Check, Expected
-from sdpa_cli.check.relative import Judgement, factor_for, relative_check
+from sdpa_cli.check.relative import Judgement, RelativeRule, factor_for, needs_plain
+from sdpa_cli.check.residual import Residual
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import visibility
 from sdpa_cli.engine.grad import OPERAND, backward, make_dout
-from sdpa_cli.engine.grad_plain import plain_backward
+from sdpa_cli.engine.grad_plain import plain_slices
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.types import F64
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 from sdpa_cli.text import format_index, sig
 
@@ -71,6 +81,14 @@ def gradient_checks(
     :data:`~sdpa_cli.names.GRADIENTS`) of ``Σ O ⊙ dout``; ``export`` the format
     the kernel computed in.
 
+    Two backward passes, each handing its slices over as it finishes them, so that
+    nothing gradient-sized is kept in float64: the reference's, each slice kept as its
+    difference from the export (:class:`~sdpa_cli.check.residual.Residual`), then the
+    plain computation's, for the slices that cannot pass without it, each slice
+    judged as it comes (:class:`~sdpa_cli.check.relative.RelativeRule`). Compared in
+    the engine's layout, (batch, head) slices whatever the file's; indices reported
+    in the file's.
+
     Raises:
         SpecError: a gradient without ``dout``, or one whose shape is not its
             input's, naming the file.
@@ -86,9 +104,67 @@ def gradient_checks(
     seen = as_seen_by_kernel(spec, export)
     d = make_dout(seen, dout, spec.options.seed, dout_label)
     wide = seen.in_float64()
-    reference = backward(wide, d, jobs=jobs)
+    loaded = {e.name: _fitted(spec, e) for e in expected}
+    got = {n: engine_layout(spec, OPERAND[n], x) for n, x in loaded.items()}
+    reference = _reference(wide, d, got, jobs)
     narrow = export != "float64" and settings.rtol is None and settings.tolerance == "kernel"
-    plain = plain_backward(as_naive(seen, export), d) if narrow else None
+    checks: dict[str, Check] = {}
+    if narrow:
+        labels = {e.name: e.label for e in expected}
+        checks = _relative_checks(seen, export, d, got, reference, settings, labels)
+    out: list[Check] = []
+    for e in expected:
+        out.append(finite_check(e.name, loaded[e.name], e.label))
+        close = checks.get(e.name) or close_check(
+            e.name,
+            got[e.name],
+            reference[e.name],
+            _fixed(settings, export),
+            e.label,
+            settings.equal_nan,
+        )
+        out.append(_in_file_layout(spec, OPERAND[e.name], close))
+        if e.name == "dv":
+            out += _dv_sums(seen, loaded[e.name], d, e.label, export)
+    return with_gradient_hints(out, wide, d, got, reference, export)
+
+
+def _reference(
+    wide: AttentionSpec, dout: NDArray[Any], got: Mapping[str, NDArray[Any]], jobs: int
+) -> dict[str, Residual]:
+    """The float64 backward pass of ``wide``, each gradient in ``got`` held as its
+    difference from the export (engine layout), slice by slice as the pass finishes."""
+    held = {n: Residual(x, _slices(n)) for n, x in got.items()}
+
+    def keep(name: str, at: Index, values: F64) -> None:
+        if name in held:
+            lead = got[name].shape[:-2]
+            held[name].put(int(np.ravel_multi_index(at, lead)) if lead else 0, 1, values)
+
+    grads = backward(wide, dout, jobs=jobs, keep=(), on_slice=keep)
+    for name, whole in (("dbias", grads.dbias), ("dsinks", grads.dsinks)):
+        if name in held and whole is not None:
+            held[name].put(0, held[name].n, whole)
+    return held
+
+
+def _slices(name: str) -> int:
+    """The trailing axes of one slice of a gradient: d(sinks) has one number a head."""
+    return 1 if name == "dsinks" else 2
+
+
+def _relative_checks(
+    seen: AttentionSpec,
+    export: str,
+    dout: NDArray[Any],
+    got: Mapping[str, NDArray[Any]],
+    reference: Mapping[str, Residual],
+    settings: CheckSettings,
+    labels: Mapping[str, str],
+) -> dict[str, Check]:
+    """Each gradient of ``got`` (engine layout) against ``reference`` by the
+    kernel-relative rule, fed the plain backward computation a slice at a time where
+    a slice cannot pass without it."""
     factor = settings.fudge if settings.fudge is not None else GRADIENT_FACTORS.get(export)
     judgement = Judgement(
         export,
@@ -96,38 +172,112 @@ def gradient_checks(
         floor_ulps=GRADIENT_FLOOR_ULPS,
         floor_of="the sum of its terms' magnitudes",
     )
-    checks: list[Check] = []
-    exports: dict[str, F64] = {}
-    refs: dict[str, F64] = {}
-    for e in expected:
-        got = exports[e.name] = _fitted(spec, e)
-        ref = refs[e.name] = np.asarray(reference.loaded(e.name))
-        checks.append(finite_check(e.name, got, e.label))
-        if plain is not None:
-            mine = spec.as_loaded(OPERAND[e.name], plain.values[e.name])
-            terms = spec.as_loaded(OPERAND[e.name], plain.terms[e.name])
-            per_head = e.name == "dsinks"  # one number per head: no rows
-            checks.append(
-                relative_check(
-                    e.name,
-                    got,
-                    ref,
-                    mine,
-                    judgement,
-                    e.label,
-                    settings.equal_nan,
-                    rows=not per_head,
-                    slices=1 if per_head else 2,
-                    terms=terms,
-                )
-            )
-        else:
-            tol = _fixed(settings, export)
-            checks.append(close_check(e.name, got, ref, tol, e.label, settings.equal_nan))
-        if e.name == "dv":
-            d_seen = np.where(_weighing_rows(seen)[..., None], np.asarray(d, np.float64), 0.0)
-            checks += _dv_sums(spec, got, d_seen, e.label, export)
-    return with_gradient_hints(checks, wide, d, exports, refs, export)
+    rules: dict[str, RelativeRule] = {}
+    for name, values in got.items():
+        slices = _slices(name)  # d(sinks), one number a head, has no rows
+        rules[name] = RelativeRule(name, values.shape, judgement, rows=slices > 1, slices=slices)
+    views = {
+        n: (by_slice(got[n], r.slices), by_slice(reference[n], r.slices)) for n, r in rules.items()
+    }
+    needed = {
+        n: _slices_needing_plain(got[n], reference[n], judgement, rule) for n, rule in rules.items()
+    }
+    added: dict[str, set[int]] = {n: set() for n in rules}
+    leads = _leads_needing_plain(seen, needed)
+    if leads:
+        for part in plain_slices(as_naive(seen, export), dout, leads=leads):
+            if part.name not in rules:
+                continue
+            rule = rules[part.name]
+            if part.at:  # one slice
+                k = int(np.ravel_multi_index(part.at, rule.lead))
+                at = slice(k, k + 1)
+            else:  # d(bias) or d(sinks), whole
+                at = slice(0, math.prod(rule.lead))
+            a = np.asarray(views[part.name][0][at], np.float64)
+            r = views[part.name][1][at]
+            plain = np.asarray(by_slice(part.values, rule.slices), np.float64)
+            terms = np.asarray(by_slice(part.terms, rule.slices), np.float64)
+            rule.add(at, a, r, np.isfinite(a) & np.isfinite(r), plain, terms)
+            added[part.name].update(range(at.start, at.stop))
+    for name, rule in rules.items():  # the slices that pass without it
+        for k in range(math.prod(rule.lead)):
+            if k not in added[name]:
+                a = np.asarray(views[name][0][k : k + 1], np.float64)
+                r = views[name][1][k : k + 1]
+                rule.add(slice(k, k + 1), a, r, np.isfinite(a) & np.isfinite(r), None)
+    out = {}
+    for name, rule in rules.items():
+        out[name] = rule.check(
+            got[name],
+            reference[name],
+            labels[name],
+            settings.equal_nan,
+            lambda pair=views[name]: pairs(*pair),  # type: ignore[misc]
+        )
+    return out
+
+
+def _slices_needing_plain(
+    got: NDArray[Any], reference: Residual, judgement: Judgement, rule: RelativeRule
+) -> set[Index]:
+    """The slices of a gradient (indices of its leading axes) that cannot pass without
+    the plain computation (:func:`~sdpa_cli.check.relative.needs_plain`, at the row's
+    scale: the floor of the terms' magnitudes, which only widens an allowance, is left
+    out)."""
+    need = needs_plain(got, reference, judgement, rows=rule.rows, slices=rule.slices)
+    per_slice = need.reshape(max(math.prod(rule.lead), 1), -1).any(axis=1)
+    if not rule.lead:
+        return {()} if per_slice.any() else set()
+    return {
+        tuple(int(i) for i in np.unravel_index(k, rule.lead)) for k in np.flatnonzero(per_slice)
+    }
+
+
+def _leads_needing_plain(spec: AttentionSpec, needed: Mapping[str, set[Index]]) -> list[Index]:
+    """The query slices the plain backward pass must run over for the ``needed``
+    slices of each gradient: every query slice that reads a K/V head whose dK or dV,
+    or one of whose query heads' dQ, is needed (dK and dV sum over all of them);
+    every one for d(bias) and d(sinks), which sum over the heads, or a Q shared by
+    several."""
+    leads = [tuple(int(i) for i in lead) for lead in np.ndindex(*spec.lead)]
+    if not any(needed.values()):
+        return []
+    broadcast_q = math.prod(spec.q.shape[:-2]) < math.prod(spec.lead)
+    if needed.get("dbias") or needed.get("dsinks") or broadcast_q:
+        return leads
+
+    def unit(lead: Index) -> Index:
+        return (*spec.operand_index("k", lead), -1, *spec.operand_index("v", lead))
+
+    units = {
+        unit(lead)
+        for lead in leads
+        if spec.operand_index("q", lead) in needed.get("dq", set())
+        or spec.operand_index("k", lead) in needed.get("dk", set())
+        or spec.operand_index("v", lead) in needed.get("dv", set())
+    }
+    return [lead for lead in leads if unit(lead) in units]
+
+
+def _in_file_layout(spec: AttentionSpec, operand: str, check: Check) -> Check:
+    """A check made in the engine's layout with its indices in the file's."""
+
+    def moved(at: Index | None) -> Index | None:
+        return None if at is None else loaded_index(spec, operand, at)
+
+    m = check.mismatch
+    if m is not None:
+        m = dataclasses.replace(
+            m,
+            worst_at=moved(m.worst_at),
+            max_abs_at=moved(m.max_abs_at),
+            max_rel_at=moved(m.max_rel_at),
+        )
+    index = check.index
+    if index is not None and len(index) == len(getattr(spec, operand).shape):
+        index = moved(index)
+    return dataclasses.replace(check, index=index, mismatch=m)
 
 
 def _weighing_rows(spec: AttentionSpec) -> NDArray[np.bool_]:
@@ -172,25 +322,30 @@ def _fixed(settings: CheckSettings, export: str) -> Tolerance:
     return Tolerance(rtol, atol, f"{export} defaults")
 
 
-def _dv_sums(spec: AttentionSpec, dv: F64, dout: F64, label: str, export: str) -> list[Check]:
-    """``dv.sums``: Σ over keys of dV equals Σ over rows of dO (``dout``: zero in the
-    rows whose weights do not sum to 1), per slice and feature; where nothing drops
-    and nothing else takes weight (sinks). Within the format's rounding of the sums:
-    4 ε of the format times Σ |dO|."""
+def _dv_sums(
+    spec: AttentionSpec, dv: NDArray[Any], dout: NDArray[Any], label: str, export: str
+) -> list[Check]:
+    """``dv.sums``: Σ over keys of dV equals Σ over rows of dO (over the rows whose
+    weights sum to 1), per slice and feature; where nothing drops and nothing else
+    takes weight (sinks). Within the format's rounding of the sums: 4 ε of the format
+    times Σ |dO|. ``dv`` as loaded, ``dout`` in the engine's layout; read a slice at a
+    time."""
     o = spec.options
     if o.dropout > 0 or spec.sinks is not None or o.query_lengths is not None:
         return []
     if o.heads is not None or o.layout != "bhsd":
         return []
-    dv4 = np.asarray(dv, np.float64).reshape(spec.v.shape)
+    weighing = _weighing_rows(spec)
+    d_rows, d_abs = np.zeros((*spec.lead, spec.Ev)), np.zeros((*spec.lead, spec.Ev))
+    for lead in np.ndindex(*spec.lead):
+        rows = np.asarray(dout[lead], np.float64)[weighing[lead]]
+        d_rows[lead], d_abs[lead] = rows.sum(axis=0), np.abs(rows).sum(axis=0)
+    # then over the query heads that share a K/V head
     group = spec.group
-    # dO summed over rows, then over the query heads that share a K/V head
-    d_rows = dout.sum(axis=-2)  # (*lead, Ev)
-    d_abs = np.abs(dout).sum(axis=-2)
     if group > 1:
         shape = (*d_rows.shape[:-2], d_rows.shape[-2] // group, group, d_rows.shape[-1])
         d_rows, d_abs = d_rows.reshape(shape).sum(axis=-2), d_abs.reshape(shape).sum(axis=-2)
-    v_keys = dv4.sum(axis=-2)
+    v_keys = np.asarray(dv).reshape(spec.v.shape).sum(axis=-2, dtype=np.float64)
     if v_keys.shape != d_rows.shape:  # a broadcast K/V: its sums gather several slices
         return []
     allowed = 4.0 * precision.fmt(export).eps * d_abs + 4.0 * precision.fmt(export).tiny

@@ -17,7 +17,7 @@ output row's scale (the largest |reference| of the row): where the plain
 computation happens to land exactly on the reference, a faithful kernel may still
 round differently. Per (batch, head) slice the mean signed error must also stay
 within what rounding allows (the plain computation's own mean error times the
-factor, plus ``MEAN_SHARE`` of its RMS error, plus six standard errors of the
+factor, plus :data:`~sdpa_cli.check.shift.MEAN_SHARE` of its RMS error, plus six standard errors of the
 export's mean): a whole head shifted by a few of its own rounding errors passes
 element by element, and fails here.
 
@@ -34,8 +34,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import Tolerance, compare
-from sdpa_cli.check.error_stats import ErrorFigures, by_slice, pairs
+from sdpa_cli.check.error_stats import Blocks, ErrorFigures, by_slice, pairs
 from sdpa_cli.check.records import Check
+from sdpa_cli.check.residual import Readable
+from sdpa_cli.check.shift import rms, shifted_slices
 from sdpa_cli.check.structure import ErrorShape
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.types import F64
@@ -61,10 +63,6 @@ def factor_for(export: str, fudge: float | None) -> float:
 FLOOR_ULPS = 2.0
 """The floor of each element's allowance, in units in the last place of the format at
 the row's scale."""
-
-MEAN_SHARE = 0.1
-"""A slice's mean signed error may reach this share of the plain computation's RMS
-error (plus six standard errors of the mean) before the slice is called shifted."""
 
 
 @dataclass(frozen=True)
@@ -115,83 +113,8 @@ def _floor(reference: F64, rows: bool, judgement: Judgement) -> F64:
     return judgement.floor_ulps * ulp(mags, judgement.export)
 
 
-def _by_slice(
-    finite: NDArray[np.bool_], axes: int, *arrays: F64
-) -> tuple[NDArray[np.int64], list[F64]]:
-    """Each array (zero where ``finite`` is False) grouped by its leading index (the
-    trailing ``axes`` flattened: a view), and how many finite elements each group
-    holds (at least 1)."""
-    lead = finite.shape[: finite.ndim - axes]
-    n = np.maximum(finite.reshape((*lead, -1)).sum(axis=-1), 1)
-    return n, [x.reshape((*lead, -1)) for x in arrays]
-
-
-def _rms(x: F64, n: NDArray[np.int64]) -> F64:
-    out: F64 = np.sqrt(np.einsum("...i,...i->...", x, x) / n)
-    return out
-
-
-def _shifted_slices(
-    err: F64,
-    plain: F64,
-    floor: F64,
-    finite: NDArray[np.bool_],
-    slices: int,
-    factor: float,
-) -> tuple[list[tuple[tuple[int, ...], float, float]], float]:
-    """The (batch, head) slices whose mean signed error is beyond what rounding allows,
-    as (index, mean error, allowance), and the largest ratio of a slice's mean error
-    to its allowance; ``plain`` is the plain computation's error and ``floor`` each
-    element's floor."""
-    if err.ndim <= slices:
-        return [], 0.0
-    n, (e, p) = _by_slice(finite, slices, err, plain)
-    mean = e.sum(axis=-1) / n
-    spread = np.sqrt(np.maximum(np.einsum("...i,...i->...", e, e) / n - mean * mean, 0.0))
-    plain_mean = np.abs(p.sum(axis=-1) / n)
-    plain_rms = _rms(p, n)
-    # the floor's RMS over the slice (a row's floor stands for its elements)
-    floor_rms = np.sqrt(np.mean(np.square(floor), axis=tuple(range(-slices, 0))))
-    # The plain computation's own bias (times the factor), a share of its RMS error,
-    # and six standard errors of the export's mean; in a slice of a few elements the
-    # spread is not known, and the floor stands in for it (weighing 1/√n).
-    standard_error = np.maximum(spread, floor_rms / np.sqrt(n)) / np.sqrt(n)
-    if slices > 1:
-        # A row's errors share the rounding of its normaliser (a row of weights sums
-        # to 1, so all of them move with it): they are not independent, and the mean
-        # is known only as well as the rows' own means vary.
-        standard_error = np.maximum(standard_error, _row_standard_error(err, finite, slices))
-    allowed = factor * plain_mean + MEAN_SHARE * plain_rms + 6.0 * standard_error
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(allowed > 0, np.abs(mean) / allowed, np.where(mean != 0, np.inf, 0.0))
-    out = []
-    for at in zip(*np.nonzero(ratio > 1.0), strict=True):
-        idx = tuple(int(x) for x in at)
-        out.append((idx, float(mean[idx]), float(allowed[idx])))
-    return out, float(np.max(ratio, initial=0.0))
-
-
-def _row_standard_error(err: F64, finite: NDArray[np.bool_], slices: int) -> F64:
-    """Per slice, the standard error of its mean error counted over its rows: the
-    spread of the rows' mean errors over √(rows), each row weighing its elements."""
-    axes = tuple(range(-(slices - 1), 0))  # a row's elements
-    counts = finite.sum(axis=axes)
-    sums = err.sum(axis=axes)
-    k = len(err)
-    counts, sums = counts.reshape(k, -1), sums.reshape(k, -1)
-    n = np.maximum(counts.sum(axis=1), 1)
-    rows = np.maximum(np.count_nonzero(counts, axis=1), 1)
-    mean = sums.sum(axis=1) / n
-    with np.errstate(divide="ignore", invalid="ignore"):
-        row_mean = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
-    # the rows' spread about the slice's mean, each weighing its share of the elements
-    var = (counts * np.square(row_mean - mean[:, None])).sum(axis=1) / n
-    out: F64 = np.sqrt(var / rows)
-    return out
-
-
 def needs_plain(
-    actual: F64, reference: F64, judgement: Judgement, *, rows: bool, slices: int
+    actual: F64, reference: Readable, judgement: Judgement, *, rows: bool, slices: int
 ) -> NDArray[np.bool_]:
     """Per row (the array's shape without its last axis when ``rows``, else its own),
     whether the rule must read the plain computation there. Without it the rule's
@@ -208,7 +131,7 @@ def needs_plain(
             floor = _floor(r, rows, judgement)
             beyond = np.abs(err) > judgement.factor * floor
         block: NDArray[np.bool_] = np.array(beyond.any(axis=-1) if rows else beyond)
-        shifted, _ = _shifted_slices(
+        shifted, _ = shifted_slices(
             err, np.zeros_like(err), floor, finite, slices, judgement.factor
         )
         for (k, *_rest), _, _ in shifted:
@@ -278,43 +201,74 @@ def relative_check(
     ``rows``: judge each element at its row's scale (last axis); ``slices``: the
     trailing axes of one (batch, head) slice (2 for the output, 1 for the LSE);
     ``plain`` is NaN where the plain computation was not needed (:func:`needs_plain`)."""
-    m = compare(actual, reference, 0.0, math.inf, equal_nan=equal_nan)  # non-finite only
+    rule = RelativeRule(name, np.shape(actual), judgement, rows=rows, slices=slices)
     a_view, r_view = by_slice(actual, slices), by_slice(reference, slices)
     p_view = None if plain is None else by_slice(plain, slices)
     t_view = None if terms is None else by_slice(terms, slices)
-    lead = tuple(np.shape(actual)[: max(np.ndim(actual) - slices, 0)])
-    tail = a_view.shape[1:]
-    n = len(a_view)
-    figures = ErrorFigures(n, a_view.size)
-    tally = _Tally()
-    shifted: list[tuple[tuple[int, ...], float, float]] = []
-    slice_rms, slice_plain = np.zeros(n), np.zeros(n)
-    row_rms = np.zeros((n, *tail[:-1])) if slices > 1 else np.zeros(0)
-    row_plain = np.zeros_like(row_rms)
-    slice_allowed = np.zeros(n)
-    square = len(tail) == 2 and tail[0] == tail[1]
-    spread = ErrorShape(n, tail[0] if tail else 1, triangle=name == "weights" and square)
+    for at, a, r, finite in pairs(a_view, r_view):
+        rule.add(
+            at,
+            a,
+            r,
+            finite,
+            None if p_view is None else np.asarray(p_view[at], np.float64),
+            None if t_view is None else np.asarray(t_view[at], np.float64),
+        )
+    return rule.check(actual, reference, label, equal_nan, lambda: pairs(a_view, r_view))
 
-    def index(k: int, within: tuple[int, ...] = ()) -> tuple[int, ...]:
-        head = tuple(int(i) for i in np.unravel_index(k, lead)) if lead else ()
+
+class RelativeRule:
+    """:func:`relative_check` gathered a block of slices at a time, in any order
+    (:meth:`add`), and read at the end (:meth:`check`): for a caller that computes the
+    reference or the plain computation slice by slice (the gradients', a backward pass
+    at a time) and cannot keep them whole."""
+
+    def __init__(
+        self, name: str, shape: tuple[int, ...], judgement: Judgement, *, rows: bool, slices: int
+    ) -> None:
+        self.name, self.judgement, self.rows, self.slices = name, judgement, rows, slices
+        self.lead = tuple(shape[: max(len(shape) - slices, 0)])
+        tail = tuple(shape[len(self.lead) :])
+        n = math.prod(self.lead)
+        self.figures = ErrorFigures(n, math.prod(shape))
+        self.tally = _Tally()
+        self.shifted: list[tuple[tuple[int, ...], float, float]] = []
+        self.slice_rms, self.slice_plain = np.zeros(n), np.zeros(n)
+        self.row_rms = np.zeros((n, *tail[:-1])) if slices > 1 else np.zeros(0)
+        self.row_plain = np.zeros_like(self.row_rms)
+        self.slice_allowed = np.zeros(n)
+        square = len(tail) == 2 and tail[0] == tail[1]
+        self.spread = ErrorShape(n, tail[0] if tail else 1, triangle=name == "weights" and square)
+
+    def _index(self, k: int, within: tuple[int, ...] = ()) -> tuple[int, ...]:
+        head = tuple(int(i) for i in np.unravel_index(k, self.lead)) if self.lead else ()
         return (*head, *within)
 
-    for at, a, r, finite in pairs(a_view, r_view):
-        figures.add(at, a, r, finite)  # first: its pieces' temporaries come and go alone
+    def add(
+        self,
+        at: slice,
+        a: F64,
+        r: F64,
+        finite: NDArray[np.bool_],
+        plain: F64 | None,
+        terms: F64 | None = None,
+    ) -> None:
+        """The slices ``at`` (of the leading axes, flattened; each added once):
+        ``a``, ``r`` in float64 shaped ``(k, *slice)``, ``finite`` where both are;
+        ``plain`` (NaN where not needed) and ``terms`` likewise, or None."""
+        judgement, slices, tally = self.judgement, self.slices, self.tally
+        self.figures.add(at, a, r, finite)  # first: its pieces' temporaries come and go alone
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.where(finite, a - r, 0.0)
-            if p_view is None:  # the plain computation was not needed anywhere
+            if plain is None:  # the plain computation was not needed anywhere
                 known = np.zeros(a.shape, dtype=np.bool_)
                 plain_err = np.zeros(a.shape)
             else:
-                p = np.asarray(p_view[at], np.float64)
-                known = finite & np.isfinite(p)  # NaN: the plain computation was not needed
-                plain_err = np.where(known, p - r, 0.0)
-                del p
-            floor = _floor(r, rows, judgement)
-            if t_view is not None:
-                sums = np.asarray(t_view[at], np.float64)
-                floor = np.maximum(floor, judgement.floor_ulps * ulp(sums, judgement.export))
+                known = finite & np.isfinite(plain)  # NaN: the plain computation was not needed
+                plain_err = np.where(known, plain - r, 0.0)
+            floor = _floor(r, self.rows, judgement)
+            if terms is not None:
+                floor = np.maximum(floor, judgement.floor_ulps * ulp(terms, judgement.export))
             # |err| / (factor · max(the slice's largest |plain err|, floor)); err is 0
             # where a side is not finite, so the ratio is 0 there
             axes = tuple(range(1, err.ndim))
@@ -323,117 +277,131 @@ def relative_check(
             ratio /= judgement.factor * np.maximum(largest, floor)
         beyond = ratio > 1.0
         tally.beyond += int(np.count_nonzero(beyond))
-        spread.add(at, a, r, finite, beyond)
+        self.spread.add(at, a, r, finite, beyond)
         widest = np.max(np.broadcast_to(floor, err.shape), axis=axes, initial=0.0)
-        slice_allowed[at] = judgement.factor * np.maximum(largest.reshape(-1), widest.reshape(-1))
+        self.slice_allowed[at] = judgement.factor * np.maximum(
+            largest.reshape(-1), widest.reshape(-1)
+        )
         top = float(np.max(ratio, initial=0.0))
         if top > tally.ratio:
             local = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-            tally.ratio, tally.worst = (
-                top,
-                index(at.start + int(local[0]), tuple(int(i) for i in local[1:])),
-            )
+            tally.ratio = top
+            tally.worst = self._index(at.start + int(local[0]), tuple(int(i) for i in local[1:]))
             tally.worst_allowed = float(abs(err[local]) / top)
-        found, most = _shifted_slices(err, plain_err, floor, finite, slices, judgement.factor)
-        shifted += [(index(at.start + k[0]), mean, allowed) for k, mean, allowed in found]
+        found, most = shifted_slices(err, plain_err, floor, finite, slices, judgement.factor)
+        self.shifted += [(self._index(at.start + k[0]), mean, ok) for k, mean, ok in found]
         tally.shift_ratio = max(tally.shift_ratio, most)
         counts = np.maximum(finite.reshape(len(a), -1).sum(axis=1), 1)
-        slice_rms[at] = _rms(err.reshape(len(a), -1), counts)
-        slice_plain[at] = _rms(plain_err.reshape(len(a), -1), counts)
+        self.slice_rms[at] = rms(err.reshape(len(a), -1), counts)
+        self.slice_plain[at] = rms(plain_err.reshape(len(a), -1), counts)
         if slices > 1:
             per_row = np.maximum(finite.sum(axis=-1), 1)
-            row_rms[at] = _rms(err, per_row)
-            row_plain[at] = _rms(plain_err, per_row)
+            self.row_rms[at] = rms(err, per_row)
+            self.row_plain[at] = rms(plain_err, per_row)
         flat_err, flat_plain = err.ravel(), plain_err.ravel()
         tally.squares += float(flat_err @ flat_err)
         tally.plain_squares += float(flat_plain @ flat_plain)
         tally.finite += int(finite.sum())
         tally.known += int(known.sum())
 
-    need = tally.ratio * judgement.factor
-    worst_at, worst_allowed = m.worst_at, None
-    if worst_at is None and tally.beyond:
-        worst_at, worst_allowed = tally.worst, tally.worst_allowed
-    a_full, r_full = np.asarray(actual), np.asarray(reference)
-    mismatch = replace(
-        m,
-        mismatched=m.mismatched + tally.beyond,
-        worst_at=worst_at,
-        worst_actual=None if worst_at is None else float(a_full[worst_at]),
-        worst_reference=None if worst_at is None else float(r_full[worst_at]),
-        passing_atol=None,
-        passing_rtol=None,
-        passing_factor=need,
-        worst_allowed=worst_allowed,
-    )
-    bad_slices, _ = outliers(
-        slice_rms.reshape(lead or (1,)), slice_plain.reshape(lead or (1,)), judgement.factor
-    )
-    bad_rows: list[dict[str, Any]] = []
-    n_rows = 0
-    if slices > 1:
-        shape = (*lead, *tail[:-1]) if lead else (1, *tail[:-1])
-        bad_rows, n_rows = outliers(
-            row_rms.reshape(shape), row_plain.reshape(shape), judgement.factor
+    def check(
+        self, actual: F64, reference: Readable, label: str, equal_nan: bool, again: Blocks
+    ) -> Check:
+        """The check of every slice added: ``actual`` and ``reference`` whole (read a
+        chunk at a time: a reference may be held as a
+        :class:`~sdpa_cli.check.residual.Residual`), ``again`` their blocks once more,
+        for the quantiles."""
+        judgement, tally, lead = self.judgement, self.tally, self.lead
+        shifted = sorted(self.shifted)
+        m = compare(actual, reference, 0.0, math.inf, equal_nan=equal_nan)  # non-finite only
+        need = tally.ratio * judgement.factor
+        worst_at, worst_allowed = m.worst_at, None
+        if worst_at is None and tally.beyond:
+            worst_at, worst_allowed = tally.worst, tally.worst_allowed
+        mismatch = replace(
+            m,
+            mismatched=m.mismatched + tally.beyond,
+            worst_at=worst_at,
+            worst_actual=None if worst_at is None else float(np.asarray(actual)[worst_at]),
+            worst_reference=None if worst_at is None else float(reference[worst_at]),
+            passing_atol=None,
+            passing_rtol=None,
+            passing_factor=need,
+            worst_allowed=worst_allowed,
         )
-    plain_rms = math.sqrt(tally.plain_squares / tally.known) if tally.known else None
-    rms = math.sqrt(tally.squares / tally.finite) if tally.finite else 0.0
-    stats = figures.figures(lead, lambda: pairs(a_view, r_view))
-    for k, entry in enumerate(stats["by_slice"]):
-        entry.update(
-            rms_error=float(slice_rms[k]),
-            plain_rms_error=float(slice_plain[k]),
-            allowed=float(slice_allowed[k]),
-            beyond=int(spread.by_slice[k]),
+        bad_slices, _ = outliers(
+            self.slice_rms.reshape(lead or (1,)),
+            self.slice_plain.reshape(lead or (1,)),
+            judgement.factor,
         )
-    details: dict[str, Any] = {
-        "error_stats": stats,
-        "plain_rms_error": plain_rms,
-        "rms_error": rms,
-        "factor_needed": need,
-        "shift_ratio": tally.shift_ratio,
-        "outlier_slices": bad_slices,
-        "outlier_rows": bad_rows,
-        "shifted_slices": [
-            {"index": list(i), "mean_error": mean, "allowed": allow} for i, mean, allow in shifted
-        ],
-    }
-    failed = bool(mismatch.mismatched or shifted)
-    diagnosis = None
-    if failed:
-        diagnosis = spread.diagnosis(
-            lead=lead,
-            need=need,
-            rms=rms,
-            plain_rms=plain_rms,
-            shifted=[i for i, _, _ in shifted],
-            concentrated=bool(bad_rows or bad_slices),
-        )
-        details["diagnosis"] = diagnosis
-        if diagnosis["error"] == "structural":
-            mismatch = replace(mismatch, passing_factor=None)
-    summary = _summary(mismatch, tally.beyond, need, rms, plain_rms, shifted, judgement, diagnosis)
-    if failed:
-        # A few rows name the bug better than their slice; many rows, the slice.
-        by_row = bool(bad_rows) and (n_rows <= len(bad_rows) or not bad_slices)
-        named = bad_rows if by_row else bad_slices
-        if named:
-            what = "row" if by_row else "slice"
-            worst = named[0]
-            summary += (
-                f"; the error is in {what} {format_index(tuple(worst['index']))} "
-                f"({sig(worst['times_median'], 3)}× the median {what}'s)"
+        bad_rows: list[dict[str, Any]] = []
+        n_rows = 0
+        if self.slices > 1:
+            shape = (*(lead or (1,)), *self.row_rms.shape[1:])
+            bad_rows, n_rows = outliers(
+                self.row_rms.reshape(shape), self.row_plain.reshape(shape), judgement.factor
             )
-    return Check(
-        f"{name}.close",
-        "fail" if failed else "pass",
-        summary,
-        index=worst_at if mismatch.mismatched else (shifted[0][0] if shifted else None),
-        file=label,
-        tolerance=judgement.tolerance,
-        mismatch=mismatch,
-        details=details,
-    )
+        plain_rms = math.sqrt(tally.plain_squares / tally.known) if tally.known else None
+        rms_all = math.sqrt(tally.squares / tally.finite) if tally.finite else 0.0
+        stats = self.figures.figures(lead, again)
+        for k, entry in enumerate(stats["by_slice"]):
+            entry.update(
+                rms_error=float(self.slice_rms[k]),
+                plain_rms_error=float(self.slice_plain[k]),
+                allowed=float(self.slice_allowed[k]),
+                beyond=int(self.spread.by_slice[k]),
+            )
+        details: dict[str, Any] = {
+            "error_stats": stats,
+            "plain_rms_error": plain_rms,
+            "rms_error": rms_all,
+            "factor_needed": need,
+            "shift_ratio": tally.shift_ratio,
+            "outlier_slices": bad_slices,
+            "outlier_rows": bad_rows,
+            "shifted_slices": [
+                {"index": list(i), "mean_error": mean, "allowed": allow}
+                for i, mean, allow in shifted
+            ],
+        }
+        failed = bool(mismatch.mismatched or shifted)
+        diagnosis = None
+        if failed:
+            diagnosis = self.spread.diagnosis(
+                lead=lead,
+                need=need,
+                rms=rms_all,
+                plain_rms=plain_rms,
+                shifted=[i for i, _, _ in shifted],
+                concentrated=bool(bad_rows or bad_slices),
+            )
+            details["diagnosis"] = diagnosis
+            if diagnosis["error"] == "structural":
+                mismatch = replace(mismatch, passing_factor=None)
+        summary = _summary(
+            mismatch, tally.beyond, need, rms_all, plain_rms, shifted, judgement, diagnosis
+        )
+        if failed:
+            # A few rows name the bug better than their slice; many rows, the slice.
+            by_row = bool(bad_rows) and (n_rows <= len(bad_rows) or not bad_slices)
+            named = bad_rows if by_row else bad_slices
+            if named:
+                what = "row" if by_row else "slice"
+                worst = named[0]
+                summary += (
+                    f"; the error is in {what} {format_index(tuple(worst['index']))} "
+                    f"({sig(worst['times_median'], 3)}× the median {what}'s)"
+                )
+        return Check(
+            f"{self.name}.close",
+            "fail" if failed else "pass",
+            summary,
+            index=worst_at if mismatch.mismatched else (shifted[0][0] if shifted else None),
+            file=label,
+            tolerance=judgement.tolerance,
+            mismatch=mismatch,
+            details=details,
+        )
 
 
 SHIFTS_NAMED = 3

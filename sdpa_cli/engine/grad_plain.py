@@ -18,7 +18,7 @@ so nothing score-sized outlives a block.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import Arithmetic, attend_block, dropout_keep, operands, sink_head
 from sdpa_cli.engine.driver import block_rows
+from sdpa_cli.engine.grad import OPERAND
 from sdpa_cli.engine.grad_block import add_bias_gradient, bias_gradient
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
@@ -44,12 +45,47 @@ class PlainGradients(NamedTuple):
     terms: dict[str, NDArray[np.float32]]
 
 
+class PlainSlice(NamedTuple):
+    """One finished slice of a gradient of :func:`plain_slices`: its name, its index in
+    the operand's leading axes (``()`` for d(bias) and d(sinks), handed over whole),
+    its values in the format and its terms' magnitudes."""
+
+    name: str
+    at: Index
+    values: NDArray[np.floating[Any]]
+    terms: NDArray[np.float32]
+
+
 def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
     """dQ, dK and dV (the engine's layout: shaped like ``spec.q``, ``spec.k``,
     ``spec.v``), and d(bias) and d(sinks) when the computation has them, of
-    ``Σ O ⊙ dO`` as a kernel in ``spec.options.dtype`` computes them plainly; ``dout``
-    in the engine's layout ``(*lead, L, Ev)``. A softcap's chain rule stores
-    dS · (1 − tanh²) in the format; a sink's d(logit) is −p_sink · Σ_j P_j dA_j.
+    ``Σ O ⊙ dO`` as a kernel in ``spec.options.dtype`` computes them plainly
+    (:func:`plain_slices`, gathered whole)."""
+    values: dict[str, NDArray[np.floating[Any]]] = {}
+    terms: dict[str, NDArray[np.float32]] = {}
+    shapes = {n: getattr(spec, OPERAND[n]).shape for n in ("dq", "dk", "dv")}
+    for part in plain_slices(spec, dout):
+        if part.at == () and part.name not in shapes:  # d(bias), d(sinks): whole
+            values[part.name], terms[part.name] = part.values, part.terms
+            continue
+        if part.name not in values:
+            values[part.name] = np.zeros(shapes[part.name], part.values.dtype)
+            terms[part.name] = np.zeros(shapes[part.name], np.float32)
+        values[part.name][part.at] = part.values
+        terms[part.name][part.at] = part.terms
+    return PlainGradients(values, terms)
+
+
+def plain_slices(
+    spec: AttentionSpec, dout: F64, *, leads: Sequence[Index] | None = None
+) -> Iterator[PlainSlice]:
+    """The plain backward pass over the query slices ``leads`` (positions of
+    ``spec.lead``, in order; None: all of them), each slice of dQ, dK and dV handed over when it is
+    finished (after the last query slice that reads it: a K/V head after its group's
+    last query head), then d(bias) and d(sinks) whole; ``dout`` in the engine's layout
+    ``(*lead, L, Ev)``. A softcap's chain rule stores dS · (1 − tanh²) in the format; a
+    sink's d(logit) is −p_sink · Σ_j P_j dA_j. Nothing the size of a gradient is kept
+    but d(bias).
 
     Raises:
         SpecError: for --score-mod, whose derivative would need autodiff.
@@ -62,23 +98,29 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
     # Held in the accumulator's format when it is float32 (every value of the sums and
     # of the format is one): half the memory of float64, the same numbers.
     held = np.float32 if acc == "float32" else np.float64
-    dq = np.zeros(spec.q.shape, held)
-    # the accumulator's running sums, stored in the format at the end
-    sums = {"dk": np.zeros(spec.k.shape, held), "dv": np.zeros(spec.v.shape, held)}
+    leads = list(leads) if leads is not None else list(_all_leads(spec))
+    last = _last_readers(spec, leads)
+    # the accumulator's running sums of the slices being summed, stored in the format
+    # when finished; with their terms' magnitudes (float32 is precision enough)
+    open_: dict[tuple[str, Index], tuple[NDArray[Any], NDArray[np.float32]]] = {}
+    whole: dict[str, NDArray[Any]] = {}
     if spec.bias is not None:
-        sums["dbias"] = np.zeros(spec.bias.shape, held)
+        whole["dbias"] = np.zeros(spec.bias.shape, held)
+        whole["dbias terms"] = np.zeros(spec.bias.shape, np.float32)
     if spec.sinks is not None:
-        sums["dsinks"] = np.zeros(spec.sinks.shape, held)
-    # magnitudes, for a floor: float32 is precision enough
-    terms: dict[str, NDArray[np.float32]] = {
-        n: np.zeros(x.shape, np.float32) for n, x in (("dq", dq), *sums.items())
-    }
+        whole["dsinks"] = np.zeros(spec.sinks.shape, held)
+        whole["dsinks terms"] = np.zeros(spec.sinks.shape, np.float32)
     f = spec.factor
-    for lead in np.ndindex(*spec.lead):
-        at: Index = tuple(int(i) for i in lead)
+    for at in leads:
         ops = operands(spec, at, emulate=True)
         q_all = ar.r(np.asarray(spec.q[spec.operand_index("q", at)], dtype=np.float64))
-        k_at, v_at = spec.operand_index("k", at), spec.operand_index("v", at)
+        sums = {}
+        for name in ("dq", "dk", "dv"):
+            key = (name, spec.operand_index(OPERAND[name], at))
+            if key not in open_:
+                shape = getattr(spec, OPERAND[name]).shape[-2:]
+                open_[key] = (np.zeros(shape, held), np.zeros(shape, np.float32))
+            sums[name] = open_[key]
         for rows in _row_blocks(spec):
             block = attend_block(spec, at, rows, emulate=True, inputs=ops)
             p = np.asarray(block.weights, np.float64)
@@ -91,41 +133,63 @@ def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
                 else:
                     p_used = p
                     da = ar.r(precision.matmul(d_o, ops.v.T, acc))
-                sums["dv"][v_at] += precision.matmul(p_used.T, d_o, acc)
-                terms["dv"][v_at] += np.abs(p_used).T @ np.abs(d_o)
+                sums["dv"][0][...] += precision.matmul(p_used.T, d_o, acc)
+                sums["dv"][1][...] += np.abs(p_used).T @ np.abs(d_o)
                 total = np.einsum("ij,ij->i", p, da)  # Σ P ⊙ dA per row: D
                 ds = ar.r(_softmax_backward(p, da, total, ar.softmax))
                 # |dS| bounded over its own cancellation: P ⊙ (|dA| + |D|)
                 ds_terms = np.abs(p) * (np.abs(da) + np.abs(total)[:, None])
                 if not block.all_visible:
                     ds = np.where(block.unreplaced, ds, 0.0)
-                if "dsinks" in sums and block.sink is not None:
+                if "dsinks" in whole and block.sink is not None:
                     sink = np.asarray(block.sink)
-                    sums["dsinks"][sink_head(spec, at)] -= float(np.sum(sink * total))
+                    whole["dsinks"][sink_head(spec, at)] -= float(np.sum(sink * total))
                     magnitude = np.abs(sink) * np.abs(p * da).sum(axis=1)  # D's terms
-                    terms["dsinks"][sink_head(spec, at)] += float(np.sum(magnitude))
-                if "dbias" in sums:
+                    whole["dsinks terms"][sink_head(spec, at)] += float(np.sum(magnitude))
+                if "dbias" in whole:
                     keys = slice(0, spec.S)
-                    for into, part in ((sums, ds), (terms, ds_terms)):
+                    for into, part in (("dbias", ds), ("dbias terms", ds_terms)):
                         summed = bias_gradient(spec, part)
                         assert summed is not None  # the computation has a bias
-                        add_bias_gradient(spec, into["dbias"], at, rows, keys, summed)
+                        add_bias_gradient(spec, whole[into], at, rows, keys, summed)
                 dscaled = ds
                 if o.softcap is not None:
                     t = np.tanh(np.asarray(block.scaled, np.float64) / o.softcap)
                     dscaled = ar.r(ds * (1.0 - t * t))
                     ds_terms = ds_terms * (1.0 - t * t)
-                dq[spec.operand_index("q", at)][rows] = ar.r(
-                    precision.round_to(precision.matmul(dscaled, ops.k, acc) * f, acc)
-                )
-                sums["dk"][k_at] += precision.matmul(dscaled.T, q_all[rows], acc) * f
-                terms["dq"][spec.operand_index("q", at)][rows] = ds_terms @ np.abs(ops.k) * f
-                terms["dk"][k_at] += ds_terms.T @ np.abs(q_all[rows]) * f
+                sums["dq"][0][rows] += precision.matmul(dscaled, ops.k, acc) * f
+                sums["dk"][0][...] += precision.matmul(dscaled.T, q_all[rows], acc) * f
+                sums["dq"][1][rows] += ds_terms @ np.abs(ops.k) * f
+                sums["dk"][1][...] += ds_terms.T @ np.abs(q_all[rows]) * f
             if held is np.float64:  # float32 holds its sums rounded already
-                for name in sums:
-                    sums[name] = precision.round_to(sums[name], acc)
-    values = {"dq": dq, **{name: np.asarray(ar.r(v), held) for name, v in sums.items()}}
-    return PlainGradients(values, terms)
+                for values, _ in sums.values():
+                    values[...] = precision.round_to(values, acc)
+                for name in ("dbias", "dsinks"):
+                    if name in whole:
+                        whole[name] = precision.round_to(whole[name], acc)
+        for name in ("dq", "dk", "dv"):
+            key = (name, spec.operand_index(OPERAND[name], at))
+            if last[key] == at:
+                values, terms = open_.pop(key)
+                yield PlainSlice(name, key[1], np.asarray(ar.r(values), held), terms)
+    for name in ("dbias", "dsinks"):
+        if name in whole:
+            values = np.asarray(ar.r(whole[name]), held)
+            yield PlainSlice(name, (), values, whole[f"{name} terms"])
+
+
+def _all_leads(spec: AttentionSpec) -> Iterator[Index]:
+    for lead in np.ndindex(*spec.lead):
+        yield tuple(int(i) for i in lead)
+
+
+def _last_readers(spec: AttentionSpec, leads: Sequence[Index]) -> dict[tuple[str, Index], Index]:
+    """For each slice of dQ, dK and dV, the last of ``leads`` that reads it."""
+    last: dict[tuple[str, Index], Index] = {}
+    for at in leads:
+        for name in ("dq", "dk", "dv"):
+            last[(name, spec.operand_index(OPERAND[name], at))] = at
+    return last
 
 
 PLAIN_ELEMENTS = 1 << 18

@@ -114,18 +114,22 @@ def test_pytorchs_backward_kernels_pass(dtype: str, backend: str, case: str) -> 
 
 def test_the_16_bit_kernels_stay_well_inside_the_plain_backwards_error() -> None:
     """The plain backward rounds dA, dS and the products to the format, as kernels do,
-    but in its own order: PyTorch's fused kernel needs under 1 of its largest error per
-    slice here (1.8 at most on slices of 5 to 48 rows), where the rule allows 3."""
+    but in its own order: PyTorch's fused kernel needs about 1 of its largest error per
+    slice here (1.8 at most on slices of 5 to 48 rows), where the rule allows 3. (A
+    slice within 3× the floor needs no plain computation: its factor is then read
+    against the floor alone.)"""
     for dtype in ("float16", "bfloat16"):
         checks = judged(torch_backward(dtype, "fused", causal=True), dtype, causal=True)
         for name in ("dq", "dk", "dv"):
-            assert checks[f"{name}.close"].details["factor_needed"] < 1.0
+            assert checks[f"{name}.close"].details["factor_needed"] < 1.5
 
 
 def test_float32_gradients_get_their_own_factor() -> None:
     assert GRADIENT_FACTORS == {"float16": 3.0, "bfloat16": 3.0, "float32": 8.0}
     checks = judged(torch_backward("float32", "fused"), "float32")
-    assert "8× the plain computation's largest error" in checks["dq.close"].summary
+    close = checks["dq.close"]
+    assert close.tolerance is not None
+    assert "≤ 8× the plain float32 computation's largest error" in close.tolerance.source
 
 
 def slipped(name: str, change: Any) -> dict[str, Check]:
@@ -493,3 +497,18 @@ def test_the_d_term_left_out_under_a_softcap_is_named() -> None:
     hints = [c.hint for c in checks if c.name.endswith(".close")]
     assert len(hints) == 2
     assert all(h is not None and "leaves out D = rowsum(dO ⊙ O)" in h for h in hints)
+
+
+def test_gradients_in_flash_attentions_layout_are_judged_by_head_and_named_in_the_files() -> None:
+    """(B, L, H, E) files under --layout bshd: compared as (batch, head) slices, the
+    broken element named where it sits in the file."""
+    arrays = torch_backward("float16", "fused", causal=True)
+    bshd = {n: np.ascontiguousarray(np.swapaxes(arrays[n], 1, 2)) for n in ("q", "k", "v", "dout")}
+    bshd |= {n: np.ascontiguousarray(np.swapaxes(arrays[n], 1, 2)) for n in ("dq", "dk", "dv")}
+    checks = judged(bshd, "float16", causal=True, layout="bshd")
+    assert all(checks[f"{n}.close"].status == "pass" for n in ("dq", "dk", "dv"))
+    bshd["dk"][1, 7, 2, 5] += 4.0  # batch 1, key 7, head 2, feature 5
+    close = judged(bshd, "float16", causal=True, layout="bshd")["dk.close"]
+    assert close.status == "fail"
+    assert close.index == (1, 7, 2, 5)
+    assert close.details["error_stats"]["by_slice"][1 * 4 + 2]["beyond"] == 1
