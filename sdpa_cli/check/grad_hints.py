@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 from sdpa_cli.check.hints import _SUSPECT_LIMIT, export_matches
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.residual import Readable
-from sdpa_cli.engine.block import attend_block, dropout_keep, operands
+from sdpa_cli.engine.block import attend_block, dropout_keep, operands, sink_logit
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
 
@@ -162,28 +162,33 @@ def _variant(spec: AttentionSpec, dout: F64, slip: str) -> Gradient:
             d_o = np.asarray(dout[at], np.float64)
             p = np.asarray(block.weights, np.float64)
             da = d_o @ v.T
-            p_used = p
+            keep: F64 | float = 1.0  # dropout's kept weights, scaled by 1 / (1 − p)
             if spec.options.dropout > 0 and slip != "no-dropout":
                 keep = dropout_keep(spec, at, rows, block.keys) / (1.0 - spec.options.dropout)
-                da, p_used = da * keep, p * keep
+                da = da * keep
+            sink = sink_logit(spec, at)  # a sink's logit takes its share of every row
             d = np.einsum("ij,ij->i", p, da)[:, None]  # rowsum(dO ⊙ O)
-            dv_part = p_used.T @ d_o
+            dv_part = (p * keep).T @ d_o
             if slip == "no-d":
                 ds = p * da
             elif slip == "unnormalised":
                 logits = np.asarray(block.masked, np.float64)
                 top = np.max(logits, axis=1, keepdims=True, initial=-np.inf)
-                dv_part = np.nan_to_num(np.exp(logits - top)).T @ d_o
+                if sink is not None:  # the max the kernel subtracts takes the sink's in
+                    top = np.maximum(top, sink)
+                dv_part = (np.nan_to_num(np.exp(logits - top)) * keep).T @ d_o
                 ds = p * (da - d)
             elif slip in ("unmasked-backward", "unmasked"):
                 before = block.biased if block.biased is not None else block.capped
                 scaled = np.asarray(before if before is not None else block.scaled, np.float64)
                 # the forward's LSE (masked), or the unmasked softmax's own
                 lse = _lse(np.asarray(block.masked if slip == "unmasked-backward" else scaled))
+                if sink is not None:
+                    lse = np.logaddexp(lse, sink)
                 p = np.exp(scaled - lse[:, None])
                 if slip == "unmasked":
                     d = np.einsum("ij,ij->i", p, da)[:, None]
-                dv_part = p.T @ d_o
+                dv_part = (p * keep).T @ d_o
                 ds = p * (da - d)
             else:
                 ds = p * (da - d)

@@ -512,3 +512,26 @@ def test_gradients_in_flash_attentions_layout_are_judged_by_head_and_named_in_th
     assert close.status == "fail"
     assert close.index == (1, 7, 2, 5)
     assert close.details["error_stats"]["by_slice"][1 * 4 + 2]["beyond"] == 1
+
+
+def test_dv_from_unnormalised_weights_is_named_with_a_sink() -> None:
+    """With --sinks, the max a kernel subtracts takes the sink's logit in (gpt-oss
+    concatenates it to the logits first): dV = exp(S − max(m, sink))ᵀ · dO."""
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float16) for _ in range(3))
+    dout = rng.standard_normal((1, 2, 16, 8)).astype(np.float16)
+    sinks = np.array([1.5, -0.5], np.float16)
+    spec = build_spec(q, k, v, sinks=sinks, options=parse_options({}))
+    exact = backward(spec.in_float64(), make_dout(spec, dout, 0, "--dout"))
+    logits = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) / np.sqrt(8.0)
+    top = np.maximum(logits.max(-1, keepdims=True), sinks.astype(np.float64)[:, None, None])
+    dv = np.swapaxes(np.exp(logits - top), -1, -2) @ dout.astype(np.float64)
+    exports = [
+        Expected("dq", np.asarray(exact.dq).astype(np.float16), "dq.npy"),
+        Expected("dv", dv.astype(np.float16), "dv.npy"),
+    ]
+    checks = {c.name: c for c in gradient_checks(spec, exports, dout, CheckSettings(), "float16")}
+    assert checks["dq.close"].status == "pass"
+    hint = checks["dv.close"].hint
+    assert hint is not None
+    assert hint.startswith("dV from the unnormalised weights")
