@@ -21,12 +21,15 @@ pass (exit 0), a bug should fail (exit 1), an output saved (B, L, H, E) beside
 says what it is (gate_kernels.HINT_NAMES) or, for a head shift or a rolled row, which no
 option explains, when the JSON's diagnosis says structural and places it.
 
-Backward kernels' exports (PyTorch's CPU SDPA backward, fused and math; Hugging Face eager
-attention's backward in Llama and Mistral; jax.vjp of JAX's attention in bfloat16) are
+Backward kernels' exports (PyTorch's CPU SDPA backward, fused and math; attention written
+in PyTorch ops with gpt-oss's sinks, and with dropout replayed from a keep mask; Hugging
+Face eager attention's backward in Llama, Mistral and Gemma 2; jax.vjp of JAX's attention
+in bfloat16) are
 checked with --dout DOUT --expect-dq DQ --expect-dk DK --expect-dv DV and the forward
 flags, faithful and with a backward slip put in (dK without the scale, D = rowsum(dO ∘ O)
 forgotten, dV from unnormalised weights, the mask left out of the backward two ways,
-grouped-query dK and dV not summed, one head's dQ shifted by c = 2, 4, 8 × its error). A
+grouped-query dK and dV not summed, dropout's mask not replayed, one head's dQ shifted by
+c = 2, 4, 8 × its error). A
 slip is named by its words (gate_kernels.BACKWARD_NAMES) in a hint or a failed check's
 summary, a dK without its scale also by a structural fit of the factor 1/scale, a dQ
 shift by a structural diagnosis that places its slice; their tables come after the

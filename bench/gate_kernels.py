@@ -58,6 +58,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -140,6 +141,9 @@ class Reference:
     softcap: float | None = None
     visible: Bool | None = None  # broadcastable to (B, H, L, S); True: the key is seen
     additive: F64 | None = None  # a float mask added to the logits, broadcastable likewise
+    sinks: F64 | None = None  # (H,): a logit per head that takes weight and gives no value
+    keep: Bool | None = None  # dropout's keep mask (B, H, L, S), replayed
+    dropout: float = 0.0  # its probability: kept weights are divided by 1 − p
 
 
 @dataclass(frozen=True)
@@ -331,12 +335,16 @@ FILE_OPTIONS = {
     "lse": "--expect-lse",
     "mask": "--mask",
     "segments": "--segment-ids",
+    "sinks": "--sinks",
+    "dropout_mask": "--dropout-mask",
     "dout": "--dout",
     "dq": "--expect-dq",
     "dk": "--expect-dk",
     "dv": "--expect-dv",
 }
-FILE_ARRAYS = frozenset({"mask", "segments"})  # arrays that describe the computation
+FILE_ARRAYS = frozenset(
+    {"mask", "segments", "sinks", "dropout_mask"}
+)  # arrays that describe the computation
 
 
 def save(
@@ -883,6 +891,9 @@ BACKWARD_UNMASKED = "backward-unmasked"
 # Grouped-query dK and dV not summed over the query heads that share a K/V head: each
 # holds the first query head's share alone (a kernel that writes where it should add).
 GQA_UNSUMMED = "gqa-unsummed"
+# Dropout's mask not replayed in the backward pass: the gradients of attention without
+# dropout (a kernel that lost its seed, or never had the mask).
+DROPOUT_NOT_REPLAYED = "dropout-not-replayed"
 DQ_SHIFTS = (2, 4, 8)  # one head's dQ + c × that head's dQ RMS error against float64
 
 
@@ -898,6 +909,7 @@ BACKWARD_SLIPS = (
     MASK_FORGOTTEN,
     BACKWARD_UNMASKED,
     GQA_UNSUMMED,
+    DROPOUT_NOT_REPLAYED,
 )
 # What names each slip in a failed check's hint or summary (dv.sums says "unnormalised
 # weights"); a dK without its scale is also named by a structural diagnosis whose fit
@@ -910,6 +922,7 @@ BACKWARD_NAMES: dict[str, str] = {
     MASK_FORGOTTEN: "not in the backward",
     BACKWARD_UNMASKED: "ran without the mask",
     GQA_UNSUMMED: "query head's share",
+    DROPOUT_NOT_REPLAYED: "did not replay dropout",
 }
 GRADIENTS = ("dq", "dk", "dv")
 
@@ -952,17 +965,28 @@ def backward64(export: Export, slip: str | None = None) -> dict[str, F64]:
     m = s.max(axis=-1, keepdims=True)
     if not np.isfinite(m).all():
         raise ValueError(f"{export.name}: a row has no visible key; the cases avoid them")
+    sink = None if ref.sinks is None else ref.sinks.reshape(-1, 1, 1)  # (H, 1, 1)
+    if sink is not None:
+        m = np.maximum(m, sink)
     w = np.exp(s - m)  # max-subtracted: no overflow
-    p = w / w.sum(axis=-1, keepdims=True)
+    total = w.sum(axis=-1, keepdims=True)
+    if sink is not None:  # a sink takes its share of the weight and gives no value
+        total = total + np.exp(sink - m)
+    p = w / total
     da = np.einsum("BHLE,BHSE->BHLS", d_o, v)
+    dropped = ref.keep is not None and slip != DROPOUT_NOT_REPLAYED
+    if dropped:  # the weights used are P · keep / (1 − p): dA is taken through the same
+        da = da * ref.keep / (1.0 - ref.dropout)
     d = (p * da).sum(axis=-1, keepdims=True)
     if slip == MASK_FORGOTTEN:
-        lse = m + np.log(w.sum(axis=-1, keepdims=True))
+        lse = m + np.log(total)  # the forward's, a sink's share in it
         p = np.exp(scaled - lse)  # every key, the mask left out; LSE and D as masked
     ds = p * da if slip == D_FORGOTTEN else p * (da - d)
     if ref.softcap is not None:
         ds = ds * (1.0 - t * t)  # the softcap's chain rule
     weights = w if slip == DV_UNNORMALISED else p
+    if dropped:
+        weights = weights * ref.keep / (1.0 - ref.dropout)
     dq = np.einsum("BHLS,BHSE->BHLE", ds, k) * ref.scale
     dk = np.einsum("BHLS,BHLE->BHSE", ds, q) * ref.scale
     dv = np.einsum("BHLS,BHLE->BHSE", weights, d_o)
@@ -998,6 +1022,8 @@ def backward_slips(export: Export) -> tuple[str, ...]:
         found += [MASK_FORGOTTEN, BACKWARD_UNMASKED]
     if export.arrays["q"].shape[-3] > export.arrays["k"].shape[-3]:
         found.append(GQA_UNSUMMED)
+    if ref.keep is not None:
+        found.append(DROPOUT_NOT_REPLAYED)
     return (*found, *DQ_SHIFT_SLIPS)
 
 
@@ -1020,6 +1046,7 @@ def inject_backward(export: Export, slip: str, exact: Mapping[str, F64]) -> Expo
             MASK_FORGOTTEN: GRADIENTS,
             BACKWARD_UNMASKED: GRADIENTS,
             GQA_UNSUMMED: ("dk", "dv"),
+            DROPOUT_NOT_REPLAYED: GRADIENTS,
         }[slip]
         changed = {n: wrong[n] for n in names}
     else:
@@ -1092,6 +1119,56 @@ def _run_hf_backward(family: str, dtype: str, layer: int, seed: int) -> Export:
     return _backward_export(forward, grads)
 
 
+EAGER_BACKWARD = ("sinks", "dropout")
+EAGER_DROPOUT = 0.1
+
+
+def _run_eager_backward(dtype: str, name: str, seed: int) -> Export:
+    """Attention written out in PyTorch ops, in `dtype`, and its autograd backward: with
+    a sink logit per head as gpt-oss's eager attention takes it (the logits concatenated
+    with the sinks, softmax, the sinks' column dropped), or with dropout from a keep mask
+    that the backward replays (as PyTorch's math kernel drops its weights)."""
+    torch = importlib.import_module("torch")
+    t = getattr(torch, dtype)
+    rng = np.random.default_rng([seed, 3])
+    b, h, n, e = 1, 4, 128, 64
+    arrays = {x: round_to(rng.standard_normal((b, h, n, e)), dtype) for x in (*"qkv", "dout")}
+    scale = 1.0 / math.sqrt(e)
+    leaves = [
+        torch.from_numpy(np.asarray(arrays[x], np.float32)).to(t).requires_grad_(True)
+        for x in "qkv"
+    ]
+    scores = leaves[0] @ leaves[1].transpose(-1, -2) * scale
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    reference = Reference(scale=scale, visible=np.tril(np.ones((n, n), bool)))
+    flags: tuple[str, ...] = ("--causal", *dtype_flags(dtype))
+    if name == "sinks":
+        sinks = round_to(rng.normal(scale=2.0, size=h), dtype)
+        arrays["sinks"] = sinks
+        column = torch.from_numpy(np.asarray(sinks, np.float32)).to(t).reshape(1, h, 1, 1)
+        logits = torch.cat([scores, column.expand(b, h, n, 1)], dim=-1)
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        weights = torch.softmax(logits, dim=-1)[..., :-1]
+        reference = replace(reference, sinks=np.asarray(sinks, np.float64))
+    else:
+        keep = rng.random((b, h, n, n)) >= EAGER_DROPOUT
+        arrays["dropout_mask"] = keep
+        weights = torch.softmax(scores, dim=-1)
+        weights = weights * torch.from_numpy(keep).to(t) / (1.0 - EAGER_DROPOUT)
+        reference = replace(reference, keep=keep, dropout=EAGER_DROPOUT)
+        flags = (*flags, "--dropout", str(EAGER_DROPOUT))
+    out = weights @ leaves[2]
+    out.backward(torch.from_numpy(np.asarray(arrays["dout"], np.float32)).to(t))
+    arrays |= {
+        x: saved(leaf.grad.float().numpy(), dtype)
+        for x, leaf in zip(GRADIENTS, leaves, strict=True)
+    }
+    return Export(
+        "torch-eager", dtype, f"{name}-seed{seed}", arrays, flags, reference, backward=True
+    )
+
+
 HF_BACKWARD = ("llama", "mistral", "gemma2")
 
 
@@ -1144,6 +1221,19 @@ def torch_backward_cases(seed: int = 17) -> list[BackwardCase]:
         for i, name in enumerate(TORCH_BACKWARD_CASES)
         for first in (seed + 10 * i,)
         for s in range(first, first + BACKWARD_SEEDS)
+    ]
+
+
+def eager_backward_cases(seed: int = 17) -> list[BackwardCase]:
+    return [
+        BackwardCase(
+            "torch-eager",
+            dtype,
+            f"{name}-seed{seed}",
+            functools.partial(_run_eager_backward, dtype, name, seed),
+        )
+        for dtype in ("float16", "bfloat16", "float32")
+        for name in EAGER_BACKWARD
     ]
 
 
@@ -1225,6 +1315,7 @@ def cases() -> tuple[list[Case], list[str]]:
 
 BACKWARD_FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[], list[BackwardCase]]]] = {
     "torch": (("torch",), torch_backward_cases),
+    "torch-eager": (("torch",), eager_backward_cases),
     "hf": (("torch", "transformers"), hf_backward_cases),
     "jax": (("jax",), jax_backward_cases),
 }
