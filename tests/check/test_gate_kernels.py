@@ -297,7 +297,8 @@ def test_causal_random_data_raises_no_finding(tmp_path: Path) -> None:
 
 def backward_case(key: str) -> Any:
     """The backward case backward/KERNEL/DTYPE/NAME of gate_kernels."""
-    found = [c for c in gk.torch_backward_cases() + gk.hf_backward_cases() if c.key == key]
+    every = gk.torch_backward_cases() + gk.eager_backward_cases() + gk.hf_backward_cases()
+    found = [c for c in every if c.key == key]
     assert found, key
     return found[0]
 
@@ -341,7 +342,8 @@ def test_backward64_is_pytorchs_float64_autograd_and_the_kernel_is_close(key: st
 def test_each_backward_slip_changes_what_it_says() -> None:
     export = backward_case("backward/torch-flash/float16/gqa-causal-seed37").run()
     exact = gk.backward64(export)
-    assert gk.backward_slips(export) == (*gk.BACKWARD_SLIPS, *gk.DQ_SHIFT_SLIPS)
+    no_dropout = tuple(s for s in gk.BACKWARD_SLIPS if s != gk.DROPOUT_NOT_REPLAYED)
+    assert gk.backward_slips(export) == (*no_dropout, *gk.DQ_SHIFT_SLIPS)
 
     def changed(slip: str) -> set[str]:
         arrays = gk.inject_backward(export, slip, exact).arrays
@@ -445,3 +447,18 @@ def test_gemma2s_soft_capped_backward_is_among_the_cases() -> None:
         "backward/hf-gemma2/bfloat16/layer0-sliding-softcap",
         "backward/hf-gemma2/float32/layer1-global-softcap",
     }
+
+
+@pytest.mark.parametrize("name", ["sinks", "dropout"])
+def test_the_eager_backward_is_backward64_to_its_format(name: str) -> None:
+    """Attention in PyTorch ops with gpt-oss's sinks, or dropout from a keep mask, in
+    float32: its autograd gradients are the independent float64 recomputation's to
+    float32's rounding; dropout's slip changes every gradient."""
+    export = backward_case(f"backward/torch-eager/float32/{name}-seed17").run()
+    exact = gk.backward64(export)
+    assert gk.gradient_error(export, exact) < 1e-5
+    if name == "dropout":
+        assert gk.DROPOUT_NOT_REPLAYED in gk.backward_slips(export)
+        slipped = gk.inject_backward(export, gk.DROPOUT_NOT_REPLAYED, exact)
+        assert all(slipped.arrays[n] is not export.arrays[n] for n in gk.GRADIENTS)
+        assert gk.gradient_error(slipped, exact) > 0.1
