@@ -19,7 +19,8 @@ every run in a fresh process, peak RSS from wait4 through a small launcher):
 2. Cost per score flat: `sdpa check` ns/score on (1, 8, L, 64) float16 for L 1024 to
    16384, net of a measured start-up floor; largest ÷ smallest ≤ 1.3.
 3. Peak RSS ≤ the input files + 256 MiB: check, compute (table, json, yaml, --save),
-   explain --query 0 and grad --dout at every length of 2 (json/yaml up to L 4096).
+   explain --query 0, grad --dout and check --dout (a backward export of dQ, dK, dV) at
+   every length of 2 (json/yaml up to L 4096).
 4. `sdpa grad` ÷ torch's float64 forward + backward, (1, 8, 4096, 64): ≤ 1.3×.
 5. `sdpa --help` ≤ 1.3 × `python -c "import click"`; `sdpa compute` on a sample ≤ 0.3 s.
 6. A manifest of 64 cases on a local Dask cluster of 2 workers ≤ 1.2 × `--jobs 2`
@@ -69,7 +70,7 @@ ONLY_HELP = (
     "run the matching figures only: a glob or a substring of a key such as "
     "kernel/1x8x8192x128/f16, kernel/1x8x8192x128/f16/causal, scale/4096, "
     "rss/compute-json/1024 (rss/KEY/L, KEY one of check, compute, compute-json, "
-    "compute-yaml, compute-save, explain, grad), grad, startup/help, startup/sample, "
+    "compute-yaml, compute-save, explain, grad, check-dout), grad, startup/help, startup/sample, "
     "cluster; repeatable"
 )
 

@@ -39,6 +39,7 @@ MODES = (
     Mode("compute --save", "compute-save"),
     Mode("explain --query 0", "explain"),
     Mode("grad --dout", "grad"),
+    Mode("check --dout --expect-dq/dk/dv", "check-dout"),
 )
 
 
@@ -81,6 +82,11 @@ def _command(ctx: Context, mode: Mode, inputs: list[Path], extra: dict[str, Path
         return [ctx.sdpa, "explain", *files, "--query", "0", "--no-color"]
     if mode.key == "grad":
         return [ctx.sdpa, "grad", *files, "--dout", str(extra["dout"]), "--no-color"]
+    if mode.key == "check-dout":
+        cmd = [ctx.sdpa, "check", *files, "--dout", str(extra["dout"]), "--no-color"]
+        for name in ("dq", "dk", "dv"):
+            cmd += [f"--expect-{name}", str(extra[name])]
+        return cmd
     cmd = [ctx.sdpa, "compute", *files, "--no-color"]
     if mode.key == "compute-json":
         cmd += ["--format", "json"]
@@ -109,9 +115,14 @@ def _run_cell(ctx: Context, mode: Mode, length: int, plan: Plan, cell: Cell) -> 
     if mode.key == "check":
         extra["out"] = ctx.datasets.export(shape, "float16", False)
         files.append(extra["out"])
-    if mode.key == "grad":
+    if mode.key in ("grad", "check-dout"):
         extra["dout"] = ctx.datasets.dout(shape, "float16")
         files.append(extra["dout"])
+    if mode.key == "check-dout":  # a backward kernel's export of the same gradients
+        grads = ctx.datasets.gradients(shape, "float16")
+        for name, path in zip(("dq", "dk", "dv"), grads, strict=True):
+            extra[name] = path
+            files.append(path)
     cell.limit_mib = size_mib(files) + HEADROOM_MIB
     key = f"rss/{mode.key}/{length}"
     if mode.key == "check":
@@ -198,7 +209,8 @@ def memory_section(ctx: Context, plan: Plan) -> Section | None:
     text = "\n".join(
         [
             f"  MiB, peak/limit; inputs ({b}, {h}, L, {plan.scale_embed}) float16 .npy files;",
-            f"  limit = their size (q, k, v; check: + out; grad: + dO) + {HEADROOM_MIB:.0f} MiB",
+            "  limit = their size (q, k, v; check: + out; grad: + dO; check --dout: + dO, dQ,",
+            f"  dK, dV) + {HEADROOM_MIB:.0f} MiB",
             "  *: over the limit; cap: killed past the benchmark's RSS cap (--rss-cap);",
             f"  ·: not run, json/yaml only at L ≤ {plan.text_max_length} (gigabytes of text);",
             "  t/o: past --timeout; disk: --save would fill the disk; err: see below",

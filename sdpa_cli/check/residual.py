@@ -31,6 +31,9 @@ from sdpa_cli.engine.types import F64
 TOP = 15
 """A slice's largest difference is scaled to under 2**TOP (float16 reaches 65504)."""
 
+RUN = 1 << 16
+"""Values read at a time when a slice is put: temporaries of 512 KiB."""
+
 
 class Residual:
     """The reference of an export ``(n slices, m values each)`` kept as the export
@@ -58,31 +61,48 @@ class Residual:
         return math.prod(self.shape)
 
     def put(self, k: int, count: int, reference: F64) -> None:
-        """The reference of slices ``k`` to ``k + count`` (any shape of their values)."""
-        lo, hi = k * self.m, (k + count) * self.m
-        a = np.asarray(self._export[lo:hi], np.float64).reshape(count, self.m)
-        r = np.asarray(reference, np.float64).reshape(count, self.m)
+        """The reference of slices ``k`` to ``k + count`` (any shape of their values),
+        a slice at a time, in runs of :data:`RUN` values (two passes: the scales, then
+        the values): a few small temporaries beside the backward pass's own."""
+        r_all = np.asarray(reference).reshape(count, self.m)
+        for j in range(count):
+            base = (k + j) * self.m
+            largest = np.zeros(2)
+            for lo in range(0, self.m, RUN):
+                kept, itself = self._kept(base + lo, r_all[j, lo : lo + RUN])
+                for which, where in ((0, ~itself), (1, itself)):
+                    sizes = np.abs(kept[where & np.isfinite(kept)])
+                    largest[which] = max(largest[which], float(np.max(sizes, initial=0.0)))
+            scale = np.where(largest > 0, np.ldexp(1.0, np.frexp(largest)[1] - TOP), 1.0)
+            self._scale[:, k + j] = scale
+            for lo in range(0, self.m, RUN):
+                kept, itself = self._kept(base + lo, r_all[j, lo : lo + RUN])
+                hi = base + lo + len(kept)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    self._difference[base + lo : hi] = np.where(
+                        itself, kept / scale[1], kept / scale[0]
+                    ).astype(np.float16)
+                self._mark(base + lo, itself)
+
+    def _kept(self, lo: int, reference: F64) -> tuple[F64, NDArray[np.bool_]]:
+        """What is kept of the reference values from element ``lo`` on (unscaled), and
+        where it is the reference itself."""
+        a = np.asarray(self._export[lo : lo + len(reference)], np.float64)
+        r = np.asarray(reference, np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
             d = r - a
             # the reference itself where the export is not finite, or off by more than
             # the reference's own magnitude (its difference would not keep it)
             itself = ~np.isfinite(a) | ~(np.abs(d) <= np.abs(r))
-            kept = np.where(itself, r, d)
-            for which, where in ((0, ~itself), (1, itself)):
-                sizes = np.where(where & np.isfinite(kept), np.abs(kept), 0.0)
-                largest = sizes.max(axis=1, initial=0.0)
-                scale = np.where(largest > 0, np.ldexp(1.0, np.frexp(largest)[1] - TOP), 1.0)
-                self._scale[which, k : k + count] = scale
-            scales = np.where(
-                itself, self._scale[1, k : k + count, None], self._scale[0, k : k + count, None]
-            )
-            self._difference[lo:hi] = (kept / scales).reshape(-1).astype(np.float16)
-        if lo % 8 == 0 and (hi % 8 == 0 or hi == len(self._difference)):
-            self._itself[lo // 8 : (hi + 7) // 8] = np.packbits(itself.reshape(-1))
-        else:  # slices of a size not a multiple of 8: the bits around them kept
-            bits = np.unpackbits(self._itself, count=len(self._difference))
-            bits[lo:hi] = itself.reshape(-1)
-            self._itself[:] = np.packbits(bits)
+        return np.where(itself, r, d), itself
+
+    def _mark(self, lo: int, itself: NDArray[np.bool_]) -> None:
+        """Set the bits of the elements from ``lo`` on."""
+        hi = lo + len(itself)
+        b0, b1 = lo // 8, (hi + 7) // 8
+        bits = np.unpackbits(self._itself[b0:b1])
+        bits[lo - 8 * b0 : hi - 8 * b0] = itself
+        self._itself[b0:b1] = np.packbits(bits)
 
     def flat(self, lo: int, hi: int) -> F64:
         """Elements ``lo`` to ``hi`` in C order, float64."""

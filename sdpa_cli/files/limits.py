@@ -176,3 +176,17 @@ def keep_freed_blocks() -> None:
         libc.mallopt(-1, 16 << 20)  # M_TRIM_THRESHOLD: keep up to 16 MiB of freed heap
     except (OSError, AttributeError):  # not glibc: nothing to tune
         pass
+
+
+def release_freed_blocks() -> None:
+    """Hand the freed memory glibc keeps (:func:`keep_freed_blocks`) back to the
+    system, between the passes of a run: what one pass freed in its threads' arenas
+    would otherwise stay in the process's RSS under the next pass's peak (a backward
+    check's reference pass left about 60 MiB at (1, 8, 16384, 64))."""
+    if not sys.platform.startswith("linux"):
+        return
+    import contextlib
+    import ctypes  # imported here: only glibc needs it
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to release
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
