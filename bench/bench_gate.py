@@ -29,7 +29,7 @@ checked with --dout DOUT --expect-dq DQ --expect-dk DK --expect-dv DV and the fo
 flags, faithful and with a backward slip put in (dK without the scale, D = rowsum(dO ∘ O)
 forgotten, dV from unnormalised weights, the mask left out of the backward two ways,
 grouped-query dK and dV not summed, dropout's mask not replayed, one head's dQ shifted by
-c = 2, 4, 8 × its error). A
+c = 1, 2, 4, 8 × its error). A
 slip is named by its words (gate_kernels.BACKWARD_NAMES) in a hint or a failed check's
 summary, a dK without its scale also by a structural fit of the factor 1/scale, a dQ
 shift by a structural diagnosis that places its slice; their tables come after the

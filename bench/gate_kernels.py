@@ -894,7 +894,7 @@ GQA_UNSUMMED = "gqa-unsummed"
 # Dropout's mask not replayed in the backward pass: the gradients of attention without
 # dropout (a kernel that lost its seed, or never had the mask).
 DROPOUT_NOT_REPLAYED = "dropout-not-replayed"
-DQ_SHIFTS = (2, 4, 8)  # one head's dQ + c × that head's dQ RMS error against float64
+DQ_SHIFTS = (1, 2, 4, 8)  # one head's dQ + c × that head's dQ RMS error against float64
 
 
 def dq_shift(c: int) -> str:
