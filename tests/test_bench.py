@@ -346,8 +346,7 @@ def test_gate_the_backward_tables_count_verdicts_slips_and_dq_shifts() -> None:
     ]
     table, smallest = gate.shift_table(runs, gate.DQ_SHIFTS)
     assert smallest == {"d": 4}
-    assert "c = 2" in table
-    assert "c = 1" not in table
+    assert all(f"c = {c}" in table for c in gk.DQ_SHIFTS)  # a column for every shift tried
     assert gate.counted(runs[1], 2)
     assert not gate.counted(runs[1], 4)
     lines = gate.markdown_backward(runs, smallest).splitlines()
