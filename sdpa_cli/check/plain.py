@@ -58,7 +58,8 @@ def plain_values(
         for name in fitted:
             out[name] = None if name != "weights" else _weights(naive)
         return out
-    output = np.full(naive.output_shape, np.nan)
+    # the output is stored in the format (float32 at widest): float32 holds it exactly
+    output = np.full(naive.output_shape, np.nan, dtype=np.float32)
     lse = np.full((*naive.lead, naive.L), np.nan)
     step = block_rows(naive)
     for lead in np.ndindex(*naive.lead):

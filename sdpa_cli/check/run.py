@@ -62,6 +62,7 @@ from sdpa_cli.engine.stats import Stats, working_formats
 from sdpa_cli.engine.trace import Trace, merge_heads, split_heads_of_output, trace
 from sdpa_cli.engine.types import F64
 from sdpa_cli.errors import SpecError
+from sdpa_cli.files.limits import release_freed_blocks
 from sdpa_cli.names import FORWARD_EXPORTS
 
 # --- the pass ---------------------------------------------------------------------------
@@ -226,6 +227,7 @@ def run_checks(
     # that need it; PyTorch's measured tolerance reads all of it, in the pass.
     in_pass = naive_spec if settings.tolerance == "measured" else None
     found = _judge_pass(spec, ref_spec, in_pass, set(fitted), jobs, progress)
+    release_freed_blocks()  # the pass's blocks, before the plain computation and the checks
     diagnosis = diagnose(found.stats, thresholds)
     gated, own_only = gated_kinds(settings, bool(expected) if judged is None else judged)
     findings = finding_checks(
