@@ -6,6 +6,7 @@ consistent with the weights."""
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -229,14 +230,48 @@ def weighable(
     return support
 
 
+class VBounds:
+    """Per output element, V's range over the keys its row weighs, kept a (batch, head)
+    slice at a time: one row, the slice's extremes, while every row of it weighs every
+    key (no mask: a row for the whole slice, not L of them); a row per query once a
+    block weighs fewer. Blocks of one slice may be put from several threads."""
+
+    def __init__(self, rows: int, dtype: np.dtype[Any], sinks: bool) -> None:
+        self._rows, self._dtype, self._sinks = rows, dtype, sinks
+        self._by_slice: dict[Index, tuple[NDArray[Any], NDArray[Any]]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, lead: Index, rows: slice, lo: NDArray[Any], hi: NDArray[Any]) -> None:
+        """The bounds of ``rows`` of slice ``lead``: ``(n, Ev)``, or ``(Ev,)`` where
+        the rows weigh every key (the slice's extremes)."""
+        lo, hi = np.asarray(lo), np.asarray(hi)
+        if self._sinks:  # the sink's share of a row reads no V: 0 is in range
+            lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+        with self._lock:
+            held = self._by_slice.get(lead)
+            compact = held is not None and len(held[0]) == 1
+            if lo.ndim == 1 and (held is None or compact):  # every key: the slice's one row
+                if held is None:
+                    self._by_slice[lead] = (
+                        lo[None].astype(self._dtype),
+                        hi[None].astype(self._dtype),
+                    )
+                return
+            if held is None or len(held[0]) == 1:  # a row per query from now on
+                shape = (self._rows, lo.shape[-1])
+                full = (np.empty(shape, self._dtype), np.empty(shape, self._dtype))
+                if held is not None:  # the rows put so far weighed every key
+                    full[0][...], full[1][...] = held
+                held = self._by_slice[lead] = full
+            held[0][rows], held[1][rows] = lo, hi
+
+    def __getitem__(self, lead: Index) -> tuple[NDArray[Any], NDArray[Any]]:
+        """Slice ``lead``'s bounds, ``(L, Ev)`` or one row broadcast over them."""
+        return self._by_slice[lead]
+
+
 def output_range(
-    spec: AttentionSpec,
-    out: F64,
-    bounds_lo: F64,
-    bounds_hi: F64,
-    tol: Tolerance,
-    label: str,
-    merged: bool,
+    spec: AttentionSpec, out: F64, v_bounds: VBounds, tol: Tolerance, label: str, merged: bool
 ) -> Check:
     """Each output inside the per-column range of V over the row's visible keys: it is
     a convex combination of those rows of V."""
@@ -254,9 +289,8 @@ def output_range(
     bounds = (0.0, 0.0)
     for lead in np.ndindex(*spec.lead):
         # in float64: the bounds are stored in V's own format, the slack is not
-        lo = np.asarray(bounds_lo[lead], dtype=np.float64)
-        hi = np.asarray(bounds_hi[lead], dtype=np.float64)
         o = out[lead]
+        lo, hi = (np.broadcast_to(np.asarray(b, np.float64), o.shape) for b in v_bounds[lead])
         slack = tol.atol + tol.rtol * np.maximum(np.abs(lo), np.abs(hi))
         with np.errstate(invalid="ignore"):
             bad = np.isfinite(o) & ((o < lo - slack) | (o > hi + slack))

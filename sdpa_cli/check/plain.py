@@ -12,6 +12,7 @@ NaN, "not computed".
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -59,7 +60,7 @@ def plain_values(
             out[name] = None if name != "weights" else _weights(naive)
         return out
     # the output is stored in the format (float32 at widest): float32 holds it exactly
-    output = np.full(naive.output_shape, np.nan, dtype=np.float32)
+    output = cast(F64, np.full(naive.output_shape, np.nan, dtype=np.float32))
     lse = np.full((*naive.lead, naive.L), np.nan)
     step = block_rows(naive)
     for lead in np.ndindex(*naive.lead):

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance, measured_tolerance
 from sdpa_cli.check.elements import (
+    VBounds,
     block_support,
     close_check,
     finite_check,
@@ -77,9 +78,8 @@ class _Pass:
     stats: Stats
     reference: dict[str, F64] = field(default_factory=dict)
     naive: dict[str, F64] = field(default_factory=dict)
-    lo: F64 | None = None
-    """Per output element, the smallest value of V over the keys its row can weigh."""
-    hi: F64 | None = None
+    bounds: VBounds | None = None
+    """Per output element, V's range over the keys its row can weigh."""
 
 
 def _judge_pass(
@@ -109,8 +109,7 @@ def _judge_pass(
         if "lse" in wanted:
             values["lse"] = np.empty((*spec.lead, spec.L))
     if "output" in wanted:
-        found.lo = np.empty(spec.output_shape, dtype=bound_dtype)
-        found.hi = np.empty(spec.output_shape, dtype=bound_dtype)
+        found.bounds = VBounds(spec.L, bound_dtype, sinks=ref_spec.sinks is not None)
 
     # The lean pass (output, LSE and statistics at once) when the run as given is the
     # reference's computation, not an emulation read against it.
@@ -118,23 +117,18 @@ def _judge_pass(
 
     def bounds(place: Place, support: NDArray[np.bool_] | None, rows: slice, keys: slice) -> None:
         """Per output element of ``rows``, V's range over the keys each row weighs."""
-        if found.lo is None or found.hi is None:
+        if found.bounds is None:
             return
         inputs = place.inputs.get(ref_spec, place.lead)
-        at: tuple[int | slice, ...] = (*place.lead, rows)
         if support is None and (keys.start, keys.stop) == (0, spec.S):
-            found.lo[at], found.hi[at] = inputs.v_extremes  # the slice's, computed once
-        else:
-            running = None
-            if keys.start == 0:
-                low, high = inputs.v_running
-                running = (low[: keys.stop], high[: keys.stop])
-            found.lo[at], found.hi[at] = v_range(
-                inputs.v[keys], support, rows.stop - rows.start, running
-            )
-        if ref_spec.sinks is not None:  # the sink's share of a row reads no V: 0 is in range
-            np.minimum(found.lo[at], 0.0, out=found.lo[at])
-            np.maximum(found.hi[at], 0.0, out=found.hi[at])
+            found.bounds.put(place.lead, rows, *inputs.v_extremes)  # the slice's, once
+            return
+        running = None
+        if keys.start == 0:
+            low, high = inputs.v_running
+            running = (low[: keys.stop], high[: keys.stop])
+        lo, hi = v_range(inputs.v[keys], support, rows.stop - rows.start, running)
+        found.bounds.put(place.lead, rows, lo, hi)
 
     def visit_lean(place: Place) -> tuple[Records | None, Moments | None]:
         fw = forward(place, ref_spec, stats, lse="lse" in found.reference)
@@ -416,12 +410,11 @@ def _tolerance(settings: CheckSettings, export: str, ref: F64, naive: F64 | None
 def _output_checks(spec: AttentionSpec, f: Fitted, tol: Tolerance, found: _Pass) -> list[Check]:
     """The exported output: finite, inside V's range (its closeness: :func:`_close`)."""
     split = split_heads_of_output(spec, f.values) if f.merged else f.values
-    assert found.lo is not None
-    assert found.hi is not None
+    assert found.bounds is not None
     label = f.exp.label
     return [
         finite_check("output", f.values, label),
-        output_range(spec, split, found.lo, found.hi, tol, label, f.merged),
+        output_range(spec, split, found.bounds, tol, label, f.merged),
     ]
 
 
