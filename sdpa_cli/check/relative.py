@@ -381,7 +381,10 @@ class RelativeRule:
         summary = _summary(
             mismatch, tally.beyond, need, rms_all, plain_rms, shifted, judgement, diagnosis
         )
-        if failed:
+        # A constant factor or offset over the whole export is the bug's name: its
+        # largest rows are only the largest values, not where it sits.
+        fitted = diagnosis is not None and "fit" in diagnosis
+        if failed and not fitted:
             # A few rows name the bug better than their slice; many rows, the slice.
             by_row = bool(bad_rows) and (n_rows <= len(bad_rows) or not bad_slices)
             named = bad_rows if by_row else bad_slices

@@ -369,3 +369,17 @@ def test_a_quantile_between_two_infinite_relative_errors_is_inf() -> None:
         stats = error_stats(actual, ref, 2)
     assert stats["rel"]["p99"] == math.inf
     assert stats["rel"]["median"] == math.inf  # 24 of 32 are infinite
+
+
+def test_a_constant_factor_is_named_and_its_largest_rows_are_not_called_where_it_sits() -> None:
+    """The export 3× the reference: a few rows 100× larger than the others have the
+    largest errors, but the factor is the bug, over every row."""
+    rng = np.random.default_rng(3)
+    ref = rng.normal(size=(1, 4, 64, 16))
+    ref[:, :, 5] *= 100.0
+    plain = ref + rng.normal(scale=1e-3, size=ref.shape)
+    check = judged(ref * 3.0, ref, plain)
+    assert check.status == "fail"
+    assert check.details["diagnosis"]["fit"]["factor"] == pytest.approx(3.0)
+    assert check.details["outlier_rows"]  # the large rows stand out by their RMS error
+    assert "the error is in" not in check.summary
