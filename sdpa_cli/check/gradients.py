@@ -287,8 +287,8 @@ def _weighing_rows(spec: AttentionSpec) -> NDArray[np.bool_]:
     take a finite value (a row that sees no key then weighs them all alike, as Hugging
     Face's finfo.min mask gives its padding rows); under −inf, the rows with a key
     the mask does not replace (the others weigh nothing)."""
-    rows = np.ones((*spec.lead, spec.L), dtype=np.bool_)
-    if np.isfinite(spec.options.effective_mask_value):
+    rows = np.full((*spec.lead, spec.L), spec.S > 0)  # no key at all: nothing weighs
+    if np.isfinite(spec.options.effective_mask_value) or not spec.S:
         return rows
     for lead in np.ndindex(*spec.lead):
         for r0 in range(0, spec.L, ROW_BLOCK):

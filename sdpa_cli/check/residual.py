@@ -42,13 +42,14 @@ class Residual:
 
     def __init__(self, export: NDArray[Any], slices: int) -> None:
         self.shape = tuple(export.shape)
-        self.m = math.prod(self.shape[len(self.shape) - slices :]) if self.shape else 1
-        n = math.prod(self.shape) // max(self.m, 1)
+        lead = self.shape[: max(len(self.shape) - slices, 0)]
+        self.m = math.prod(self.shape[len(lead) :])
+        """Values a slice."""
         self._export = np.asarray(export).reshape(-1)  # a view where it is contiguous
         self._difference = np.zeros(math.prod(self.shape), np.float16)
         # a bit an element: the value held is the reference itself (scaled by its own)
         self._itself = np.zeros((math.prod(self.shape) + 7) // 8, np.uint8)
-        self.n = max(n, 1)
+        self.n = max(math.prod(lead), 1)
         """How many slices."""
         self._scale = np.ones((2, self.n))  # the differences', the references
 

@@ -56,7 +56,9 @@ def shifted_slices(
     plain_mean = np.abs(p.sum(axis=-1) / n)
     plain_rms = rms(p, n)
     # the floor's RMS over the slice (a row's floor stands for its elements)
-    floor_rms = np.sqrt(np.mean(np.square(floor), axis=tuple(range(-slices, 0))))
+    axes = tuple(range(-slices, 0))
+    squares = np.sum(np.square(floor), axis=axes)  # a slice of no values: 0
+    floor_rms = np.sqrt(squares / max(1, int(np.prod([floor.shape[a] for a in axes]))))
     # The plain computation's own bias (times the factor), a share of its RMS error,
     # and six standard errors of the export's mean; in a slice of a few elements the
     # spread is not known, and the floor stands in for it (weighing 1/√n).

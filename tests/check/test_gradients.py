@@ -535,3 +535,23 @@ def test_dv_from_unnormalised_weights_is_named_with_a_sink() -> None:
     hint = checks["dv.close"].hint
     assert hint is not None
     assert hint.startswith("dV from the unnormalised weights")
+
+
+@pytest.mark.parametrize(("queries", "keys"), [(0, 3), (4, 0)])
+def test_gradients_of_no_queries_or_no_keys_are_judged(queries: int, keys: int) -> None:
+    """No query row (dK, dV are 0) or no key (dQ is 0, and no row's weights sum to 1, so
+    dv.sums asks nothing of dO): zeros pass, a dK of no queries that is not 0 fails."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, queries, 8)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, keys, 8)).astype(np.float16) for _ in range(2))
+    dout = rng.standard_normal((1, 2, queries, 8)).astype(np.float16)
+    spec = build_spec(q, k, v, options=parse_options({}))
+    zeros = [
+        Expected(n, np.zeros_like(x), f"{n}.npy") for n, x in (("dq", q), ("dk", k), ("dv", v))
+    ]
+    checks = gradient_checks(spec, zeros, dout, CheckSettings(), "float16")
+    assert [c.name for c in checks if c.status != "pass"] == []
+    if queries == 0:
+        wrong = [Expected("dk", np.ones_like(k), "dk.npy")]
+        (finite, close) = gradient_checks(spec, wrong, dout, CheckSettings(), "float16")
+        assert (finite.status, close.status) == ("pass", "fail")

@@ -71,3 +71,11 @@ def test_odd_slices_keep_their_neighbours_bits() -> None:
     for k in range(3):
         r.put(k, 1, reference[k])
     assert np.allclose(np.asarray(r), reference, rtol=2.0**-11, atol=0)
+
+
+def test_slices_with_no_values_are_slices_still() -> None:
+    """(1, 2, 0, 8): two slices of no values put and read back without an error."""
+    r = Residual(np.zeros((1, 2, 0, 8), np.float16), 2)
+    assert r.n == 2
+    r.put(1, 1, np.zeros((0, 8)))
+    assert np.asarray(r).shape == (1, 2, 0, 8)
