@@ -303,55 +303,16 @@ def build(case: gk.Case, root: Path, wanted: Any) -> tuple[Built | None, list[Ru
     if case.inject:
         exports += [gk.inject(faithful, b, exact) for b in gk.export_bugs(faithful)]
     exports += [case.run(b) for b in case.bugs if wanted(f"{case.key}/{b}")]
+    runs = _runs(exports, folder, paths, wanted)
+    return _built(exports, gk.relative_error(faithful, exact)), runs
+
+
+def _runs(exports: list[gk.Export], folder: Path, paths: dict[str, Path], wanted: Any) -> list[Run]:
+    """A run of `sdpa check` for each export --only keeps: the faithful one (first,
+    saved at `paths`) and the others, saved under folder by their bug beside it."""
+    faithful = exports[0]
     runs = []
     for export in exports:
-        if not wanted(export.name):
-            continue
-        mine = (
-            paths
-            if export is faithful
-            else gk.save(export, folder / str(export.bug), (faithful, paths))
-        )
-        args = [*gk.check_args(mine, export.flags), "--format", "json"]
-        runs.append(
-            Run(
-                export.name,
-                export.kernel,
-                export.dtype,
-                export.case,
-                export.bug,
-                args,
-                expected=gk.expected_exit(export.bug),
-                place=place(export),
-            )
-        )
-    built = Built(
-        faithful.name,
-        {n: list(a.shape) for n, a in faithful.arrays.items()},
-        list(faithful.flags),
-        gk.relative_error(faithful, exact),
-        [str(e.bug) for e in exports[1:]],
-    )
-    return built, runs
-
-
-def build_backward(
-    case: gk.BackwardCase, root: Path, wanted: Any
-) -> tuple[Built | None, list[Run]]:
-    """A backward case's faithful export and its slips, written under root; the runs
-    --only keeps."""
-    slips = (*gk.BACKWARD_SLIPS, *gk.DQ_SHIFT_SLIPS) if case.slips else ()
-    if not any(wanted(f"{case.key}/{b}") for b in ("faithful", *slips)):
-        return None, []
-    progress(f"building {case.key}")
-    faithful = case.run()
-    exact = gk.backward64(faithful)
-    folder = root / case.key
-    paths = gk.save(faithful, folder / "faithful")
-    applied = gk.backward_slips(faithful) if case.slips else ()
-    slipped = [gk.inject_backward(faithful, b, exact) for b in applied if wanted(f"{case.key}/{b}")]
-    runs = []
-    for export in [faithful, *slipped]:
         if not wanted(export.name):
             continue
         mine = (
@@ -374,14 +335,40 @@ def build_backward(
                 fit=fit,
             )
         )
-    built = Built(
+    return runs
+
+
+def _built(exports: list[gk.Export], error: float) -> Built:
+    """What was built: the faithful export (first), its error against float64, the bugs."""
+    faithful = exports[0]
+    return Built(
         faithful.name,
         {n: list(a.shape) for n, a in faithful.arrays.items()},
         list(faithful.flags),
-        gk.gradient_error(faithful, exact),
-        [str(e.bug) for e in slipped],
+        error,
+        [str(e.bug) for e in exports[1:]],
     )
-    return built, runs
+
+
+def build_backward(
+    case: gk.BackwardCase, root: Path, wanted: Any
+) -> tuple[Built | None, list[Run]]:
+    """A backward case's faithful export and its slips, written under root; the runs
+    --only keeps."""
+    slips = (*gk.BACKWARD_SLIPS, *gk.DQ_SHIFT_SLIPS) if case.slips else ()
+    if not any(wanted(f"{case.key}/{b}") for b in ("faithful", *slips)):
+        return None, []
+    progress(f"building {case.key}")
+    faithful = case.run()
+    exact = gk.backward64(faithful)
+    folder = root / case.key
+    paths = gk.save(faithful, folder / "faithful")
+    applied = gk.backward_slips(faithful) if case.slips else ()
+    slipped = [gk.inject_backward(faithful, b, exact) for b in applied if wanted(f"{case.key}/{b}")]
+    exports = [faithful, *slipped]
+    return _built(exports, gk.gradient_error(faithful, exact)), _runs(
+        exports, folder, paths, wanted
+    )
 
 
 def place(export: gk.Export) -> tuple[tuple[int, int], int | None] | None:
