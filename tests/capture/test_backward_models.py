@@ -6,13 +6,12 @@ backward broken (dK twice too large), and the check names that layer and dk alon
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from clirunner import invoke
+from captured import check, failures
 
 from sdpa_cli.capture import capture
 
@@ -53,23 +52,6 @@ def train_step(model: Any, **inputs: Any) -> list[Any]:
     model.zero_grad(set_to_none=True)
     model(input_ids=tokens, labels=tokens, **inputs).loss.backward()
     return [p.grad.clone() for p in model.parameters()]
-
-
-def check(folder: Path) -> tuple[int, dict[str, Any]]:
-    manifest = str(folder / "manifest.yaml")
-    result = invoke("check", "--manifest", manifest, "--jobs", "1", "--format", "json")
-    assert result.exit_code in (0, 1), result.output
-    report: dict[str, Any] = json.loads(result.stdout)
-    return result.exit_code, report
-
-
-def failures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
-    return [
-        (case["name"], c["name"], c["summary"])
-        for case in report["cases"]
-        for c in case["checks"] or []
-        if not c["passed"]
-    ]
 
 
 def checked(case: dict[str, Any]) -> set[str]:

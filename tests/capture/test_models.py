@@ -11,7 +11,6 @@ torch's SDPA. Each in float32 and bfloat16.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from clirunner import invoke
+from captured import check, failures
 
 from sdpa_cli.capture import capture
 
@@ -148,24 +147,6 @@ def captured(name: str, dtype: str, root: Path) -> tuple[Path, Any, Any]:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("captures")
-
-
-def check(folder: Path) -> tuple[int, dict[str, Any]]:
-    """`sdpa check --manifest` with its default settings: exit code and JSON report."""
-    manifest = str(folder / "manifest.yaml")
-    result = invoke("check", "--manifest", manifest, "--jobs", "1", "--format", "json")
-    assert result.exit_code in (0, 1), result.output
-    report: dict[str, Any] = json.loads(result.stdout)
-    return result.exit_code, report
-
-
-def failures(report: dict[str, Any]) -> list[tuple[str, str, str]]:
-    return [
-        (case["name"], c["name"], c["summary"])
-        for case in report["cases"]
-        for c in case["checks"] or []
-        if not c["passed"]
-    ]
 
 
 def calls_of(folder: Path) -> list[dict[str, Any]]:
