@@ -413,22 +413,30 @@ def test_a_run_of_gradients_alone_names_its_float64_reference() -> None:
     assert report.passed
 
 
-def test_dropout_not_replayed_in_the_backward_is_named() -> None:
-    """With --dropout 0.2 (sdpa's own Philox mask, seed 3), gradients computed as if
-    nothing dropped: the exact ones of the same inputs without dropout."""
+DROPOUT = {"dropout": 0.2, "seed": 3}  # sdpa's own Philox mask
+
+
+def dropout_judged(exact_with: dict[str, Any], names: tuple[str, ...]) -> dict[str, Check]:
+    """float16 Q, K, V under --dropout 0.2 (seed 3), their exact gradients of the
+    options ``exact_with`` rounded to float16 as a kernel exports them, judged."""
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float16) for _ in range(3))
     dout = rng.standard_normal((1, 2, 16, 8))
-    spec = build_spec(q, k, v, options=parse_options({"dropout": 0.2, "seed": 3}))
+    spec = build_spec(q, k, v, options=parse_options(DROPOUT))
     wide = [np.asarray(x, np.float64) for x in (q, k, v)]
-    undropped = backward(
-        build_spec(*wide, options=parse_options({})), make_dout(spec, dout, 0, "--dout")
+    exact = backward(
+        build_spec(*wide, options=parse_options(exact_with)), make_dout(spec, dout, 0, "--dout")
     )
     exports = [
-        Expected(n, np.asarray(getattr(undropped, n)).astype(np.float16), f"{n}.npy")
-        for n in ("dq", "dv")
+        Expected(n, np.asarray(getattr(exact, n)).astype(np.float16), f"{n}.npy") for n in names
     ]
-    checks = {c.name: c for c in gradient_checks(spec, exports, dout, CheckSettings(), "float16")}
+    return {c.name: c for c in gradient_checks(spec, exports, dout, CheckSettings(), "float16")}
+
+
+def test_dropout_not_replayed_in_the_backward_is_named() -> None:
+    """Gradients computed as if nothing dropped: the exact ones of the same inputs
+    without dropout."""
+    checks = dropout_judged({}, ("dq", "dv"))
     for name in ("dq", "dv"):
         hint = checks[f"{name}.close"].hint
         assert hint is not None
@@ -436,23 +444,10 @@ def test_dropout_not_replayed_in_the_backward_is_named() -> None:
 
 
 def test_dropout_replayed_passes() -> None:
-    """The exact gradients with the same dropout mask (float16-rounded): they pass, the
-    plain backward replaying the mask as the kernel did."""
-    rng = np.random.default_rng(7)
-    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float16) for _ in range(3))
-    dout = rng.standard_normal((1, 2, 16, 8))
-    spec = build_spec(q, k, v, options=parse_options({"dropout": 0.2, "seed": 3}))
-    wide = [np.asarray(x, np.float64) for x in (q, k, v)]
-    exact = backward(
-        build_spec(*wide, options=parse_options({"dropout": 0.2, "seed": 3})),
-        make_dout(spec, dout, 0, "--dout"),
-    )
-    exports = [
-        Expected(n, np.asarray(getattr(exact, n)).astype(np.float16), f"{n}.npy")
-        for n in ("dq", "dk", "dv")
-    ]
-    checks = gradient_checks(spec, exports, dout, CheckSettings(), "float16")
-    assert [c.name for c in checks if c.status != "pass"] == []
+    """The exact gradients with the same dropout mask: they pass, the plain backward
+    replaying the mask as the kernel did."""
+    checks = dropout_judged(DROPOUT, ("dq", "dk", "dv"))
+    assert [n for n, c in checks.items() if c.status != "pass"] == []
 
 
 def test_dv_sums_count_the_rows_a_finite_mask_weighs_alike() -> None:
