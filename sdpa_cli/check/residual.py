@@ -35,23 +35,12 @@ RUN = 1 << 16
 """Values read at a time when a slice is put: temporaries of 512 KiB."""
 
 
-class Residual:
-    """The reference of an export ``(n slices, m values each)`` kept as the export
-    plus a scaled float16 difference; filled a slice at a time (:meth:`put`), read as
-    float64 in any shape of the same elements (:meth:`reshape`)."""
+class _View:
+    """The float64 array a :class:`Residual` stands for, read as ``shape`` (its
+    elements in C order, any shape of them)."""
 
-    def __init__(self, export: NDArray[Any], slices: int) -> None:
-        self.shape = tuple(export.shape)
-        lead = self.shape[: max(len(self.shape) - slices, 0)]
-        self.m = math.prod(self.shape[len(lead) :])
-        """Values a slice."""
-        self._export = np.asarray(export).reshape(-1)  # a view where it is contiguous
-        self._difference = np.zeros(math.prod(self.shape), np.float16)
-        # a bit an element: the value held is the reference itself (scaled by its own)
-        self._itself = np.zeros((math.prod(self.shape) + 7) // 8, np.uint8)
-        self.n = max(math.prod(lead), 1)
-        """How many slices."""
-        self._scale = np.ones((2, self.n))  # the differences', the references
+    def __init__(self, of: Residual, shape: tuple[int, ...]) -> None:
+        self.of, self.shape = of, tuple(shape)
 
     @property
     def ndim(self) -> int:
@@ -60,6 +49,52 @@ class Residual:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    def reshape(self, *shape: Any) -> _View:
+        want = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return _View(self.of, _resolved(tuple(int(x) for x in want), self.size))
+
+    def __getitem__(self, index: Any) -> F64:
+        if index is Ellipsis:
+            return self.of.flat(0, self.size).reshape(self.shape)
+        if isinstance(index, slice):  # a run along the first axis
+            start, stop, step = index.indices(self.shape[0] if self.shape else 1)
+            if step != 1:
+                raise IndexError("a Residual is read in contiguous runs")
+            inner = math.prod(self.shape[1:])
+            stop = max(stop, start)
+            values = self.of.flat(start * inner, stop * inner)
+            return values.reshape(stop - start, *self.shape[1:])
+        whole_index = isinstance(index, tuple) and len(index) == len(self.shape)
+        if whole_index and all(isinstance(i, (int, np.integer)) for i in index):
+            at = int(np.ravel_multi_index(index, self.shape))
+            return self.of.flat(at, at + 1).reshape(())
+        if isinstance(index, (int, np.integer)):
+            return self[(int(index),)] if self.ndim == 1 else self[slice(index, index + 1)][0]
+        raise IndexError(f"a Residual is not read at {index!r}")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> F64:
+        whole = self[...]
+        return whole if dtype is None else whole.astype(dtype)
+
+
+class Residual(_View):
+    """The reference of an export ``(n slices, m values each)`` kept as the export
+    plus a scaled float16 difference; filled a slice at a time (:meth:`put`), read as
+    the float64 array it stands for (:class:`_View`: ``reshape``, indexing)."""
+
+    def __init__(self, export: NDArray[Any], slices: int) -> None:
+        super().__init__(self, tuple(export.shape))
+        lead = self.shape[: max(len(self.shape) - slices, 0)]
+        self.m = math.prod(self.shape[len(lead) :])
+        """Values a slice."""
+        self.n = max(math.prod(lead), 1)
+        """How many slices."""
+        self._export = np.asarray(export).reshape(-1)  # a view where it is contiguous
+        self._difference = np.zeros(self.size, np.float16)
+        # a bit an element: the value held is the reference itself (scaled by its own)
+        self._itself = np.zeros((self.size + 7) // 8, np.uint8)
+        self._scale = np.ones((2, self.n))  # the differences', the references'
 
     def put(self, k: int, count: int, reference: F64) -> None:
         """The reference of slices ``k`` to ``k + count`` (any shape of their values),
@@ -120,60 +155,6 @@ class Residual:
             out: F64 = np.where(itself.astype(bool), held * scales[1], a + held * scales[0])
         return out
 
-    def reshape(self, *shape: Any) -> _View:
-        return _View(self, self.shape, (0, self.size)).reshape(*shape)
-
-    def __getitem__(self, index: Any) -> F64:
-        return _View(self, self.shape, (0, self.size))[index]
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> F64:
-        whole = self.flat(0, self.size).reshape(self.shape)
-        return whole if dtype is None else whole.astype(dtype)
-
-
-class _View:
-    """A reshaped reading of a :class:`Residual` (elements ``span`` of it, C order)."""
-
-    def __init__(self, of: Residual, shape: tuple[int, ...], span: tuple[int, int]) -> None:
-        self.of, self.span = of, span
-        self.shape = tuple(shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return self.span[1] - self.span[0]
-
-    def reshape(self, *shape: Any) -> _View:
-        want = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return _View(self.of, _resolved(tuple(int(x) for x in want), self.size), self.span)
-
-    def __getitem__(self, index: Any) -> F64:
-        lo, hi = self.span
-        if index is Ellipsis:
-            return self.of.flat(lo, hi).reshape(self.shape)
-        if isinstance(index, slice):  # a run along the first axis
-            start, stop, step = index.indices(self.shape[0] if self.shape else 1)
-            if step != 1:
-                raise IndexError("a Residual is read in contiguous runs")
-            inner = math.prod(self.shape[1:])
-            stop = max(stop, start)
-            values = self.of.flat(lo + start * inner, lo + stop * inner)
-            return values.reshape(stop - start, *self.shape[1:])
-        whole_index = isinstance(index, tuple) and len(index) == len(self.shape)
-        if whole_index and all(isinstance(i, (int, np.integer)) for i in index):
-            at = lo + int(np.ravel_multi_index(index, self.shape))
-            return self.of.flat(at, at + 1).reshape(())
-        if isinstance(index, (int, np.integer)):
-            return self[(int(index),)] if self.ndim == 1 else self[slice(index, index + 1)][0]
-        raise IndexError(f"a Residual is not read at {index!r}")
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> F64:
-        whole = self[...]
-        return whole if dtype is None else whole.astype(dtype)
-
 
 def _resolved(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
     """``shape`` with its one -1 worked out for ``size`` elements.
@@ -189,5 +170,5 @@ def _resolved(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
     return shape
 
 
-Readable = NDArray[Any] | Residual | _View
+Readable = NDArray[Any] | _View
 """What the comparisons read a chunk at a time: an array, or a reference so held."""
