@@ -60,7 +60,7 @@ terms' magnitudes), and 8 is over twice that."""
 
 GRADIENT_FLOOR_ULPS = 4.0
 """The floor of a gradient's allowance, in ulp of the sum of its terms' magnitudes
-(:class:`~sdpa_cli.engine.grad_plain.PlainGradients`), where the output's is 2 ulp of
+(:class:`~sdpa_cli.engine.grad_plain.PlainSlice`), where the output's is 2 ulp of
 its row's scale: a kernel stores P, dS and dO in 16 bits as the plain computation
 does, but rounds them otherwise, and in a slice of a few rows the plain computation's
 largest error is a poor guess of that. At 2 ulp, PyTorch's fused bfloat16 backward

@@ -34,21 +34,13 @@ from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 
 
-class PlainGradients(NamedTuple):
-    """The plain backward's gradients, and the magnitudes of the terms each element
-    is summed from (dQ's: Σ_j |dS_ij| · |K_j| · f with |dS| bounded by P ⊙ (|dA| +
-    |D|), so that dS's own cancellation counts; dV's: Σ_i P_ij · |dO_i|): the scale
-    of the rounding any order of the sums makes, which cancellation hides from the
-    gradient's own magnitude. By name, in the engine's layout."""
-
-    values: dict[str, NDArray[np.floating[Any]]]
-    terms: dict[str, NDArray[np.float32]]
-
-
 class PlainSlice(NamedTuple):
     """One finished slice of a gradient of :func:`plain_slices`: its name, its index in
     the operand's leading axes (``()`` for d(bias) and d(sinks), handed over whole),
-    its values in the format and its terms' magnitudes."""
+    its values in the format, and the magnitudes of the terms each value is summed
+    from (dQ's: Σ_j |dS_ij| · |K_j| · f with |dS| bounded by P ⊙ (|dA| + |D|), so that
+    dS's own cancellation counts; dV's: Σ_i P_ij · |dO_i|): the scale of the rounding
+    any order of the sums makes, which cancellation hides from the value itself."""
 
     name: str
     at: Index
@@ -56,24 +48,21 @@ class PlainSlice(NamedTuple):
     terms: NDArray[np.float32]
 
 
-def plain_backward(spec: AttentionSpec, dout: F64) -> PlainGradients:
+def plain_backward(spec: AttentionSpec, dout: F64) -> dict[str, NDArray[np.floating[Any]]]:
     """dQ, dK and dV (the engine's layout: shaped like ``spec.q``, ``spec.k``,
     ``spec.v``), and d(bias) and d(sinks) when the computation has them, of
     ``Σ O ⊙ dO`` as a kernel in ``spec.options.dtype`` computes them plainly
-    (:func:`plain_slices`, gathered whole)."""
+    (:func:`plain_slices`, gathered whole), by name."""
     values: dict[str, NDArray[np.floating[Any]]] = {}
-    terms: dict[str, NDArray[np.float32]] = {}
     shapes = {n: getattr(spec, OPERAND[n]).shape for n in ("dq", "dk", "dv")}
     for part in plain_slices(spec, dout):
-        if part.at == () and part.name not in shapes:  # d(bias), d(sinks): whole
-            values[part.name], terms[part.name] = part.values, part.terms
+        if part.name not in shapes:  # d(bias), d(sinks): whole
+            values[part.name] = part.values
             continue
         if part.name not in values:
             values[part.name] = np.zeros(shapes[part.name], part.values.dtype)
-            terms[part.name] = np.zeros(shapes[part.name], np.float32)
         values[part.name][part.at] = part.values
-        terms[part.name][part.at] = part.terms
-    return PlainGradients(values, terms)
+    return values
 
 
 def plain_slices(
