@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 from sdpa_cli.check.records import Expected
 from sdpa_cli.engine import positions, precision
 from sdpa_cli.engine.block import softmax_lse
+from sdpa_cli.engine.grad import OPERAND
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import input_dtypes
 from sdpa_cli.engine.trace import Trace, merge_heads
@@ -91,22 +92,27 @@ def fit_expected(spec: AttentionSpec, exp: Expected) -> Fitted:
     want = " or ".join(str(s) for s in expected_shapes(spec, exp.name))
     raise SpecError(
         exp.label,
-        f"has shape {got}; the computation's {exp.name} is {want}{_layout_hint(spec, exp.name, got)}",
+        f"has shape {got}; the computation's {exp.name} is {want}{layout_hint(spec, exp.name, got)}",
     )
 
 
-def _layout_hint(spec: AttentionSpec, name: str, got: tuple[int, ...]) -> str:
-    """Where an export's shape is the computation's with the head and query axes
-    swapped: the words that say so (a (B, L, H, E) file beside (B, H, L, E) inputs, or
-    the other way round), else ``""``."""
-    if name not in ("output", "lse") or spec.options.heads is not None:
+def layout_hint(spec: AttentionSpec, name: str, got: tuple[int, ...]) -> str:
+    """Where an export's shape (the output, the LSE, a gradient) is the computation's
+    with the head and query axes swapped: the words that say so (a (B, L, H, E) file
+    beside (B, H, L, E) inputs, or the other way round), else ``""``."""
+    if spec.options.heads is not None:
         return ""
-    shape = spec.merged_output_shape if spec.output_rearranged else spec.output_shape
-    if name == "lse":
-        shape = (*spec.lead, spec.L)
+    if OPERAND.get(name) in ("q", "k", "v"):  # a gradient: shaped as its input's file
+        shape = tuple(spec.shapes.get(OPERAND[name], ()))
+    elif name in ("output", "lse"):
+        shape = spec.merged_output_shape if spec.output_rearranged else spec.output_shape
+        if name == "lse":
+            shape = (*spec.lead, spec.L)
+    else:
+        return ""
     if len(shape) < 3 or len(got) != len(shape):
         return ""
-    axes = (-3, -2) if name == "output" else (-2, -1)
+    axes = (-2, -1) if name == "lse" else (-3, -2)
     swapped = list(shape)
     swapped[axes[0]], swapped[axes[1]] = swapped[axes[1]], swapped[axes[0]]
     if got != tuple(swapped) or got == shape:

@@ -29,6 +29,7 @@ from sdpa_cli.check.exports import (
     as_naive,
     as_seen_by_kernel,
     engine_layout,
+    layout_hint,
     loaded_index,
     strip_ones,
 )
@@ -312,7 +313,11 @@ def _fitted(spec: AttentionSpec, e: Expected) -> F64:
     want = tuple(spec.shapes[operand])
     got = tuple(e.values.shape)
     if got != want and strip_ones(got) != strip_ones(want):
-        raise SpecError(e.label, f"has shape {got}; {e.name} is shaped as its input, {want}")
+        raise SpecError(
+            e.label,
+            f"has shape {got}; {e.name} is shaped as its input, {want}"
+            f"{layout_hint(spec, e.name, got)}",
+        )
     return np.asarray(e.values).reshape(want)  # read as float64 a block at a time
 
 

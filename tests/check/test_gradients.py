@@ -188,6 +188,16 @@ def test_a_gradient_needs_dout_and_its_inputs_shape() -> None:
         gradient_checks(spec, [wrong], arrays["dout"], CheckSettings(), "float16")
 
 
+def test_a_gradient_saved_in_flash_attentions_layout_is_named_so() -> None:
+    """flash_attn's gradients are (B, L, H, E): beside (B, H, L, E) inputs the refusal
+    says which axes to swap, as it does for an output."""
+    arrays = torch_backward("float16", "fused")
+    spec = build_spec(arrays["q"], arrays["k"], arrays["v"], options=parse_options({}))
+    dk = Expected("dk", np.swapaxes(arrays["dk"], 1, 2), "dk.npy")
+    with pytest.raises(SpecError, match=r"looks saved as \(B, L, H, E\) \(FlashAttention's"):
+        gradient_checks(spec, [dk], arrays["dout"], CheckSettings(), "float16")
+
+
 def test_the_plain_backward_in_float64_is_the_backward_pass() -> None:
     """With no format to round to, the plain backward computes what the float64 pass
     does, to rounding."""
