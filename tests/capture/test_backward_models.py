@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from captured import check, failures
+from captured import SIZES, check, failures
 
 from sdpa_cli.capture import capture
 
@@ -19,16 +19,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 Function: Any = torch.autograd.Function
 
-SIZES: dict[str, Any] = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "initializer_range": 0.1,  # Q and K entries of order 1: weights far from uniform
-}
 BATCH, LENGTH = 2, 20
 LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
 BACKWARD_CHECKS = {"dq.close", "dk.close", "dv.close", "dv.sums"}

@@ -19,25 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from captured import check, failures
+from captured import SIZES, check, failures
 
 from sdpa_cli.capture import capture
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-SIZES: dict[str, Any] = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    # Q and K entries of order 1: the default 0.02 gives near-uniform weights, which hide
-    # most bugs.
-    "initializer_range": 0.1,
-}
 BATCH, LENGTH, PADDING = 2, 20, 5
 WINDOW = 8  # shorter than LENGTH: the sliding window hides keys
 DTYPES = ("float32", "bfloat16")
