@@ -215,6 +215,9 @@ MASK_TRUE_MEANS = ("attend", "masked")
 LAYOUTS = ("bhsd", "bshd")
 """How Q, K, V (and the output) lay out their last three axes (``--layout``)."""
 
+BACKENDS = ("numpy", "torch")
+"""The array libraries that compute (``--backend``; ``auto`` picks one of them)."""
+
 MASK_VALUE_NAMES = ("-inf", "finfo-min")
 """``--mask-value``'s words (besides a number)."""
 

@@ -28,6 +28,7 @@ from sdpa_cli.api.judge import judge
 from sdpa_cli.check.records import CheckReport, Expected, failure_lines
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.engine.arrays import resolve, using
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
 from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.names import EXPORTS, GRADIENTS
@@ -147,6 +148,8 @@ def assert_attention_close(
     fail_on_severity: str | None = None,
     equal_nan: bool = False,
     thresholds: Thresholds | None = None,
+    backend: str = "auto",
+    device: str | None = None,
     **options: Any,
 ) -> CheckReport:
     """Assert that exported attention tensors match a recomputed reference.
@@ -168,6 +171,13 @@ def assert_attention_close(
     kernel's forward and backward share their inputs and options, ``sdpa check``
     judges both in one run, and one call gives one report of both.
 
+    The reference is computed by ``backend`` on ``device`` (``auto``: torch on the
+    tensors' device when ``q``, ``k`` or ``v`` is a torch tensor on a GPU, numpy on the
+    host otherwise, the faster on a CPU; ``backend="torch", device="cuda"`` takes numpy
+    arrays to the GPU): see
+    :mod:`~sdpa_cli.engine.arrays`. The report says which (``report.backend``,
+    ``report.device``).
+
     Returns:
         The report, when every check passed.
 
@@ -183,6 +193,7 @@ def assert_attention_close(
     given |= {"output": output, "weights": weights, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
     given |= {"dbias": dbias, "dsinks": dsinks}
     _check_gradients(given)
+    computing = resolve(backend, device, (q, k, v))
     arrays: dict[str, NDArray[Any]] = {}
     dtypes: set[str] = set()
     for name, value in given.items():
@@ -215,7 +226,10 @@ def assert_attention_close(
         **chosen,
     )
     expected = [Expected(n, arrays[n], n) for n in EXPORTS if n in arrays]
-    report = judge(spec, expected, settings, thresholds, dout=arrays.get("dout"), dout_label="dout")
+    with using(computing):
+        report = judge(
+            spec, expected, settings, thresholds, dout=arrays.get("dout"), dout_label="dout"
+        )
     if not report.passed:
         raise AssertionError(report_text(report))
     return report

@@ -25,6 +25,7 @@ from sdpa_cli.check.records import CaseResult, Check, CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings, Overrides
 from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.engine.arrays import using
 from sdpa_cli.engine.driver import Progress
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.errors import SdpaError, SpecError
@@ -109,7 +110,7 @@ def check_case(
         expected = load_expected(dict(case.expect))
         partials = load_partials(case.partials) if case.partials is not None else None
         dout = load_array(case.dout, name="dout") if case.dout is not None else None
-    with watch(spec, "checking") as progress:
+    with watch(spec, "checking") as progress, using(over.backend):
         report = judge(
             spec,
             expected,

@@ -108,6 +108,10 @@ class CheckReport:
     reference: str
     gate: tuple[str, ...]
     fail_on_severity: str | None
+    backend: str = "numpy"
+    """The library that computed the reference's lean pass (``numpy``, ``torch``)."""
+    device: str = "cpu"
+    """Where it computed it (``cpu``, ``cuda:0``)."""
 
     @property
     def passed(self) -> bool:

@@ -52,6 +52,7 @@ from sdpa_cli.check.relative import Judgement, factor_for, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
+from sdpa_cli.engine.arrays import current
 from sdpa_cli.engine.block import block_lse, native_dtype
 from sdpa_cli.engine.driver import Place, Progress, sweep
 from sdpa_cli.engine.forward import first_moments, forward, query_block
@@ -229,7 +230,7 @@ def run_checks(
     )
     checks: list[Check] = []
     if expected:
-        against = _compared_with(spec, settings, fitted, export, ref_spec, naive_spec, found)
+        against = _compared_with(spec, settings, fitted, export, ref_spec, naive_spec, found, jobs)
         fitted = {n: absent_from_reference(spec, f, against.values[n]) for n, f in fitted.items()}
         checks = _export_checks(spec, fitted, against, found, settings.equal_nan)
         checks = with_hints(checks, spec, settings, fitted, against.values, export, ref_format)
@@ -242,6 +243,8 @@ def run_checks(
         reference=ref_format,
         gate=gated,
         fail_on_severity=settings.fail_on_severity,
+        backend=current().name,
+        device=current().device,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
+from sdpa_cli.engine.arrays import NUMPY, Backend, current
 from sdpa_cli.engine.options import parse_bool, parse_number
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.files.config import ConfigFile, read_config
@@ -252,6 +253,8 @@ class Overrides:
     allow_outside: bool = False
     """Whether a manifest's files may name files outside their folder (``--allow-outside``):
     carried to the workers, which read the case files."""
+    backend: Backend = NUMPY
+    """What computes each case (``--backend``, ``--device``): carried to the workers."""
 
     @classmethod
     def given(
@@ -275,6 +278,7 @@ class Overrides:
             option_flags={k: v for k, v in (options or {}).items() if v is not None},
             thresholds=read_thresholds(thresholds or {}, config=config_file),
             allow_outside=outside_allowed(),
+            backend=current(),
         )
 
     def settings(self, case: Mapping[str, Any] | None = None) -> CheckSettings:

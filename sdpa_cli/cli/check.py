@@ -11,8 +11,10 @@ from sdpa_cli.api.outputs import PICTURES, REPORTS
 from sdpa_cli.cli.completion import files, finding_kinds, word_list, words
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
+    Computing,
     PositiveFinite,
     case_options,
+    computing_options,
     diagnostic_options,
     format_option,
     grouped,
@@ -138,12 +140,9 @@ QUIET_OPTION = click.option(
 @case_options(judged=True, required=False)
 @grouped("settings", dict, SETTINGS_OPTIONS)
 @grouped("manifest", _manifest_run, MANIFEST_OPTIONS)
-@click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="Threads computing the blocks of a case, or cases run at once with --manifest "
-    "(default: the number of cores).",
+@computing_options(
+    "Threads computing the blocks of a case, or cases run at once with --manifest "
+    "(default: the number of cores)."
 )
 @format_option("A summary for a person, or one JSON object on stdout.")
 @output_files(*REPORTS, *PICTURES, what="the summary")
@@ -154,7 +153,7 @@ def check(
     case: Case,
     settings: dict[str, Any],
     manifest: ManifestRun | None,
-    jobs: int | None,
+    computing: Computing,
     fmt: str,
     outputs: Outputs,
     quiet: bool,
@@ -180,13 +179,15 @@ def check(
       sdpa check --manifest checks.yaml --cluster tcp://10.0.0.5:8786
       sdpa check --manifest checks.yaml --shard 2/4 --report shard-2.json
     """
-    start_engine(jobs)
+    start_engine(computing)
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.check import run_check
     from sdpa_cli.check.settings import Overrides
 
     over = Overrides.given(thresholds, settings, case.options)
-    run = run_check(case, over, manifest=manifest, outputs=outputs, jobs=jobs, watch=progress_bar)
+    run = run_check(
+        case, over, manifest=manifest, outputs=outputs, jobs=computing.jobs, watch=progress_bar
+    )
     write_reports(run, outputs, color)
     code = decided(run.exit_code)  # the verdict is kept when the reader leaves early (| head)
     show_results(run, fmt, color, quiet=quiet)

@@ -14,9 +14,10 @@ from sdpa_cli.cli.options import (
     DISPLAY_OPTIONS,
     EXIT_CODES_HELP,
     FORMAT_OPTION,
-    JOBS_OPTION,
+    Computing,
     ViewFlags,
     case_options,
+    computing_options,
     diagnostic_options,
     output_files,
     view_options,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     help="Instead of the stages: what each framework (torch, flash, jax, onnx, hf) would "
     "output for this case under its own conventions, and where they disagree.",
 )
-@JOBS_OPTION
+@computing_options()
 def compute(
     case: Case,
     thresholds: dict[str, str | None],
@@ -61,7 +62,7 @@ def compute(
     outputs: Outputs,
     fmt: str,
     frameworks: bool,
-    jobs: int | None,
+    computing: Computing,
 ) -> None:
     """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
 
@@ -78,7 +79,7 @@ def compute(
       sdpa compute q.npy k.npy v.npy --dtype float16
       sdpa compute samples/cross.yaml --causal --window 2,0 --frameworks
     """
-    threads = start_engine(jobs)
+    threads = start_engine(computing)
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.compute import compute as run_compute
     from sdpa_cli.api.compute import compute_writers

@@ -14,12 +14,13 @@ from sdpa_cli.cli.options import (
     COLOR_OPTION,
     EXIT_CODES_HELP,
     FORMAT_OPTION,
-    JOBS_OPTION,
     KEYS_OPTION,
     MAX_ROWS_OPTION,
     PRECISION_OPTION,
+    Computing,
     ViewFlags,
     case_options,
+    computing_options,
     diagnostic_options,
     grouped,
     output_files,
@@ -107,7 +108,7 @@ SLICE_OPTIONS = [
     what="the trace",
     plot="Also write heatmaps of every stage (needs matplotlib: pip install matplotlib).",
 )
-@JOBS_OPTION
+@computing_options()
 def explain(
     case: Case,
     thresholds: dict[str, str | None],
@@ -116,7 +117,7 @@ def explain(
     color: bool | None,
     fmt: str,
     outputs: Outputs,
-    jobs: int | None,
+    computing: Computing,
 ) -> None:
     """Walk one (batch, head) slice through every stage, saying what each did.
 
@@ -135,7 +136,7 @@ def explain(
       sdpa explain samples/causal.yaml --backward --dout random
       sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116
     """
-    threads = start_engine(jobs)
+    threads = start_engine(computing)
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.explain import explain as run_explain
     from sdpa_cli.api.explain import shown_rows

@@ -14,14 +14,15 @@ from sdpa_cli.cli.options import (
     EXIT_CODES_HELP,
     FORMAT_OPTION,
     HEAD_OPTION,
-    JOBS_OPTION,
     KEYS_OPTION,
     MAX_ROWS_OPTION,
     MAX_SLICES_OPTION,
     PRECISION_OPTION,
+    Computing,
     PositiveFinite,
     ViewFlags,
     case_options,
+    computing_options,
     diagnostic_options,
     grouped,
     output_files,
@@ -113,7 +114,7 @@ VIEW_OPTIONS = [
     what="the tables",
     save="Write dq, dk, dv (and dbias), each shaped as its input, and dout, atomically.",
 )
-@JOBS_OPTION
+@computing_options()
 def grad(
     case: Case,
     dout: str,
@@ -124,7 +125,7 @@ def grad(
     color: bool | None,
     fmt: str,
     outputs: Outputs,
-    jobs: int | None,
+    computing: Computing,
 ) -> int:
     """Compute dQ, dK, dV (and d(bias)) of the loss Σ O ⊙ dO, and judge the gradients' health.
 
@@ -139,7 +140,7 @@ def grad(
       sdpa grad q.npy k.npy v.npy --causal --dout random --seed 1 --check-numeric
       sdpa grad q.npy k.npy v.npy --dout dout.npy --save grads.npz --format json
     """
-    threads = start_engine(jobs)
+    threads = start_engine(computing)
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.grad import grad_writers, gradients
     from sdpa_cli.api.outputs import PICTURES, write_outputs

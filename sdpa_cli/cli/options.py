@@ -15,7 +15,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import click
 
@@ -23,7 +23,7 @@ from sdpa_cli.api.outputs import OUTPUT_FILES, Outputs
 from sdpa_cli.api.picks import check_slice, parse_rows, parse_stages
 from sdpa_cli.cli.attention import ATTENTION_OPTIONS
 from sdpa_cli.cli.completion import files, stage_names, word_list
-from sdpa_cli.names import EXPORTS, STAGES
+from sdpa_cli.names import BACKENDS, EXPORTS, STAGES
 
 if TYPE_CHECKING:
     from sdpa_cli.api.case import Case
@@ -90,12 +90,33 @@ COLOR_OPTION = click.option(
     default=None,
     help="Force color on or off (default: on for a terminal, off with NO_COLOR).",
 )
-JOBS_OPTION = click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="Threads computing blocks (default: the number of cores).",
+JOBS_HELP = "Threads computing blocks (default: the number of cores)."
+BACKEND_OPTION = click.option(
+    "--backend",
+    type=click.Choice(("auto", *BACKENDS)),
+    help="The library that computes the blocks: numpy (default), or torch on --device "
+    "(config: backend).",
 )
+DEVICE_OPTION = click.option(
+    "--device",
+    metavar="DEVICE",
+    help="Where torch computes: cpu, cuda, cuda:N (default cpu; config: device).",
+)
+
+
+class Computing(NamedTuple):
+    """``--jobs``, ``--backend`` and ``--device`` as given (None: not given)."""
+
+    jobs: int | None = None
+    backend: str | None = None
+    device: str | None = None
+
+
+def computing_options(jobs_help: str = JOBS_HELP) -> Callable[[F], F]:
+    """``--jobs``, ``--backend`` and ``--device``: what computes a command's blocks,
+    given to the command as one keyword, ``computing``."""
+    jobs = click.option("--jobs", type=click.IntRange(min=1), metavar="N", help=jobs_help)
+    return grouped("computing", Computing, (jobs, BACKEND_OPTION, DEVICE_OPTION))
 
 
 def format_option(help: str, choices: tuple[str, ...] = ("table", "json")) -> Callable[[F], F]:

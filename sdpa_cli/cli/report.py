@@ -15,7 +15,8 @@ from sdpa_cli.cli.check import show_results, write_reports
 from sdpa_cli.cli.completion import files
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
-    JOBS_OPTION,
+    Computing,
+    computing_options,
     diagnostic_options,
     format_option,
     output_files,
@@ -112,14 +113,14 @@ MODEL_EXIT_CODES_HELP = (
     "(cases with an expect-output).",
 )
 @format_option("Heatmap tables for a person, or one JSON object on stdout.")
-@JOBS_OPTION
+@computing_options()
 @diagnostic_options
 @COLOR_OPTION
 def model(
     manifest: str,
     metric: str,
     fmt: str,
-    jobs: int | None,
+    computing: Computing,
     thresholds: dict[str, str | None],
     color: bool | None,
 ) -> int:
@@ -144,7 +145,7 @@ def model(
       sdpa report model samples/model/manifest.yaml --metric sink_mass
       sdpa report model samples/model/manifest.yaml --metric all --format json
     """
-    threads = start_engine(jobs)
+    threads = start_engine(computing)
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.model import model_report
     from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds

@@ -26,13 +26,17 @@ if TYPE_CHECKING:
 BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def start_engine(jobs: int | None) -> int:
+def start_engine(computing: tuple[int | None, str | None, str | None]) -> int:
     """The engine's thread count; BLAS kept to one thread per engine thread: through
     the environment when numpy has not loaded yet (BLAS reads it at load), else at run
-    time (:func:`_one_blas_thread`). A thread count the user set wins."""
+    time (:func:`_one_blas_thread`). A thread count the user set wins. ``computing``:
+    ``--jobs``, ``--backend`` and ``--device``; the blocks are computed by the backend
+    on the device (the flags, else the config file's ``backend`` and ``device``, else
+    numpy)."""
     # imported here: the standard library only, and keeps sdpa --help fast
     from sdpa_cli.files.limits import check_address_space, cores, keep_freed_blocks
 
+    jobs, backend, device = computing
     n = jobs or cores()
     check_address_space(n)
     chosen = any(name in os.environ for name in BLAS_THREADS)
@@ -41,7 +45,23 @@ def start_engine(jobs: int | None) -> int:
     if not chosen and "numpy" in sys.modules:
         _one_blas_thread()
     keep_freed_blocks()
+    _use_backend(backend, device)  # after BLAS is told its threads: this loads numpy
     return n
+
+
+def _use_backend(backend: str | None, device: str | None) -> None:
+    """The flags over the config file's ``backend`` and ``device``, resolved (torch
+    imported, the device found) and used for the command's run."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.engine.arrays import resolve, use
+    from sdpa_cli.errors import SpecError
+    from sdpa_cli.files.config import read_config
+
+    source, raw = read_config()
+    for key, value in (("backend", backend), ("device", device)):
+        if value is None and key in raw and not isinstance(raw[key], str):
+            raise SpecError(f"{source}: {key}", f"expected text, got {type(raw[key]).__name__}")
+    use(resolve(backend or raw.get("backend", "auto"), device or raw.get("device")))
 
 
 def _one_blas_thread() -> None:

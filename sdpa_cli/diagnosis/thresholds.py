@@ -37,6 +37,10 @@ def _count(value: Any, where: str) -> int:
     return n
 
 
+ENGINE_KEYS = ("check", "backend", "device")
+"""The config file's top-level keys that are not thresholds: ``check``'s section, and
+what computes (``backend``, ``device``: :mod:`sdpa_cli.engine.arrays`)."""
+
 _PARSERS: dict[str, Any] = {
     "saturation": lambda v, w: _fraction(v, w, 0.5),
     "uniform": lambda v, w: _fraction(v, w, 0.0),
@@ -54,13 +58,13 @@ def thresholds(
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")
-        if name == "check":
-            continue  # sdpa check's own section
+        if name in ENGINE_KEYS:
+            continue  # sdpa check's own section; what computes (read by the command line)
         if name not in THRESHOLD_NAMES:
             raise SpecError(
                 f"{source}: {printable(str(key))}",
                 f"unknown setting; expected {', '.join(n.replace('_', '-') for n in THRESHOLD_NAMES)} "
-                "or a check section",
+                "backend, device or a check section",
             )
         values[name] = _PARSERS[name](value, f"{source}: {key}")
     for name, value in flags.items():

@@ -40,6 +40,10 @@ from sdpa_cli.engine.softmax import softmax as softmax
 from sdpa_cli.engine.softmax import softmax_lse as softmax_lse
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
+from sdpa_cli.engine.visible import block_part, seen_keys
+from sdpa_cli.engine.visible import sentinel_keys as sentinel_keys
+from sdpa_cli.engine.visible import visibility as visibility
+from sdpa_cli.engine.visible import visible_keys as visible_keys
 from sdpa_cli.names import STAGES
 
 
@@ -112,95 +116,6 @@ def applicable_stages(spec: AttentionSpec) -> tuple[str, ...]:
     return tuple(s for s in STAGES if s not in skip)
 
 
-def _part(a: NDArray[Any], rows: slice, keys: slice) -> NDArray[Any]:
-    """The block's rows and keys of a (L or 1, S or 1) mask/bias slice."""
-    a = a if a.shape[0] == 1 else a[rows]
-    return a if a.shape[1] == 1 else a[:, keys]
-
-
-def visibility(
-    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice | None = None
-) -> NDArray[np.bool_] | None:
-    """Which keys each query row of the block may attend to: every mask combined, or
-    None when no mask applies (every key is visible). These are the keys whose
-    logits the mask value replaces; a float mask's sentinels, which are added, are
-    :func:`sentinel_keys`."""
-    o = spec.options
-    keys = keys if keys is not None else full_keys(spec)
-    i0, i1 = rows.start, rows.stop
-    n_rows, S, L = i1 - i0, spec.S, spec.L
-    visible: NDArray[np.bool_] | None = None
-
-    def both(m: NDArray[np.bool_]) -> NDArray[np.bool_]:
-        return m if visible is None else visible & m
-
-    offset = positions.diagonal_offset(spec, lead_index)
-    docs = positions.documents(spec)
-    if docs is not None:  # the causal mask and window within each document
-        visible = masks.packed(
-            i0, i1, keys, *docs, causal=o.causal, window=o.window, align=o.causal_align
-        )
-    elif o.causal:
-        visible = both(masks.causal(i0, i1, L, S, keys=keys, offset=offset))
-    if docs is None and o.window is not None:
-        visible = both(masks.window(i0, i1, L, S, *o.window, keys=keys, offset=offset))
-    n_valid = positions.valid_keys(spec, lead_index)
-    if n_valid is not None:
-        visible = both(masks.key_padding(n_valid, n_rows, S, keys))
-    if o.query_lengths is not None:  # absent rows see no key
-        present = np.arange(i0, i1) < positions.valid_queries(spec, lead_index)
-        visible = both(np.broadcast_to(present[:, None], (n_rows, keys.stop - keys.start)))
-    if spec.mask_is_bool:
-        assert spec.mask is not None
-        allowed = _part(spec.mask[spec.operand_index("mask", lead_index)], rows, keys)
-        visible = both(~allowed if o.mask_true_means == "masked" else allowed)
-    if o.mask_mod is not None:
-        visible = both(expressions.mask_mod(o.mask_mod, lead_index, rows, keys))
-    if (same := positions.same_segment(spec, lead_index, rows, keys)) is not None:
-        visible = both(same)
-    if visible is not None:
-        visible = np.broadcast_to(visible, (n_rows, keys.stop - keys.start))
-    return visible
-
-
-def sentinel_keys(
-    spec: AttentionSpec,
-    lead_index: tuple[int, ...],
-    rows: slice,
-    keys: slice,
-    visible: NDArray[np.bool_] | None,
-) -> NDArray[np.bool_] | None:
-    """The keys of the block that a float mask's sentinel (≤ −1e4) hides and
-    ``visible`` (:func:`visibility`) leaves, or None when there are none."""
-    if not (spec.sentinels and spec.sentinels.values):
-        return None
-    assert spec.mask is not None
-    part = _part(spec.mask[spec.operand_index("mask", lead_index)], rows, keys)
-    shape = (rows.stop - rows.start, keys.stop - keys.start)
-    hit = np.broadcast_to(masks.hides(part), shape)
-    if visible is not None:
-        hit = hit & visible
-    return hit if hit.any() else None
-
-
-def visible_keys(
-    spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice, keys: slice | None = None
-) -> NDArray[np.bool_] | None:
-    """The keys each row of the block sees, as the findings and tables count them:
-    :func:`visibility` less the keys a float mask's sentinel hides (None: all)."""
-    keys = keys if keys is not None else full_keys(spec)
-    visible = visibility(spec, lead_index, rows, keys)
-    return _seen(visible, sentinel_keys(spec, lead_index, rows, keys, visible))
-
-
-def _seen(
-    visible: NDArray[np.bool_] | None, sentinel: NDArray[np.bool_] | None
-) -> NDArray[np.bool_] | None:
-    if sentinel is None:
-        return visible
-    return ~sentinel if visible is None else visible & ~sentinel
-
-
 def native_dtype(spec: AttentionSpec, emulate: bool = True) -> np.dtype[Any] | None:
     """The numpy dtype a block is computed in directly: float64, or float32 when every
     format of an emulated run is float32; None when a narrower format must be emulated
@@ -222,6 +137,14 @@ class Operands:
     v: NDArray[Any]
     v_bad: NDArray[np.bool_]
     k_bad: NDArray[np.bool_]
+    _moved: dict[Any, Operands] = field(default_factory=dict, compare=False, repr=False)
+
+    def on(self, xp: Any) -> Operands:
+        """In namespace ``xp``'s arrays: K and V copied to a torch device once a slice."""
+        if xp is not np and xp not in self._moved:
+            k, v = xp.asarray(self.k), xp.asarray(self.v)
+            self._moved[xp] = Operands(k, v, self.v_bad, self.k_bad)
+        return self if xp is np else self._moved[xp]
 
     @cached_property
     def v_extremes(self) -> tuple[NDArray[Any], NDArray[Any]]:
@@ -339,7 +262,7 @@ def attend_block(
         masked = _masked(spec, ar, logits, visible, lead_index, rows, keys)
         # The findings read a float mask's sentinel as hiding; the logits keep it added.
         sentinel = sentinel_keys(spec, lead_index, rows, keys, visible)
-        visible = _seen(visible, sentinel)
+        visible = seen_keys(visible, sentinel)
         weights, sink, sink_logit = _weights(spec, ar, masked, lead_index)
         dropped = None
         if o.dropout > 0:
@@ -432,7 +355,7 @@ def _biased(
         bias = spec.bias[spec.operand_index("bias", lead_index)]
         # The bias in its own dtype (a float32 bias stays float32 under --dtype
         # bfloat16, as JAX keeps it); the sum is stored in the logits' format.
-        biased += np.asarray(_part(bias, rows, keys), dtype=ar.dtype)
+        biased += np.asarray(block_part(bias, rows, keys), dtype=ar.dtype)
     if spec.options.alibi:
         h = lead_index[-1] if lead_index else 0
         slope = float(spec.alibi_slopes[h])
@@ -455,7 +378,7 @@ def _masked(
     masked = logits
     if spec.mask is not None and not spec.mask_is_bool:
         additive = spec.mask[spec.operand_index("mask", lead_index)]
-        masked = ar.rl(masked + ar.r(np.asarray(_part(additive, rows, keys), dtype=ar.dtype)))
+        masked = ar.rl(masked + ar.r(np.asarray(block_part(additive, rows, keys), dtype=ar.dtype)))
     if visible is not None:
         # −1e9 is −inf in float16: the mask value is stored in the format too. float8
         # e4m3fn has no inf (−inf becomes NaN there): its hidden logits stay −inf.

@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from sdpa_cli.engine.arrays import NUMPY, Backend, current, namespace
 from sdpa_cli.engine.block import Block, Operands, attend_block, full_keys, key_range, operands
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import Index
@@ -64,8 +65,12 @@ class SliceInputs:
     together (a check reads one slice as the reference, the emulated run and its
     float64 twin: evicting by conversion would convert the slice again every block)."""
 
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int = 2, backend: Backend = NUMPY) -> None:
         self._keep = keep
+        self.backend = backend
+        """What computes the lean pass (:mod:`~sdpa_cli.engine.arrays`)."""
+        self.xp = namespace(backend)
+        """Its namespace."""
         self._lock = threading.Lock()
         self._cache: OrderedDict[Index, dict[tuple[Any, ...], Operands]] = OrderedDict()
 
@@ -145,6 +150,7 @@ def sweep(
     keys: KeyMode = "visible",
     progress: Progress | None = None,
     ahead: int | None = None,
+    backend: Backend | None = None,
 ) -> Iterator[T]:
     """``visit(place)`` for every block, on ``jobs`` threads, results in block order.
 
@@ -163,12 +169,18 @@ def sweep(
         progress: told the scores done after each block.
         ahead: blocks in flight, computed or being computed, at most (default two per
             thread; fewer where each block's result is large).
+        backend: the library the lean pass computes with (default: the context's,
+            :func:`~sdpa_cli.engine.arrays.current`); torch runs its own threads, or
+            a device's: its blocks then run one at a time.
     """
+    backend = backend or current()
+    if backend.threads_own:
+        jobs = 1
     in_flight = max(ahead or 2 * jobs, jobs)
     per_lead = max(1, -(-spec.L // (rows or block_rows(spec))))  # blocks in a slice
     # the slices whose K and V stay converted: as many as the blocks in flight can
     # span (two for long sequences: 16 MiB each of float64 K and V at S = 16384)
-    inputs = SliceInputs(keep=min(jobs + 1, 1 + -(-(in_flight - 1) // per_lead)))
+    inputs = SliceInputs(keep=min(jobs + 1, 1 + -(-(in_flight - 1) // per_lead)), backend=backend)
     places = (
         Place(lead, r, _keys(spec, lead, r, keys, inputs), inputs, n)
         for n, (lead, r) in enumerate(iter_blocks(spec, rows, leads))

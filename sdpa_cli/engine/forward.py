@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import online, precision
+from sdpa_cli.engine.arrays import current
 from sdpa_cli.engine.block import Block, block_lse
 from sdpa_cli.engine.driver import Place, block_rows
 from sdpa_cli.engine.records import Moments, Records
@@ -43,13 +44,13 @@ def first_moments(place: Place, stats: Stats | None) -> Moments | None:
     without statistics): computed in the visitor, on the sweep's threads."""
     if stats is None or place.rows.start != 0:
         return None
-    return stats.slice_moments(place.lead)
+    return stats.slice_moments(place.lead, xp=place.inputs.xp)
 
 
 def query_block(spec: AttentionSpec) -> int | None:
     """Query rows per block for a sweep that calls :func:`forward` (None: the
     driver's default, for the per-stage path)."""
-    return online.QUERY_BLOCK if online.applies(spec) else None
+    return online.block_shape(spec, current())[0] if online.applies(spec) else None
 
 
 def forward(
@@ -74,7 +75,17 @@ def forward(
             if stats is not None
             else Records.empty(spec, precision.CHECKED, ("float16",))
         )
-        found = online.attend_online(spec, place.lead, place.rows, place.keys, inputs, records)
+        backend = place.inputs.backend
+        found = online.attend_online(
+            spec,
+            place.lead,
+            place.rows,
+            place.keys,
+            inputs,
+            records,
+            key_block=online.key_block(spec, backend),
+            xp=place.inputs.xp,
+        )
     if found is not None:
         if stats is None:
             return Forward(found.output, found.lse if lse else None, None, ())

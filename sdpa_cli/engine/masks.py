@@ -112,12 +112,15 @@ def align_offset(align: str, L: int, S: int) -> int:
     return S - L if align == "lower-right" else 0
 
 
-def _rel(i0: int, i1: int, S: int, offset: int, keys: slice | None = None) -> NDArray[np.int64]:
+def _rel(
+    i0: int, i1: int, S: int, offset: int, keys: slice | None = None, xp: Any = np
+) -> NDArray[np.int64]:
     """j − i − offset for rows i0..i1 and keys ``keys`` (default 0..S), shape (rows, keys)."""
     j0, j1 = (0, S) if keys is None else (keys.start, keys.stop)
-    i = np.arange(i0, i1, dtype=np.int64)[:, None]
-    j = np.arange(j0, j1, dtype=np.int64)[None, :]
-    return j - i - offset
+    i = xp.arange(i0, i1, dtype=np.int64)[:, None]
+    j = xp.arange(j0, j1, dtype=np.int64)[None, :]
+    d: NDArray[np.int64] = j - i - offset
+    return d
 
 
 def causal(
@@ -129,12 +132,15 @@ def causal(
     keys: slice | None = None,
     *,
     offset: int | None = None,
+    xp: Any = np,
 ) -> NDArray[np.bool_]:
-    """Key j is visible to query i when j ≤ i + offset (the alignment's, or ``offset``)."""
+    """Key j is visible to query i when j ≤ i + offset (the alignment's, or ``offset``);
+    in ``xp``'s arrays (numpy, or a torch device's: made where they are used)."""
     j0, j1 = (0, S) if keys is None else (keys.start, keys.stop)
     offset = align_offset(align, L, S) if offset is None else offset
-    last = np.arange(i0, i1, dtype=np.int64) + offset
-    return np.arange(j0, j1, dtype=np.int64)[None, :] <= last[:, None]
+    last = xp.arange(i0, i1, dtype=np.int64) + offset
+    visible: NDArray[np.bool_] = xp.arange(j0, j1, dtype=np.int64)[None, :] <= last[:, None]
+    return visible
 
 
 def window(
@@ -148,17 +154,21 @@ def window(
     keys: slice | None = None,
     *,
     offset: int | None = None,
+    xp: Any = np,
 ) -> NDArray[np.bool_]:
     """Key j is visible to query i when −left ≤ j − i − offset ≤ right."""
     offset = align_offset(align, L, S) if offset is None else offset
-    d = _rel(i0, i1, S, offset, keys)
+    d = _rel(i0, i1, S, offset, keys, xp)
     return (d >= -left) & (d <= right)
 
 
-def key_padding(n_valid: int, rows: int, S: int, keys: slice | None = None) -> NDArray[np.bool_]:
+def key_padding(
+    n_valid: int, rows: int, S: int, keys: slice | None = None, xp: Any = np
+) -> NDArray[np.bool_]:
     """Only the first ``n_valid`` keys are visible (the rest are padding)."""
     j0, j1 = (0, S) if keys is None else (keys.start, keys.stop)
-    return np.broadcast_to(np.arange(j0, j1) < n_valid, (rows, j1 - j0))
+    visible: NDArray[np.bool_] = xp.broadcast_to(xp.arange(j0, j1) < n_valid, (rows, j1 - j0))
+    return visible
 
 
 def key_range(

@@ -46,6 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision, row_stats
+from sdpa_cli.engine.arrays import Backend, astype, namespace, namespace_of, numpy_dtype, to_host
 from sdpa_cli.engine.block import (
     DENORMAL_FLOOR,
     Operands,
@@ -57,6 +58,7 @@ from sdpa_cli.engine.positions import valid_queries
 from sdpa_cli.engine.records import Records
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
+from sdpa_cli.errors import SpecError
 
 KEY_BLOCK = 1024
 """Keys per block of the online softmax: with :data:`QUERY_BLOCK` rows, two buffers of
@@ -65,6 +67,52 @@ KEY_BLOCK = 1024
 QUERY_BLOCK = 256
 """Query rows per block of the lean pass, whatever the key length (the cost per score
 stays flat: the matmuls keep their shape as S grows)."""
+
+
+DEVICE_KEY_BLOCK = 8192
+"""Keys per block on a torch device: a whole sequence up to this length (a device's
+matmuls want large blocks; its memory, not a cache, bounds them)."""
+
+DEVICE_SCORE_ARRAYS = 8
+"""Score-sized arrays a device block holds at once, at most: the scores, their exp, the
+visibility mask and torch's temporaries (a masked min, a comparison)."""
+
+DEVICE_ROWS = 4096
+"""Query rows per block on a device, at most."""
+
+
+def key_block(spec: AttentionSpec, backend: Backend) -> int:
+    """Keys per block of the lean pass: :data:`KEY_BLOCK` on a CPU,
+    :data:`DEVICE_KEY_BLOCK` (or the sequence, when shorter) on a device."""
+    return KEY_BLOCK if backend.device == "cpu" else max(1, min(spec.S, DEVICE_KEY_BLOCK))
+
+
+def block_shape(spec: AttentionSpec, backend: Backend) -> tuple[int, int]:
+    """(query rows, keys) per block of the lean pass: :data:`QUERY_BLOCK` ×
+    :data:`KEY_BLOCK` on a CPU (numpy's or torch's: a core's cache); on a device,
+    :data:`DEVICE_KEY_BLOCK` keys and as many rows as half its free memory holds,
+    beside two slices of K and V.
+
+    Raises:
+        SpecError: not one row of the case fits in the device's free memory.
+    """
+    keys = key_block(spec, backend)
+    if backend.device == "cpu":
+        return QUERY_BLOCK, keys
+    free = namespace(backend).free_bytes()
+    size = (native_dtype(spec) or np.dtype(np.float64)).itemsize
+    per_row = size * (keys * DEVICE_SCORE_ARRAYS + 4 * (spec.E + spec.Ev))
+    fixed = 2 * 2 * size * spec.S * (spec.E + spec.Ev)  # K and V of two slices
+    rows = (free // 2 - fixed) // per_row
+    if rows < 1:
+        need = (fixed + per_row) * 2
+        raise SpecError(
+            "--device",
+            f"{backend.device} has {free >> 20} MiB free; a block of this case needs "
+            f"{need >> 20} MiB (K and V of a slice, one query row's scores): use --device "
+            "cpu, or free the device's memory",
+        )
+    return int(min(rows, DEVICE_ROWS)), keys
 
 
 def applies(spec: AttentionSpec) -> bool:
@@ -102,7 +150,7 @@ class Online:
     """What the lean pass gives for a block of query rows."""
 
     output: NDArray[Any]
-    """(rows, Ev), in the computation's dtype."""
+    """(rows, Ev), in the computation's dtype (on the host, whatever computed it)."""
     lse: F64
     """(rows,), float64: −inf for a row with no visible key (the mask value + log S
     under a finite one)."""
@@ -116,17 +164,26 @@ class Online:
 _buffers = threading.local()
 
 
-def scratch(name: str, dtype: np.dtype[Any], n: int) -> NDArray[Any]:
+def scratch(name: str, dtype: np.dtype[Any], n: int, xp: Any = np) -> NDArray[Any]:
     """A flat scratch array of at least ``n`` elements, this thread's own, reused: a
     block's arrays are not allocated afresh (an engine thread's arena would hand them
-    back to the system, and every block would fault them in again)."""
+    back to the system, and every block would fault them in again). On a torch
+    device, one per device (its allocator keeps the memory for reuse as well)."""
     if not hasattr(_buffers, "pool"):
         _buffers.pool = {}
-    pool: dict[tuple[str, np.dtype[Any]], NDArray[Any]] = _buffers.pool
-    buf = pool.get((name, dtype))
-    if buf is None or buf.size < n:
-        buf = pool[(name, dtype)] = np.empty(n, dtype=dtype)
+    pool: dict[tuple[str, np.dtype[Any], Any], NDArray[Any]] = _buffers.pool
+    buf = pool.get((name, dtype, xp))
+    if buf is None or buf.shape[0] < n:
+        pool.pop((name, dtype, xp), None)  # the old one freed before the larger is made
+        buf = pool[(name, dtype, xp)] = xp.empty(n, dtype=dtype)
     return buf[:n]
+
+
+def release_scratch() -> None:
+    """This thread's scratch arrays dropped (a device's memory handed back to its
+    allocator once a run is done)."""
+    if hasattr(_buffers, "pool"):
+        _buffers.pool.clear()
 
 
 def attend_online(
@@ -139,6 +196,7 @@ def attend_online(
     *,
     key_block: int = KEY_BLOCK,
     keep_weights: bool = False,
+    xp: Any = np,
 ) -> Online | None:
     """The lean pass over query rows ``rows`` of the slice at ``lead``, keys ``keys``
     (the range :func:`~sdpa_cli.engine.block.key_range` leaves), or None where the
@@ -147,21 +205,23 @@ def attend_online(
     ``records`` is a block's empty records (:meth:`Records.empty`), filled here: its
     formats are those the statistics check for overflow and flushed weights. With
     ``keep_weights`` the keys are one block and the weights are kept (the backward
-    pass reads them)."""
+    pass reads them). ``xp`` is the namespace that computes (numpy, or a torch
+    device's: :mod:`~sdpa_cli.engine.arrays`); what comes back is on the host."""
     checked = tuple(dict.fromkeys(d for _, d in records.overflow))
     narrow = tuple(records.exp_overflow)
     if inputs.v_bad.any() or inputs.k_bad.any():
         return None
     dt = inputs.k.dtype
+    ops = inputs.on(xp)  # K and V where they are computed (copied once a slice)
     n = rows.stop - rows.start
     k0, k1 = keys.start, keys.stop
     if keep_weights:
         key_block = max(k1 - k0, 1)
-    q = np.asarray(spec.q[spec.operand_index("q", lead)][rows], dtype=dt)
+    q = xp.asarray(spec.q[spec.operand_index("q", lead)][rows], dtype=dt)
     factor = spec.factor
-    qf = q * dt.type(factor)
-    ev = inputs.v.shape[1]
-    neg = dt.type(np.finfo(dt).min)  # hidden keys: exp gives 0, and 0 · it is 0 (not NaN)
+    qf = q * dt.type(factor) if xp is np else q * float(dt.type(factor))
+    ev = ops.v.shape[1]
+    neg = float(np.finfo(dt).min)  # hidden keys: exp gives 0, and 0 · it is 0 (not NaN)
     floor = DENORMAL_FLOOR[dt]
     common = common_keys(spec, lead, rows)
     mask_value = hidden_value(spec)
@@ -171,64 +231,64 @@ def attend_online(
         else {}
     )
 
-    m = np.full(n, -np.inf, dtype=dt)  # running row max
-    total = np.zeros(n, dtype=dt)  # Σ exp(x − m)
-    low = np.full(n, np.inf, dtype=dt)  # smallest visible logit
-    acc = np.zeros((n, ev), dtype=dt)
-    fold = row_stats.Fold(n, dt)  # every row statistic, chunk by chunk
-    nothing_hidden = np.zeros(n, dtype=dt)  # hidden keys weigh 0 here (checked below)
-    everyone = np.arange(n)
+    m = xp.full(n, -np.inf, dtype=dt)  # running row max
+    total = xp.zeros(n, dtype=dt)  # Σ exp(x − m)
+    low = xp.full(n, np.inf, dtype=dt)  # smallest visible logit
+    acc = xp.zeros((n, ev), dtype=dt)
+    fold = row_stats.Fold(n, dt, xp)  # every row statistic, chunk by chunk
+    nothing_hidden = xp.zeros(n, dtype=dt)  # hidden keys weigh 0 here (checked below)
+    everyone = xp.arange(n)
     hi_all, lo_all = -math.inf, math.inf
     exp_limit = min(precision.fmt(d).exp_limit for d in narrow)
 
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+    with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         for c0 in range(k0, k1, key_block):
             c1 = min(c0 + key_block, k1)
             width = c1 - c0
-            x = scratch("x", dt, n * width).reshape(n, width)
-            np.matmul(qf, inputs.k[c0:c1].T, out=x)
+            x = scratch("x", dt, n * width, xp).reshape(n, width)
+            xp.matmul(qf, ops.k[c0:c1].T, out=x)
             # A key block every row sees (below a causal diagonal) needs no mask.
             inside = common.start <= c0 and c1 <= common.stop
-            vis = None if inside else visibility(spec, lead, rows, slice(c0, c1))
+            vis = None if inside else visibility(spec, lead, rows, slice(c0, c1), xp)
             if vis is None:
-                seen = np.full(n, width, dtype=np.int64)
-                chunk_lo = x[everyone, np.argmin(x, axis=1)]  # argmin: faster than min
+                seen = xp.full(n, width, dtype=np.int64)
+                chunk_lo = x[everyone, xp.argmin(x, axis=1)]  # argmin: faster than min
             else:
                 if added:
                     _mask_add_overflow(records, x, vis, added, (*lead, rows.start, c0))
                 seen = vis.sum(axis=1)
                 if not seen.any() and not keep_weights:  # no row sees them: they add nothing
                     continue
-                chunk_lo = np.min(x, axis=1, where=vis, initial=np.inf)
-                np.copyto(x, neg, where=~vis)
-            at = np.argmax(x, axis=1)
+                chunk_lo = xp.min(x, axis=1, where=vis, initial=np.inf)
+                xp.copyto(x, neg, where=~vis)
+            at = xp.argmax(x, axis=1)
             chunk_max = x[everyone, at]
             if vis is not None:
-                chunk_max = np.where(seen > 0, chunk_max, -np.inf).astype(dt)
-            hi = float(np.max(chunk_max, initial=-math.inf))
-            lo = float(np.min(chunk_lo, initial=math.inf))
+                chunk_max = astype(xp.where(seen > 0, chunk_max, -np.inf), dt)
+            hi = float(xp.max(chunk_max, initial=-math.inf))
+            lo = float(xp.min(chunk_lo, initial=math.inf))
             if math.isnan(hi) or math.isnan(lo) or hi == math.inf or lo == -math.inf:
                 return None  # not finite: the per-stage path says where
             hi_all, lo_all = max(hi_all, hi), min(lo_all, lo)
             if hi > exp_limit:  # exp with no max subtracted would overflow: where
                 _exp_overflow(records, x, (*lead, rows.start, c0), narrow)
-            np.minimum(low, chunk_lo, out=low)
+            xp.minimum(low, chunk_lo, out=low)
 
-            new_m = np.maximum(m, chunk_max)
-            shift = np.where(new_m == -np.inf, 0, new_m).astype(dt)
-            alpha = np.exp(m - shift)  # m = −inf (nothing seen yet): 0
+            new_m = xp.maximum(m, chunk_max)
+            shift = astype(xp.where(new_m == -np.inf, 0, new_m), dt)
+            alpha = xp.exp(m - shift)  # m = −inf (nothing seen yet): 0
             fold.rescale(row_stats.Rescale(alpha, m - shift, total))
             total *= alpha
             acc *= alpha[:, None]
             m = new_m
 
-            np.subtract(x, shift[:, None], out=x)
+            xp.subtract(x, shift[:, None], out=x)
             top_log = chunk_max - shift  # the top key's x − m, as x holds it now
-            if np.min(chunk_lo - shift, initial=math.inf) < floor:
-                np.copyto(x, neg, where=x < floor)  # subnormal exp: see DENORMAL_FLOOR
+            if float(xp.min(chunk_lo - shift, initial=math.inf)) < floor:
+                xp.copyto(x, neg, where=x < floor)  # subnormal exp: see DENORMAL_FLOOR
                 top_log[top_log < floor] = neg
-            e = scratch("e", dt, n * width).reshape(n, width)
-            np.exp(x, out=e)
+            e = scratch("e", dt, n * width, xp).reshape(n, width)
+            xp.exp(x, out=e)
             total += e.sum(axis=1)
             # x now holds log e = x − m (hidden keys: the most negative number)
             fold.add(
@@ -240,41 +300,42 @@ def attend_online(
                     chunk_max,
                     c0,
                     nothing_hidden,
-                    e_top=np.exp(top_log),  # e[everyone, at], without a gather
+                    e_top=xp.exp(top_log),  # e[everyone, at], without a gather
                     rows=everyone,
                 )
             )
-            acc += e @ inputs.v[c0:c1]
+            acc += e @ ops.v[c0:c1]
 
         seen_any = total > 0
         # a hidden key weighs exp(mask value − m): 0 only below the denormal floor
-        nearest = float(np.min(m[seen_any], initial=math.inf))
+        nearest = float(xp.min(m, where=seen_any, initial=math.inf))
         if mask_value is not None and nearest - mask_value < -floor + 1:
             return None
-        safe = np.where(seen_any, total, 1).astype(dt)
+        safe = astype(xp.where(seen_any, total, 1), dt)
         output = acc / safe[:, None]
-        log_total = np.log(safe.astype(np.float64))
-        lse = np.where(seen_any, m.astype(np.float64) + log_total, -math.inf)
+        log_total = xp.log(astype(safe, np.float64))
+        lse = xp.where(seen_any, astype(m, np.float64) + log_total, -math.inf)
         uniform = None
         if mask_value is not None and k1 > k0:
-            uniform = uniform_rows(spec, lead, rows, seen_any)
+            uniform = uniform_rows(spec, lead, rows, to_host(seen_any))
             if uniform.any():
                 if keep_weights:
                     return None  # their weights are not e / ℓ: the per-stage path keeps them
-                output[uniform] = inputs.v[k0:k1].mean(axis=0, dtype=dt)
-                lse[uniform] = mask_value + math.log(k1 - k0)
-        finite_m = np.where(np.isfinite(m), m, 0).astype(dt)
+                output[xp.asarray(uniform)] = xp.mean(ops.v[k0:k1], axis=0, dtype=dt)
+                lse[xp.asarray(uniform)] = mask_value + math.log(k1 - k0)
+            uniform = xp.asarray(uniform)
+        finite_m = astype(xp.where(xp.isfinite(m), m, 0), dt)
         final = row_stats.Final(
             total,
             log_total,
             uniform,
             # inf for a row that saw nothing (low = inf): it has no weight to lose
-            lambda: np.exp(low - finite_m) / safe,
+            lambda: xp.exp(low - finite_m) / safe,
         )
-        out_hi = float(np.max(np.abs(output), initial=0.0))
+        out_hi = float(xp.max(xp.abs(output), initial=0.0))
         weights = None
         if keep_weights:  # one key block: e holds every key's exp(x − m)
-            weights = np.divide(e, safe[:, None], out=e) if k1 > k0 else np.zeros((n, 0), dt)
+            weights = xp.divide(e, safe[:, None], out=e) if k1 > k0 else xp.zeros((n, 0), dt)
     if not math.isfinite(out_hi):
         return None
 
@@ -284,8 +345,12 @@ def attend_online(
     scaled_max = max(abs(hi_all), abs(lo_all)) if hi_all >= lo_all else 0.0
     if max(raw_max, scaled_max, out_hi) > smallest_max:
         return None
-    settle = _settle(spec, lead, rows, keys, qf, inputs, finite_m, final, narrow, key_block)
+    settle = _settle(spec, lead, rows, keys, qf, ops, finite_m, final, narrow, key_block)
     stats = row_stats.collect(fold, settle, final)
+    if xp is not np:  # the results to the host: a block's rows, never a whole tensor
+        output, lse = to_host(output), to_host(lse)
+        stats = row_stats.RowStats({c: to_host(x) for c, x in stats.items()}, stats.formats)
+        weights = None if weights is None else to_host(weights)
     counted = int(stats.n_visible.sum())
     for stage, extreme, count in (
         ("raw", raw_max, counted),
@@ -302,6 +367,7 @@ def _exp_overflow(records: Records, x: NDArray[Any], base: Index, narrow: tuple[
     """Logits whose exp would overflow a narrow format with no max subtracted (the
     naive softmax). A row block's key blocks are not in C order: a later key block's
     first hit may come first."""
+    x = to_host(x)  # rare (a logit past log(max)); the records are the host's
     for d in narrow:
         hits = x > precision.fmt(d).exp_limit
         records.exp_overflow[d].add(hits, base, x, in_order=False)
@@ -343,6 +409,7 @@ def _mask_add_overflow(
     """Hidden scores a kernel that *adds* the mask value (in each narrow format's
     own value, as HF's finfo.min is) would take beyond that format. Not in C order:
     see :func:`_exp_overflow`."""
+    x, visible = to_host(x), to_host(visible)  # the records are the host's
     hidden = ~visible
     for d, value in added.items():
         total = x + value
@@ -366,17 +433,18 @@ def _settle(
     keys read again, block by block, for the rows their prefilter picks (those whose
     smallest weight exp(min x − m) / ℓ could flush), w = exp(x − m) / ℓ (``m``: the
     running max, 0 for a row that saw no key)."""
-    floor = DENORMAL_FLOOR[inputs.k.dtype]
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+    floor = DENORMAL_FLOOR[numpy_dtype(m)]
+    xp = namespace_of(m)
+    with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         settle = row_stats.Settle(final, narrow)
         again = settle.rows
-        if not again.size:
+        if not len(again):
             return settle
         for c0 in range(keys.start, keys.stop, key_block):
             c1 = min(c0 + key_block, keys.stop)
             x = qf[again] @ inputs.k[c0:c1].T
             x -= m[again, None]
-            vis = visibility(spec, lead, rows, slice(c0, c1))
-            w = np.where(x < floor, 0, np.exp(x)) / final.safe[again, None]
+            vis = visibility(spec, lead, rows, slice(c0, c1), xp)
+            w = xp.where(x < floor, 0, xp.exp(x)) / final.safe[again, None]
             settle.add(row_stats.Settled(w, None if vis is None else vis[again]))
     return settle

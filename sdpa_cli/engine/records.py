@@ -159,7 +159,7 @@ class Moments:
         }
 
 
-def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
+def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float, xp: Any = np) -> Moments:
     """Mean and spread of every finite element of factor · Q Kᵀ, from Q (L, E) and
     K (S, E) alone, in O((L + S)·E²) where that is less than O(L·S·E) (and the E × E
     arrays are small), else in blocks of L·S.
@@ -169,12 +169,13 @@ def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
     deviations is L·Σ(q̄·b_j)² + S·Σ(a_i·k̄)² + ⟨AᵀA, BᵀB⟩, a sum of non-negative terms
     that no large offset cancels. A row of Q or K that is not finite makes its whole
     row or column of products non-finite; those are counted, not summed. Range (lo,
-    hi) is not computed.
+    hi) is not computed. ``xp``: the namespace that computes (a torch device's, for
+    Q and K wherever they are: :mod:`~sdpa_cli.engine.arrays`).
     """
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    q_ok = np.isfinite(q).all(axis=1)
-    k_ok = np.isfinite(k).all(axis=1)
+    q = xp.asarray(q, dtype=np.float64)
+    k = xp.asarray(k, dtype=np.float64)
+    q_ok = xp.isfinite(q).all(axis=1)
+    k_ok = xp.isfinite(k).all(axis=1)
     # (views, not copies, when every row is finite: the common case)
     qf = q if q_ok.all() else q[q_ok]
     kf = k if k_ok.all() else k[k_ok]
@@ -184,12 +185,9 @@ def product_moments(q: NDArray[Any], k: NDArray[Any], factor: float) -> Moments:
         return Moments(nonfinite=nonfinite)
     q_bar, k_bar = qf.mean(axis=0), kf.mean(axis=0)
     a, b = qf - q_bar, kf - k_bar
-    with np.errstate(invalid="ignore", over="ignore"):  # finite inputs whose products overflow
-        m2 = (
-            n_q * float(np.square(b @ q_bar).sum())
-            + n_k * float(np.square(a @ k_bar).sum())
-            + _gram_product(a, b)
-        )
+    with xp.errstate(invalid="ignore", over="ignore"):  # finite inputs whose products overflow
+        bq, ak = b @ q_bar, a @ k_bar
+        m2 = n_q * float((bq * bq).sum()) + n_k * float((ak * ak).sum()) + _gram_product(a, b, xp)
         mean = factor * float(q_bar @ k_bar)
     return Moments(n_q * n_k, mean, factor * factor * m2, nonfinite=nonfinite)
 
@@ -198,7 +196,7 @@ GRAM_ELEMENTS = 1 << 20
 """The most elements an (E, E) Gram matrix, or a block of A·Bᵀ, may take: 8 MiB."""
 
 
-def _gram_product(a: F64, b: F64) -> float:
+def _gram_product(a: F64, b: F64, xp: Any = np) -> float:
     """⟨AᵀA, BᵀB⟩ = ‖A·Bᵀ‖²_F for A (L, E) and B (S, E): through the (E, E) Gram
     matrices where they are the cheaper and small; else A·Bᵀ a block of rows at a time,
     so that a file declaring a long head dimension (E = 40,000 is a 640 KB input) costs
@@ -206,12 +204,12 @@ def _gram_product(a: F64, b: F64) -> float:
     n_q, e = a.shape
     n_k = b.shape[0]
     if e * e <= GRAM_ELEMENTS and (n_q + n_k) * e <= n_q * n_k:
-        return float(np.sum((a.T @ a) * (b.T @ b)))
+        return float(((a.T @ a) * (b.T @ b)).sum())
     rows = max(1, GRAM_ELEMENTS // max(n_k, 1))
     total = 0.0
     for i in range(0, n_q, rows):
         block = a[i : i + rows] @ b.T
-        total += float(np.einsum("ij,ij->", block, block))
+        total += float(xp.einsum("ij,ij->", block, block))
     return total
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.arrays import astype, contiguous, namespace_of, numpy_dtype, to_host
 from sdpa_cli.engine.block import Block, native_dtype
 from sdpa_cli.engine.spec import AttentionSpec
 
@@ -65,22 +66,24 @@ class Chunk:
         self.e, self._log_e = e, log_e
         self.seen, self.top, self.rank = seen, top, rank
         self.key0, self.hidden_mass = key0, hidden_mass
-        self.rows = np.arange(e.shape[0]) if rows is None else rows
+        self.xp = namespace_of(e)
+        self.rows = self.xp.arange(e.shape[0]) if rows is None else rows
         # what the producer has is kept as it is (the cached properties are not run)
-        if isinstance(log_e, np.ndarray):
+        if not callable(log_e):
             self.log_e = log_e
         if e_top is not None:
             self.e_top = e_top
 
     @cached_property
     def log_e(self) -> NDArray[Any]:
-        return self._log_e if isinstance(self._log_e, np.ndarray) else self._log_e()
+        return self._log_e() if callable(self._log_e) else self._log_e
 
     @cached_property
     def e_top(self) -> NDArray[Any]:
         """``(rows,)`` e at each row's top key (0 for a chunk of no key)."""
         if not self.e.shape[1]:
-            return np.zeros(self.e.shape[0], self.e.dtype)
+            zeros: NDArray[Any] = self.xp.zeros(self.e.shape[0], numpy_dtype(self.e))
+            return zeros
         return self.at(self.top)
 
     def at(self, keys: NDArray[np.intp]) -> NDArray[Any]:
@@ -103,7 +106,7 @@ class Chunk:
     def _flat(self, keys: NDArray[np.intp]) -> tuple[NDArray[Any], Any]:
         """:attr:`e` and the index of one key of each row in it: flat where e is
         contiguous (one gather, not a gather per axis)."""
-        if self.e.flags.c_contiguous:
+        if contiguous(self.e):
             return self.e.reshape(-1), self.rows * self.e.shape[1] + keys
         return self.e, (self.rows, keys)
 
@@ -147,9 +150,10 @@ class Final:
         smallest: Callable[[], NDArray[Any]],
     ) -> None:
         self.total, self.log_total, self.uniform = total, log_total, uniform
+        self.xp = xp = namespace_of(total)
         self.seen: NDArray[np.bool_] = total != 0  # NaN counts as seen: the value shows it
         # a row with no weight divides by 1: its partial results are 0
-        self.safe: NDArray[Any] = np.where(self.seen, total, 1).astype(total.dtype)
+        self.safe: NDArray[Any] = astype(xp.where(self.seen, total, 1), total.dtype)
         self._smallest = smallest
 
     @cached_property
@@ -178,9 +182,21 @@ class Settled:
         if fmt not in self._flushed:
             f = precision.fmt(fmt)
             w = self.w
-            hit = (w <= f.tiny) & ((w == 0) | f.flushes(w))
+            hit = (w <= f.tiny) & ((w == 0) | _flushes(f, w))
             self._flushed[fmt] = hit if self.counted is None else hit & self.counted
         return self._flushed[fmt]
+
+
+def _flushes(f: precision.Format, w: Any) -> Any:
+    """:meth:`Format.flushes <sdpa_cli.engine.precision.Format.flushes>` on any
+    namespace's array: the few candidates (not above the smallest subnormal) are
+    rounded on the host, by the one rounding every format has."""
+    if namespace_of(w) is not np:
+        hit = (w != 0) & (w.abs() <= f.tiny)
+        if bool(hit.any()):
+            hit[hit.clone()] = namespace_of(w).asarray(f.flushes(to_host(w[hit])))
+        return hit
+    return f.flushes(w)
 
 
 @dataclass(frozen=True)
@@ -209,8 +225,9 @@ class RowStatistic:
     dtype: type[np.generic]
     """What :class:`~sdpa_cli.engine.stats.Stats` keeps it in."""
     description: str
-    empty: Callable[[int, np.dtype[Any]], Partial]
-    """The partial result over no key, for n rows in the producer's dtype."""
+    empty: Callable[[int, np.dtype[Any], Any], Partial]
+    """The partial result over no key, for n rows in the producer's dtype, in a
+    namespace's arrays (:mod:`~sdpa_cli.engine.arrays`)."""
     combine: Callable[[Partial, Partial], Partial]
     """Two partial results over disjoint keys, in the same frame: the second's keys
     after the first's."""

@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.arrays import astype, namespace_of, numpy_dtype
 from sdpa_cli.engine.block import Block
 from sdpa_cli.engine.row_chunks import (
     Chunk,
@@ -77,16 +78,16 @@ __all__ = [
 # --- the rules ----------------------------------------------------------------------------
 
 
-def _zeros(n: int, dtype: np.dtype[Any]) -> Partial:
-    return (np.zeros(n, dtype),)
+def _zeros(n: int, dtype: np.dtype[Any], xp: Any) -> Partial:
+    return (xp.zeros(n, dtype),)
 
 
-def _counts(n: int, dtype: np.dtype[Any]) -> Partial:
-    return (np.zeros(n, np.int64),)
+def _counts(n: int, dtype: np.dtype[Any], xp: Any) -> Partial:
+    return (xp.zeros(n, np.int64),)
 
 
-def _sums(n: int, dtype: np.dtype[Any]) -> Partial:
-    return (np.zeros(n),)
+def _sums(n: int, dtype: np.dtype[Any], xp: Any) -> Partial:
+    return (xp.zeros(n, np.float64),)
 
 
 def _add(a: Partial, b: Partial) -> Partial:
@@ -104,11 +105,12 @@ def _as_is(p: Partial, final: Final) -> NDArray[Any]:
 
 def _per_weight(p: Partial, final: Final) -> F64:
     """A partial result in units of e (its last array), as a weight: e / ℓ, in float64."""
-    return p[-1].astype(np.float64) / final.safe.astype(np.float64)
+    weight: F64 = astype(p[-1], np.float64) / astype(final.safe, np.float64)
+    return weight
 
 
-def _empty_top(n: int, dtype: np.dtype[Any]) -> Partial:
-    return np.zeros(n, np.int64), np.full(n, -math.inf)
+def _empty_top(n: int, dtype: np.dtype[Any], xp: Any) -> Partial:
+    return xp.zeros(n, np.int64), xp.full(n, -math.inf, np.float64)
 
 
 def _top_key(c: Chunk) -> Partial:
@@ -118,12 +120,14 @@ def _top_key(c: Chunk) -> Partial:
 def _later_top(a: Partial, b: Partial) -> Partial:
     """The first of the largest keys: the later keys' only where they rank strictly
     higher (NaN, which the per-stage path may rank, takes the later's, as argmax does)."""
-    return np.where(b[1] <= a[1], a[0], b[0]), np.maximum(a[1], b[1])
+    xp = namespace_of(a[0])
+    return xp.where(b[1] <= a[1], a[0], b[0]), xp.maximum(a[1], b[1])
 
 
 def _top_key_finish(p: Partial, final: Final) -> NDArray[np.int64]:
     """A row with no weight names key 0, whatever keys were skipped."""
-    return np.where(final.seen, p[0], 0)
+    top: NDArray[np.int64] = final.xp.where(final.seen, p[0], 0)
+    return top
 
 
 def _top_e(c: Chunk) -> Partial:
@@ -131,30 +135,32 @@ def _top_e(c: Chunk) -> Partial:
 
 
 def _larger(a: Partial, b: Partial) -> Partial:
-    return (np.maximum(a[0], b[0]),)
+    return (namespace_of(a[0]).maximum(a[0], b[0]),)
 
 
 def _spread(c: Chunk) -> Partial:
-    return (np.einsum("ij,ij->i", c.e, c.log_e),)
+    return (c.xp.einsum("ij,ij->i", c.e, c.log_e),)
 
 
 def _spread_rescale(p: Partial, r: Rescale) -> Partial:
     """Σ e·log e into the new frame: α·(Σ e·(x − m_old) + δ·ℓ_old) (a row with no key
     yet adds nothing: its δ is −inf)."""
-    return (r.alpha * (p[0] + np.where(r.total > 0, r.delta * r.total, 0)),)
+    return (r.alpha * (p[0] + namespace_of(p[0]).where(r.total > 0, r.delta * r.total, 0)),)
 
 
 def _entropy(p: Partial, final: Final) -> F64:
     """H = −Σ w log w = log ℓ − Σ e·log e / ℓ (w = exp(log e − log ℓ), whatever the
     frame's m and c)."""
     # terms ≤ 0 (a rounding below 0) are not entropy: a one-hot row has none
-    h = np.where(final.seen, np.maximum(final.log_total - p[0] / final.safe, 0.0), 0.0)
-    return np.where(np.isfinite(h), h, 0.0)
+    xp = final.xp
+    h = xp.where(final.seen, xp.maximum(final.log_total - p[0] / final.safe, 0.0), 0.0)
+    entropy: F64 = xp.where(xp.isfinite(h), h, 0.0)
+    return entropy
 
 
 def _hidden_finish(p: Partial, final: Final) -> F64:
     weight = _per_weight(p, final)
-    return weight if final.uniform is None else np.where(final.uniform, 1.0, weight)
+    return weight if final.uniform is None else final.xp.where(final.uniform, 1.0, weight)
 
 
 def _top_two(c: Chunk) -> Partial:
@@ -162,21 +168,22 @@ def _top_two(c: Chunk) -> Partial:
     two keys that tie at the top give the top value twice."""
     first = c.e_top
     if c.e.shape[1] < 2:
-        return first, np.zeros_like(first)
+        return first, c.xp.zeros_like(first)
     with c.top_set_aside() as rest:  # one argmax over the rest, no copy
-        second = c.at(np.argmax(rest, axis=1))
+        second = c.at(c.xp.argmax(rest, axis=1))
     return first, second
 
 
 def _two_of_four(a: Partial, b: Partial) -> Partial:
     """The two largest of both partial results' two largest."""
-    first = np.maximum(a[0], b[0])
-    second = np.maximum(np.minimum(a[0], b[0]), np.maximum(a[1], b[1]))
+    xp = namespace_of(a[0])
+    first = xp.maximum(a[0], b[0])
+    second = xp.maximum(xp.minimum(a[0], b[0]), xp.maximum(a[1], b[1]))
     return first, second
 
 
-def _empty_two(n: int, dtype: np.dtype[Any]) -> Partial:
-    return np.zeros(n, dtype), np.zeros(n, dtype)
+def _empty_two(n: int, dtype: np.dtype[Any], xp: Any) -> Partial:
+    return xp.zeros(n, dtype), xp.zeros(n, dtype)
 
 
 def _may_flush(final: Final, fmt: str | None) -> NDArray[np.bool_]:
@@ -194,7 +201,7 @@ def _flush_count(s: Settled, fmt: str | None) -> Partial:
 
 def _flush_mass(s: Settled, fmt: str | None) -> Partial:
     assert fmt is not None
-    return (np.where(s.flushed(fmt), s.w, 0).sum(axis=1),)
+    return (namespace_of(s.w).where(s.flushed(fmt), s.w, 0).sum(axis=1),)
 
 
 COUNTS = Tolerance()
@@ -386,8 +393,8 @@ class Fold:
     """The online statistics' partial results over some query rows, folded chunk by
     chunk: :meth:`rescale` when the running max rises, then :meth:`add` the chunk."""
 
-    def __init__(self, n: int, dtype: np.dtype[Any]) -> None:
-        self.parts = {s.name: s.empty(n, dtype) for s in ONLINE}
+    def __init__(self, n: int, dtype: np.dtype[Any], xp: Any = np) -> None:
+        self.parts = {s.name: s.empty(n, dtype, xp) for s in ONLINE}
 
     def rescale(self, r: Rescale) -> None:
         parts = self.parts
@@ -407,29 +414,30 @@ class Settle:
     def __init__(self, final: Final, formats: tuple[str, ...]) -> None:
         self.n, self.formats = final.total.shape[0], formats
         self.columns = tuple(c for c in layout(formats) if c[0].settle is not None)
-        need = np.zeros(self.n, np.bool_)
+        self.xp = xp = final.xp
+        need = xp.zeros(self.n, np.bool_)
         for s, _, d in self.columns:
             assert s.reads is not None
             need |= s.reads(final, d)
-        self.rows = np.flatnonzero(need)
+        self.rows = xp.flatnonzero(need)
         self.parts: dict[str, Partial] = {}
-        self.dtype = final.total.dtype
+        self.dtype = numpy_dtype(final.total)
 
     def add(self, settled: Settled) -> None:
         """One block of keys' final weights of :attr:`rows`."""
         parts = self.parts
         for s, name, d in self.columns:
             assert s.settle is not None
-            part = parts[name] if name in parts else s.empty(self.rows.size, self.dtype)
+            part = parts[name] if name in parts else s.empty(len(self.rows), self.dtype, self.xp)
             parts[name] = s.combine(part, s.settle(settled, d))
 
     def whole(self, s: RowStatistic, name: str) -> Partial:
         """A statistic's partial result over every row: the empty one where not read."""
         if name not in self.parts:
-            return s.empty(self.n, self.dtype)
-        if self.rows.size == self.n:
+            return s.empty(self.n, self.dtype, self.xp)
+        if len(self.rows) == self.n:
             return self.parts[name]
-        full = s.empty(self.n, self.dtype)
+        full = s.empty(self.n, self.dtype, self.xp)
         for x, part in zip(full, self.parts[name], strict=True):
             x[self.rows] = part
         return full

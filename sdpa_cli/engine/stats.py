@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -160,18 +161,19 @@ class Stats:
         """Fold in the slice's score moments (:meth:`slice_moments`)."""
         self.moments.merge(self.slice_moments(lead, emulate=emulate))
 
-    def slice_moments(self, lead: Index, *, emulate: bool = False) -> Moments:
+    def slice_moments(self, lead: Index, *, emulate: bool = False, xp: Any = np) -> Moments:
         """The moments of the slice's scaled scores (from Q and K: see
         :func:`product_moments`), as the float64 reference computes them (``emulate``:
         from Q and K rounded to the emulated format). Thread-safe: a visitor of the
-        block driver computes them with the slice's first block."""
+        block driver computes them with the slice's first block. ``xp``: the namespace
+        that computes them (:mod:`~sdpa_cli.engine.arrays`)."""
         spec = self.spec
         o = spec.options
         q = np.asarray(spec.q[spec.operand_index("q", lead)], dtype=np.float64)
         k = np.asarray(spec.k[spec.operand_index("k", lead)], dtype=np.float64)
         if emulate and o.emulated:
             q, k = precision.round_to(q, o.dtype), precision.round_to(k, o.dtype)
-        return product_moments(q, k, spec.factor)
+        return product_moments(q, k, spec.factor, xp)
 
     def add_all_moments(self) -> None:
         """Every slice's score moments, as the float64 reference computes them."""

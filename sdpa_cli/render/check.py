@@ -97,7 +97,8 @@ def render_report(report: CheckReport, title: str | None = None) -> RenderableTy
     head = Text()
     if title:
         head.append(f"{title}\n", style=THEME["title"])
-    head.append(f"export {report.export_dtype} · reference {report.reference}")
+    computed = "" if report.backend == "numpy" else f" on {report.backend} ({report.device})"
+    head.append(f"export {report.export_dtype} · reference {report.reference}{computed}")
     gate = ", ".join(report.gate) or "none"
     if report.fail_on_severity:
         gate += f"; any {report.fail_on_severity} or worse"

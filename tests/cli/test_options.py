@@ -16,13 +16,14 @@ pytest.importorskip("threadpoolctl")
 # numpy loaded before the engine starts, as reading a config file or an input does
 SCRIPT = """
 import json, numpy, threadpoolctl
+from sdpa_cli.cli.options import Computing
 from sdpa_cli.cli.run import start_engine
 
 def blas():
     return [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
 
 before = blas()
-start_engine(2)
+start_engine(Computing(jobs=2))
 print(json.dumps({"before": before, "after": blas()}))
 """
 

@@ -163,7 +163,7 @@ def count_lean_calls(monkeypatch: pytest.MonkeyPatch, key_block: int) -> LeanCal
     calls = LeanCalls()
 
     def counted(*args: Any, **kwargs: Any) -> online.Online | None:
-        found = attend_online(*args, **kwargs, key_block=key_block)
+        found = attend_online(*args, **{**kwargs, "key_block": key_block})
         with calls.lock:
             if found is None:
                 calls.refused += 1

@@ -261,7 +261,7 @@ def test_the_runner_up_weight_is_the_second_largest_visible_weight(
     computed = []
 
     def in_key_blocks(*args: Any, **kwargs: Any) -> online.Online | None:
-        found = attend_online(*args, **kwargs, key_block=KEY_BLOCK)
+        found = attend_online(*args, **{**kwargs, "key_block": KEY_BLOCK})
         computed.append(found is not None)
         return found
 

@@ -1,0 +1,183 @@
+"""numpy and torch compute the same lean pass: one engine, two array libraries.
+
+The lean pass (:func:`~sdpa_cli.engine.online.attend_online`) and every row statistic
+are written once against numpy's API; ``xp`` is numpy, or the torch adapter of a
+device (:mod:`sdpa_cli.engine.arrays`). What is proven here, on torch's CPU and, where
+one is present, on a CUDA device:
+
+1. Block by block, on every mask option of the shared cases, under −inf and finite
+   mask values, with key blocks of 7 keys (boundaries inside every mask): the output,
+   the LSE and every row statistic agree with numpy's to 1e-12 in float64 (float32
+   runs to float32 rounding: torch sums its products in another order), counts and
+   top keys exactly, and the records (what overflows, where first) equal.
+2. Whole runs: ``sdpa check``'s report is the same on both backends (every check's
+   status and summary) for a correct float16 export and two broken ones, and says
+   which backend computed it.
+3. Choosing: ``auto`` is torch for torch tensors, numpy otherwise; a bad backend or
+   device is one clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from attention_cases import CASES, make_spec
+
+from sdpa_cli.check.records import Expected
+from sdpa_cli.check.run import run_checks
+from sdpa_cli.engine import precision
+from sdpa_cli.engine.arrays import NUMPY, Backend, current, namespace, resolve, using
+from sdpa_cli.engine.block import key_range, operands
+from sdpa_cli.engine.online import Online, attend_online
+from sdpa_cli.engine.options import FINFO_MIN
+from sdpa_cli.engine.records import Records
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.errors import SpecError
+
+torch = pytest.importorskip("torch")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+FINITE: dict[str, dict[str, Any]] = {
+    "-inf": {},
+    "finfo-min": {"mask_value": FINFO_MIN},
+    "-1e9": {"mask_value": -1e9},
+}
+
+
+def lean_blocks(spec: AttentionSpec, xp: Any, rows: int = 5) -> list[Online | None]:
+    """The lean pass over every row block of every slice, in key blocks of 7 keys."""
+    found = []
+    for lead in np.ndindex(*spec.lead):
+        at = tuple(int(i) for i in lead)
+        inputs = operands(spec, at)
+        for i0 in range(0, spec.L, rows):
+            r = slice(i0, min(i0 + rows, spec.L))
+            records = Records.empty(spec, precision.CHECKED, ("float16",))
+            found.append(
+                attend_online(
+                    spec, at, r, key_range(spec, at, r), inputs, records, key_block=7, xp=xp
+                )
+            )
+    return found
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_value", FINITE.values(), ids=FINITE.keys())
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_torch_computes_every_block_as_numpy_does(
+    case: dict[str, Any], mask_value: dict[str, Any], device: str
+) -> None:
+    spec = make_spec(11, **case, **mask_value)
+    float32 = case.get("float32", False)
+    rtol, atol = (1e-5, 1e-6) if float32 else (1e-12, 1e-13)
+    mine = lean_blocks(spec, namespace(resolve("torch", device)))
+    theirs = lean_blocks(spec, np)
+    assert [m is None for m in mine] == [t is None for t in theirs]
+    assert any(t is not None for t in theirs)
+    for got, want in zip(mine, theirs, strict=True):
+        if got is None or want is None:
+            continue
+        assert isinstance(got.output, np.ndarray)
+        assert got.output.dtype == want.output.dtype
+        np.testing.assert_allclose(got.output, want.output, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(got.lse, want.lse, rtol=rtol, atol=atol)
+        assert got.rows.keys() == want.rows.keys()
+        for name, values in want.rows.items():
+            if values.dtype.kind in "iu" and not float32:
+                np.testing.assert_array_equal(got.rows[name], values, err_msg=name)
+            elif values.dtype.kind == "f":
+                np.testing.assert_allclose(
+                    got.rows[name], values, rtol=rtol, atol=atol, err_msg=name
+                )
+        for stage, record in want.records.absmax.items():
+            assert got.records.absmax[stage].count == record.count
+        for kind in ("exp_overflow", "mask_add_overflow"):
+            for fmt, record in getattr(want.records, kind).items():
+                other = getattr(got.records, kind)[fmt]
+                assert (other.count, other.first) == (record.count, record.first), kind
+
+
+# --- whole runs ---------------------------------------------------------------------------
+
+
+def float16_exports() -> tuple[AttentionSpec, dict[str, np.ndarray]]:
+    """A causal float16 case, its output as torch's kernel gives it, and two slips."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(1, 4, 96, 32)).astype(np.float16) for _ in range(3))
+    spec = make_float16_spec(q, k, v)
+    f = torch.nn.functional.scaled_dot_product_attention
+    t = [torch.from_numpy(a.astype(np.float32)) for a in (q, k, v)]
+    good = f(*t, is_causal=True).half().numpy()
+    no_mask = f(*t).half().numpy()
+    no_scale = f(*t, is_causal=True, scale=1.0).half().numpy()
+    return spec, {"correct": good, "no causal mask": no_mask, "no scale": no_scale}
+
+
+def make_float16_spec(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> AttentionSpec:
+    from sdpa_cli.engine.options import Options
+    from sdpa_cli.engine.spec import build_spec
+
+    return build_spec(q, k, v, options=Options(causal=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_check_gives_the_same_verdict_on_both_backends(device: str) -> None:
+    spec, exports = float16_exports()
+    for name, output in exports.items():
+        reports = []
+        for backend in (NUMPY, resolve("torch", device)):
+            with using(backend):
+                reports.append(run_checks(spec, [Expected("output", output, "out.npy")]))
+        mine, theirs = reports[1], reports[0]
+        assert (mine.backend, mine.device) == ("torch", str(torch.device(device)))
+        assert (theirs.backend, theirs.device) == ("numpy", "cpu")
+        assert mine.passed == theirs.passed == (name == "correct"), name
+        assert [(c.name, c.status, c.summary) for c in mine.checks] == [
+            (c.name, c.status, c.summary) for c in theirs.checks
+        ], name
+
+
+# --- choosing -----------------------------------------------------------------------------
+
+
+def test_auto_is_torch_for_a_devices_tensors_and_numpy_on_the_cpu() -> None:
+    """numpy computes the lean pass faster than torch on a CPU, whatever holds the
+    tensors; torch's tensors on a device are computed there."""
+    assert resolve("auto", None, (np.zeros(2),)) == NUMPY
+    assert resolve("auto", None, (torch.zeros(2),)) == NUMPY
+    assert resolve("torch", None, (torch.zeros(2),)) == Backend("torch", "cpu")
+    assert resolve("torch") == Backend("torch", "cpu")
+    assert resolve("auto", "cpu") == NUMPY
+    if torch.cuda.is_available():
+        on_gpu = resolve("auto", None, (torch.zeros(2, device="cuda"),))
+        assert on_gpu.name == "torch"
+        assert on_gpu.device.startswith("cuda")
+
+
+def test_a_backend_is_used_only_inside_its_with_block() -> None:
+    with using(Backend("torch", "cpu")):
+        assert current().name == "torch"
+    assert current() == NUMPY
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "message"),
+    [
+        ("jax", None, "--backend: expected one of auto, numpy, torch, got 'jax'"),
+        ("numpy", "cuda", "--device: 'cuda' needs --backend torch"),
+        ("torch", "tpu:7:x", "--device: expected cpu, cuda or cuda:N, got 'tpu:7:x'"),
+    ],
+)
+def test_a_bad_backend_or_device_is_one_clear_error(
+    backend: str, device: str | None, message: str
+) -> None:
+    with pytest.raises(SpecError, match="^" + message.replace("(", r"\(")):
+        resolve(backend, device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_cuda_device_where_there_is_none_is_refused() -> None:
+    with pytest.raises(SpecError, match="--device: 'cuda': torch sees no cuda device here"):
+        resolve("torch", "cuda")
