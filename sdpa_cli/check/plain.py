@@ -19,8 +19,9 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.exports import RUN_STAGES, Fitted, tensor_values
 from sdpa_cli.check.relative import Judgement, needs_plain
-from sdpa_cli.engine.block import attend_block, block_lse
-from sdpa_cli.engine.driver import block_rows
+from sdpa_cli.engine.arrays import NUMPY
+from sdpa_cli.engine.block import block_lse
+from sdpa_cli.engine.driver import Place, sweep
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import merge_heads, split_heads_of_output, trace
 from sdpa_cli.engine.types import F64
@@ -48,12 +49,13 @@ def needed_rows(
 
 
 def plain_values(
-    naive: AttentionSpec, fitted: Mapping[str, Fitted], need: NDArray[np.bool_]
+    naive: AttentionSpec, fitted: Mapping[str, Fitted], need: NDArray[np.bool_], jobs: int = 1
 ) -> dict[str, F64 | None]:
     """The plain computation's value of each export, in the export's layout: the output
     and the LSE for the row blocks holding a needed row (NaN elsewhere), the weights
     whole (a weights export holds as many numbers itself); None for the output and the
-    LSE when no row needs it."""
+    LSE when no row needs it. The blocks run on ``jobs`` threads, on numpy whatever the
+    run's backend (the per-stage path, every stage rounded to the format)."""
     out: dict[str, F64 | None] = {}
     if not need.any():  # nothing needed: no array of NaN the size of the output
         for name in fitted:
@@ -62,18 +64,17 @@ def plain_values(
     # the output is stored in the format (float32 at widest): float32 holds it exactly
     output = cast(F64, np.full(naive.output_shape, np.nan, dtype=np.float32))
     lse = np.full((*naive.lead, naive.L), np.nan)
-    step = block_rows(naive)
-    for lead in np.ndindex(*naive.lead):
-        li = tuple(int(x) for x in lead)
-        rows = need[li]
-        for i0 in range(0, naive.L, step):
-            i1 = min(i0 + step, naive.L)
-            if not rows[i0:i1].any():
-                continue
-            at: tuple[int | slice, ...] = (*li, slice(i0, i1))
-            block = attend_block(naive, li, slice(i0, i1), emulate=True)
-            output[at] = block.output
-            lse[at] = block_lse(block)
+
+    def visit(place: Place) -> None:
+        if need[place.lead][place.rows].any():  # blocks write rows of their own
+            block = place.attend(naive)
+            output[place.at] = block.output
+            lse[place.at] = block_lse(block)
+
+    leads = [tuple(int(x) for x in lead) for lead in np.argwhere(need.any(axis=-1))]
+    # every key, as a dense kernel sums them: the format's row sums round by their count
+    for _ in sweep(naive, visit, jobs=jobs, leads=leads, keys="all", backend=NUMPY):
+        pass
     for name, f in fitted.items():
         if name == "output":
             out[name] = merge_heads(naive, output) if f.merged else output

@@ -352,9 +352,11 @@ def _compared_with(
     ref_spec: AttentionSpec,
     naive_spec: AttentionSpec | None,
     found: _Pass,
+    jobs: int = 1,
 ) -> _Against:
     """The reference's values of the exports and their tolerances (given, by the
-    export's format, or measured on the naive run)."""
+    export's format, or measured on the naive run; the plain computation on ``jobs``
+    threads)."""
     reference: Trace | None = None
     naive_weights: Trace | None = None
     if "weights" in fitted:
@@ -378,7 +380,7 @@ def _compared_with(
     if settings.tolerance == "kernel" and naive_spec is not None:
         judgement = Judgement(export, factor=factor_for(export, settings.fudge))
         need = needed_rows(spec, fitted, found.reference, judgement)
-        plain = plain_values(naive_spec, fitted, need)
+        plain = plain_values(naive_spec, fitted, need, jobs)
     support = None
     if reference is not None:
         assert reference.masked is not None
