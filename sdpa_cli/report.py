@@ -27,6 +27,7 @@ from sdpa_cli._version import __version__
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, failure_lines
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
+from sdpa_cli.engine.arrays import current
 from sdpa_cli.engine.block import applicable_stages
 from sdpa_cli.engine.trace import Trace
 from sdpa_cli.errors import ExitCode
@@ -68,7 +69,8 @@ def _typed_value(value: Any, for_json: bool) -> Any:
 
 
 def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
-    """Versions, shapes, scale and options: the head of every trace document."""
+    """Versions, shapes, scale and options, and what computed them (the backend in use,
+    :func:`~sdpa_cli.engine.arrays.current`): the head of every trace document."""
     o = spec.options
     shapes: dict[str, list[int]] = {n: list(s) for n, s in spec.shapes.items()}
     shapes["weights"] = list(spec.weights_shape)
@@ -109,6 +111,8 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
             "prescale": o.prescale,
         },
         "options_typed": {name: _typed_value(v, for_json) for name, v in o.typed.items()},
+        "backend": current().name,
+        "device": current().device,
     }
 
 

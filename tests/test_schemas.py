@@ -117,6 +117,7 @@ OPTIONS = "/$defs/options/properties"
 ENUMS: dict[tuple[str, str], tuple[Any, ...]] = {
     ("defs", "/$defs/kind"): names.ALL_KINDS,
     ("defs", "/$defs/case/properties/backend/anyOf/0"): names.BACKENDS,
+    ("defs", "/$defs/setup/properties/backend"): names.BACKENDS,
     ("defs", "/$defs/severity"): names.SEVERITIES,
     ("defs", "/$defs/status"): names.STATUSES,
     ("defs", "/$defs/non_finite"): tuple(NON_FINITE_JSON),
