@@ -52,10 +52,10 @@ from sdpa_cli.check.relative import Judgement, factor_for, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rules import diagnose
-from sdpa_cli.engine.arrays import current
+from sdpa_cli.engine.arrays import NUMPY, Backend
 from sdpa_cli.engine.block import block_lse, native_dtype
 from sdpa_cli.engine.driver import Place, Progress, sweep
-from sdpa_cli.engine.forward import first_moments, forward, query_block
+from sdpa_cli.engine.forward import first_moments, forward, lean_backend, query_block
 from sdpa_cli.engine.online import weighed_keys
 from sdpa_cli.engine.positions import documents
 from sdpa_cli.engine.records import Moments, Records
@@ -81,6 +81,9 @@ class _Pass:
     naive: dict[str, F64] = field(default_factory=dict)
     bounds: VBounds | None = None
     """Per output element, V's range over the keys its row can weigh."""
+    backend: Backend = NUMPY
+    """What computed the pass (numpy's per-stage path whatever the backend asked for,
+    where the lean pass does not apply)."""
 
 
 def _judge_pass(
@@ -169,7 +172,9 @@ def _judge_pass(
         return records, first_moments(place, stats)
 
     rows = query_block(ref_spec) if lean else None
-    walk = sweep(spec, visit_lean if lean else visit, jobs=jobs, rows=rows, progress=progress)
+    found.backend = lean_backend(ref_spec) if lean else NUMPY
+    visitor = visit_lean if lean else visit
+    walk = sweep(spec, visitor, jobs=jobs, rows=rows, progress=progress, backend=found.backend)
     for records, moments in walk:
         if records is not None:
             stats.merge(records)
@@ -243,8 +248,8 @@ def run_checks(
         reference=ref_format,
         gate=gated,
         fail_on_severity=settings.fail_on_severity,
-        backend=current().name,
-        device=current().device,
+        backend=found.backend.name,
+        device=found.backend.device,
     )
 
 

@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rows import classify_rows
 from sdpa_cli.engine.driver import Place, Progress, sweep
-from sdpa_cli.engine.forward import forward, query_block
+from sdpa_cli.engine.forward import forward, lean_backend, query_block
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
 from sdpa_cli.engine.types import F64
@@ -109,7 +109,15 @@ def head_metrics(
 
     # Summed in block order, whatever the threads did: the same numbers every run.
     sq_err, sq_ref, bad = np.zeros(H), np.zeros(H), np.zeros(H, dtype=np.bool_)
-    for sums in sweep(spec, visit, jobs=jobs, rows=query_block(spec), progress=progress):
+    walk = sweep(
+        spec,
+        visit,
+        jobs=jobs,
+        rows=query_block(spec),
+        progress=progress,
+        backend=lean_backend(spec),
+    )
+    for sums in walk:
         if sums is not None:
             h, e, r, b = sums
             sq_err[h] += e

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from sdpa_cli.engine.arrays import NUMPY, Backend, current, namespace
+from sdpa_cli.engine.arrays import NUMPY, Backend, namespace
 from sdpa_cli.engine.block import Block, Operands, attend_block, full_keys, key_range, operands
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import Index
@@ -169,11 +169,12 @@ def sweep(
         progress: told the scores done after each block.
         ahead: blocks in flight, computed or being computed, at most (default two per
             thread; fewer where each block's result is large).
-        backend: the library the lean pass computes with (default: the context's,
-            :func:`~sdpa_cli.engine.arrays.current`); torch runs its own threads, or
-            a device's: its blocks then run one at a time.
+        backend: the library the lean pass computes with (default numpy; a sweep
+            whose visits run the lean pass passes
+            :func:`~sdpa_cli.engine.forward.lean_backend`); torch runs its own threads,
+            or a device's: its blocks then run one at a time.
     """
-    backend = backend or current()
+    backend = backend or NUMPY
     if backend.threads_own:
         jobs = 1
     in_flight = max(ahead or 2 * jobs, jobs)

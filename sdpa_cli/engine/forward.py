@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import online, precision
-from sdpa_cli.engine.arrays import current
+from sdpa_cli.engine.arrays import NUMPY, Backend, current
 from sdpa_cli.engine.block import Block, block_lse
 from sdpa_cli.engine.driver import Place, block_rows
 from sdpa_cli.engine.records import Moments, Records
@@ -45,6 +45,13 @@ def first_moments(place: Place, stats: Stats | None) -> Moments | None:
     if stats is None or place.rows.start != 0:
         return None
     return stats.slice_moments(place.lead, xp=place.inputs.xp)
+
+
+def lean_backend(spec: AttentionSpec) -> Backend:
+    """What a sweep of :func:`forward` over ``spec`` computes with: the context's
+    backend (:func:`~sdpa_cli.engine.arrays.current`) where the lean pass applies;
+    numpy, on the sweep's threads, for the per-stage path."""
+    return current() if online.applies(spec) else NUMPY
 
 
 def query_block(spec: AttentionSpec) -> int | None:

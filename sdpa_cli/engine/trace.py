@@ -17,9 +17,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import row_stats
+from sdpa_cli.engine.arrays import NUMPY
 from sdpa_cli.engine.block import Block, applicable_stages, attend_block
 from sdpa_cli.engine.driver import KeyMode, Place, Progress, sweep
-from sdpa_cli.engine.forward import first_moments, forward, query_block
+from sdpa_cli.engine.forward import first_moments, forward, lean_backend, query_block
 from sdpa_cli.engine.records import Moments
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
@@ -219,7 +220,17 @@ def trace(
     # block can see are computed (the output is the same either way).
     keys: KeyMode = "all" if visible is not None else "visible"
     rows = rows or (query_block(spec) if lean else None)
-    walk = sweep(spec, visit, jobs=jobs, rows=rows, leads=leads, keys=keys, progress=progress)
+    backend = lean_backend(spec) if lean else NUMPY
+    walk = sweep(
+        spec,
+        visit,
+        jobs=jobs,
+        rows=rows,
+        leads=leads,
+        keys=keys,
+        progress=progress,
+        backend=backend,
+    )
     n_visible = 0
     for records, seen, moments, n_seen in walk:
         n_visible += n_seen

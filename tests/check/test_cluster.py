@@ -71,6 +71,28 @@ def test_a_cluster_runs_a_shard(tmp_path: Path, scheduler: str) -> None:
     assert strict_json(remote.stdout) == strict_json(local.stdout)
 
 
+def test_a_clusters_workers_compute_with_the_backend_asked_for(
+    tmp_path: Path, scheduler: str
+) -> None:
+    """--backend travels with the cases: each worker computes with it (a GPU worker on
+    its own device), and the verdicts are numpy's."""
+    pytest.importorskip("torch")
+    manifest = write_manifest(tmp_path)
+    local = run(manifest, "--jobs", "2", "--format", "json")
+    on_torch = run(manifest, "--cluster", scheduler, "--backend", "torch", "--format", "json")
+    assert on_torch.exit_code == local.exit_code
+    mine, theirs = strict_json(on_torch.stdout)["cases"], strict_json(local.stdout)["cases"]
+    checked = [c for c in mine if c["error"] is None]
+    assert checked
+    assert {c["backend"] for c in checked} == {"torch"}
+    assert {c["backend"] for c in theirs if c["error"] is None} == {"numpy"}
+    for a, b in zip(mine, theirs, strict=True):
+        assert a["passed"] == b["passed"], a["name"]
+        assert [(c["name"], c["status"]) for c in a["checks"]] == [
+            (c["name"], c["status"]) for c in b["checks"]
+        ], a["name"]
+
+
 def test_relative_paths_are_read_where_the_client_runs(workdir: Path, scheduler: str) -> None:
     """The workers were started in another folder: paths are made absolute for them."""
     write_manifest(workdir)

@@ -139,6 +139,13 @@ def test_a_check_gives_the_same_verdict_on_both_backends(device: str) -> None:
         ], name
 
 
+def test_options_the_lean_pass_does_not_take_run_on_numpy_and_the_report_says_so() -> None:
+    spec = make_spec(3, softcap=20.0)
+    with using(resolve("torch")):
+        report = run_checks(spec, [])
+    assert (report.backend, report.device) == ("numpy", "cpu")
+
+
 # --- choosing -----------------------------------------------------------------------------
 
 
