@@ -95,11 +95,18 @@ def kernel_section(ctx: Context, plan: Plan) -> Section | None:
         wcmd = [sys.executable, WORKERS, "kernel", *map(str, inputs), "--reference", ref]
         wcmd += ["--causal"] if case.causal else []
         torch = ctx.new_series(f"{case.key}/torch", wcmd)
+        # the same check with --backend torch: its lean pass on torch's CPU threads
+        tcmd = [*check_command(ctx, inputs, out, case.causal, ctx.scratch / "t.json")]
+        tcmd += ["--backend", "torch"]
+        on_torch = ctx.new_series(f"{case.key}/sdpa-backend-torch", tcmd)
         if ctx.have_torch:
             runs.append((torch, worker_runner(wcmd, torch_limits(ctx))))
+            runs.append(
+                (on_torch, sdpa_runner(tcmd, torch_limits(ctx), ctx.scratch / "t.json", (0, 1)))
+            )
         else:
-            torch.skipped = "torch not measured"
-        ctx.progress(f"{case.key}: sdpa check vs torch {ref} kernel")
+            torch.skipped = on_torch.skipped = "torch not measured"
+        ctx.progress(f"{case.key}: sdpa check (numpy; torch backend) vs torch {ref} kernel")
         alternate(runs, ctx.repeat, ctx.progress)
         r = ratio(sdpa.median_s, torch.median_s)
         tag = f"{shape_tag(case.shape)} {SHORT[case.dtype]}" + (" causal" if case.causal else "")
@@ -128,6 +135,30 @@ def kernel_section(ctx: Context, plan: Plan) -> Section | None:
             ]
         )
         problems += series_problems([sdpa, torch])
+        rt = ratio(on_torch.median_s, torch.median_s)
+        figures.append(
+            figure(
+                f"`check --backend torch` {tag} ÷ torch {SHORT[ref]} kernel",
+                rt,
+                None,
+                "×",
+                ".2f",
+                note_of(on_torch, torch) if rt is None else "",
+            )
+        )
+        rows.append(
+            [
+                f"{tag}, --backend torch",
+                SHORT[ref],
+                fmt(on_torch.median_s, ".3f"),
+                fmt(torch.median_s, ".3f"),
+                fmt(rt, ".2f"),
+                "-",
+                "info",
+                passed_cell(on_torch),
+            ]
+        )
+        problems += series_problems([on_torch])
     headers = ["case", "ref", "sdpa s", "torch s", "ratio", "target", "verdict", "check"]
     text = "\n".join(
         [

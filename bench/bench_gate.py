@@ -267,6 +267,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every run as JSON")
     parser.add_argument("--sdpa", default=default_sdpa(), help="the sdpa executable")
     parser.add_argument(
+        "--backend",
+        choices=("numpy", "torch"),
+        help="the library every check computes with (sdpa check --backend; default numpy)",
+    )
+    parser.add_argument(
         "--workers",
         type=positive_int,
         default=2,
@@ -429,8 +434,13 @@ def build_noise(root: Path, wanted: Any, sdpa: str) -> tuple[list[Noise], list[s
 # ---------------------------------------------------------------------------- running
 
 
+CHECK_FLAGS: list[str] = []
+"""Flags every `sdpa check` of the run is given (``--backend``)."""
+
+
 def sdpa_run(sdpa: str, args: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
     """`sdpa ARGS` without color or annotations; None when it ran past 600 s."""
+    args = [*args, *CHECK_FLAGS] if args and args[0] == "check" else list(args)
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
     env.pop("GITHUB_ACTIONS", None)  # no annotations on stderr
     try:
@@ -857,7 +867,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"python {platform.python_version()}"
     )
     print(", ".join(f"{m} {v or 'not importable'}" for m, v in found.items()))
-    print(f"sdpa: {args.sdpa}; every check with no tolerance flag")
+    if args.backend:
+        CHECK_FLAGS[:] = ["--backend", args.backend]
+    print(f"sdpa: {args.sdpa}; every check with no tolerance flag {' '.join(CHECK_FLAGS)}")
     cases, skipped = gk.cases()
     backward_cases, backward_skipped = gk.backward_cases()
 
