@@ -31,6 +31,7 @@ into, before stdout.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import sys
 import warnings
@@ -64,8 +65,10 @@ class SdpaGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         # click answers a broken pipe with exit 1 ("check failed"): it is told apart here.
+        # A command runs in a context of its own: the backend it chose (--backend) ends
+        # with it, and does not reach the next command run in the same process.
         try:
-            return super().invoke(ctx)
+            return contextvars.copy_context().run(super().invoke, ctx)
         except OSError as exc:
             raise streams.as_stream_error(exc) or exc from None
 

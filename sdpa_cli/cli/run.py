@@ -58,10 +58,19 @@ def _use_backend(backend: str | None, device: str | None) -> None:
     from sdpa_cli.files.config import read_config
 
     source, raw = read_config()
-    for key, value in (("backend", backend), ("device", device)):
-        if value is None and key in raw and not isinstance(raw[key], str):
-            raise SpecError(f"{source}: {key}", f"expected text, got {type(raw[key]).__name__}")
-    use(resolve(backend or raw.get("backend", "auto"), device or raw.get("device")))
+    flags = {"backend": backend, "device": device}
+    configured = {k: raw[k] for k, v in flags.items() if v is None and k in raw}
+    for key, value in configured.items():
+        if not isinstance(value, str):
+            raise SpecError(f"{source}: {key}", f"expected text, got {type(value).__name__}")
+    given = {**flags, **configured}
+    try:
+        use(resolve(given["backend"] or "auto", given["device"]))
+    except SpecError as e:  # a value from the config file is named as its key there
+        key = e.where.removeprefix("--")
+        if key in configured:
+            raise SpecError(f"{source}: {key}", e.problem) from None
+        raise
 
 
 def _one_blas_thread() -> None:
