@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -354,19 +355,33 @@ class TorchNamespace:
         return contextlib.nullcontext()
 
 
-def host_arrays(values: dict[str, Any]) -> dict[str, NDArray[Any]]:
-    """Every array of a dict moved to the host (numpy arrays as they are)."""
-    return {name: to_host(x) for name, x in values.items()}
+_buffers = threading.local()
+
+
+def scratch(name: str, dtype: np.dtype[Any], n: int, xp: Any = np) -> NDArray[Any]:
+    """A flat scratch array of at least ``n`` elements, this thread's own, reused: a
+    block's arrays are not allocated afresh (an engine thread's arena would hand them
+    back to the system, and every block would fault them in again). On a torch
+    device, one per device (its allocator keeps the memory for reuse as well)."""
+    if not hasattr(_buffers, "pool"):
+        _buffers.pool = {}
+    pool: dict[tuple[str, np.dtype[Any], Any], NDArray[Any]] = _buffers.pool
+    buf = pool.get((name, dtype, xp))
+    if buf is None or buf.shape[0] < n:
+        pool.pop((name, dtype, xp), None)  # the old one freed before the larger is made
+        buf = pool[(name, dtype, xp)] = xp.empty(n, dtype=dtype)
+    return buf[:n]
+
+
+def release_scratch() -> None:
+    """This thread's scratch arrays on torch devices dropped: their memory handed back to its
+    allocator when a sweep on it ends (a test suite's GPU keeps no block-sized
+    buffer of sdpa's between calls)."""
+    if hasattr(_buffers, "pool"):
+        for key in [k for k in _buffers.pool if k[2] is not np]:
+            del _buffers.pool[key]
 
 
 def contiguous(x: Any) -> bool:
     """Whether an array is C-contiguous (numpy's flag, torch's method)."""
     return bool(x.is_contiguous()) if is_tensor(x) else bool(x.flags.c_contiguous)
-
-
-@contextlib.contextmanager
-def quiet(xp: Any) -> Iterator[None]:
-    """numpy's floating-point warnings silenced (overflow, invalid, divide, underflow
-    are expected and handled where they happen); nothing for torch."""
-    with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        yield

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from sdpa_cli.engine.arrays import NUMPY, Backend, namespace
+from sdpa_cli.engine.arrays import NUMPY, Backend, namespace, release_scratch
 from sdpa_cli.engine.block import Block, Operands, attend_block, full_keys, key_range, operands
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import Index
@@ -193,8 +193,12 @@ def sweep(
         return result
 
     if jobs <= 1:
-        for place in places:
-            yield done(place, visit(place))
+        try:
+            for place in places:
+                yield done(place, visit(place))
+        finally:
+            if backend.threads_own:  # a device's block buffers go back when the sweep ends
+                release_scratch()
         return
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sdpa") as pool:
         pending: deque[tuple[Place, Future[T]]] = deque()

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import online, precision
+from sdpa_cli.engine.arrays import scratch
 from sdpa_cli.engine.block import (
     Operands,
     attend_block,
@@ -180,7 +181,7 @@ def lean_backward_block(
         # quarter faster with the long axis last (dV = (dOᵀ · A)ᵀ, dK = (Qᵀ · dS)ᵀ).
         dv = (dout.T @ a).T
         # the forward pass's logits are spent: dA and dS take their scratch array
-        da = online.scratch("x", np.dtype(np.float64), a.size).reshape(a.shape)
+        da = scratch("x", np.dtype(np.float64), a.size).reshape(a.shape)
         np.matmul(dout, inputs.v[keys].T, out=da)
         reads = HealthBlock(a, top, vis, keys.start, max_weight=found.rows.max_weight, da=da)
         health = read_health(reads, reads_da=True)  # dS is formed over dA below

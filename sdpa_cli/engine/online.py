@@ -38,7 +38,6 @@ the per-stage path (:func:`~sdpa_cli.engine.block.attend_block` and
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +45,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision, row_stats
-from sdpa_cli.engine.arrays import Backend, astype, namespace, namespace_of, numpy_dtype, to_host
+from sdpa_cli.engine.arrays import (
+    Backend,
+    astype,
+    namespace,
+    namespace_of,
+    numpy_dtype,
+    scratch,
+    to_host,
+)
 from sdpa_cli.engine.block import (
     DENORMAL_FLOOR,
     Operands,
@@ -159,31 +166,6 @@ class Online:
     weights: NDArray[Any] | None = None
     """With ``keep_weights``: (rows, keys) the softmax's weights, hidden keys 0: this
     thread's scratch array, valid until its next pass."""
-
-
-_buffers = threading.local()
-
-
-def scratch(name: str, dtype: np.dtype[Any], n: int, xp: Any = np) -> NDArray[Any]:
-    """A flat scratch array of at least ``n`` elements, this thread's own, reused: a
-    block's arrays are not allocated afresh (an engine thread's arena would hand them
-    back to the system, and every block would fault them in again). On a torch
-    device, one per device (its allocator keeps the memory for reuse as well)."""
-    if not hasattr(_buffers, "pool"):
-        _buffers.pool = {}
-    pool: dict[tuple[str, np.dtype[Any], Any], NDArray[Any]] = _buffers.pool
-    buf = pool.get((name, dtype, xp))
-    if buf is None or buf.shape[0] < n:
-        pool.pop((name, dtype, xp), None)  # the old one freed before the larger is made
-        buf = pool[(name, dtype, xp)] = xp.empty(n, dtype=dtype)
-    return buf[:n]
-
-
-def release_scratch() -> None:
-    """This thread's scratch arrays dropped (a device's memory handed back to its
-    allocator once a run is done)."""
-    if hasattr(_buffers, "pool"):
-        _buffers.pool.clear()
 
 
 def attend_online(

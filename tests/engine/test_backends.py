@@ -27,7 +27,7 @@ from attention_cases import CASES, make_spec
 
 from sdpa_cli.check.records import Expected
 from sdpa_cli.check.run import run_checks
-from sdpa_cli.engine import precision
+from sdpa_cli.engine import arrays, precision
 from sdpa_cli.engine.arrays import NUMPY, Backend, current, namespace, resolve, using
 from sdpa_cli.engine.block import key_range, operands
 from sdpa_cli.engine.online import Online, attend_online
@@ -144,6 +144,14 @@ def test_options_the_lean_pass_does_not_take_run_on_numpy_and_the_report_says_so
     with using(resolve("torch")):
         report = run_checks(spec, [])
     assert (report.backend, report.device) == ("numpy", "cpu")
+
+
+def test_a_run_on_torch_keeps_no_block_buffer_once_done() -> None:
+    """A kernel test suite's GPU holds none of sdpa's block-sized buffers between calls."""
+    with using(resolve("torch")):
+        run_checks(make_spec(1, causal=True, L=40, S=40), [])
+    pool = getattr(arrays._buffers, "pool", {})
+    assert [key for key in pool if key[2] is not np] == []
 
 
 # --- choosing -----------------------------------------------------------------------------
