@@ -34,6 +34,7 @@ from sdpa_cli.engine.online import Online, attend_online
 from sdpa_cli.engine.options import FINFO_MIN
 from sdpa_cli.engine.records import Records
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.trace import trace
 from sdpa_cli.errors import SpecError
 
 torch = pytest.importorskip("torch")
@@ -97,6 +98,44 @@ def test_torch_computes_every_block_as_numpy_does(
             for fmt, record in getattr(want.records, kind).items():
                 other = getattr(got.records, kind)[fmt]
                 assert (other.count, other.first) == (record.count, record.first), kind
+
+
+OTHER_OPTIONS: dict[str, dict[str, Any]] = {
+    "softcap": {"softcap": 5.0, "causal": True},
+    "alibi": {"alibi": True},
+    "float-mask": {"mask": "float"},
+    "bfloat16-emulated": {"dtype": "bfloat16", "causal": True},
+}
+"""Options the lean pass does not take: the per-stage path computes them, on numpy's
+threads whatever the backend."""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "case", [*CASES.values(), *OTHER_OPTIONS.values()], ids=[*CASES, *OTHER_OPTIONS]
+)
+def test_every_option_traces_the_same_on_both_backends(case: dict[str, Any], device: str) -> None:
+    """What ``compute`` finds: the output, every row statistic and the score moments."""
+    spec = make_spec(12, **case)
+    float32 = case.get("float32", False)
+    rtol, atol = (1e-5, 1e-6) if float32 else (1e-12, 1e-13)
+    found = []
+    for backend in (NUMPY, resolve("torch", device)):
+        with using(backend):
+            found.append(trace(spec, stages=("output",), summarize=("output",)))
+    mine, theirs = found[1], found[0]
+    assert mine.output is not None
+    assert theirs.output is not None
+    np.testing.assert_allclose(mine.output, theirs.output, rtol=rtol, atol=atol)
+    a, b = mine.stats, theirs.stats
+    if not float32:
+        np.testing.assert_array_equal(a.n_visible, b.n_visible)
+        np.testing.assert_array_equal(a.argmax, b.argmax)
+    np.testing.assert_allclose(a.max_weight, b.max_weight, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(a.entropy, b.entropy, rtol=rtol, atol=max(atol, 1e-12))
+    assert a.moments.count == b.moments.count
+    assert a.moments.mean_ == pytest.approx(b.moments.mean_, rel=1e-9, abs=1e-12)
+    assert a.moments.m2 == pytest.approx(b.moments.m2, rel=1e-9)
 
 
 # --- whole runs ---------------------------------------------------------------------------
