@@ -27,7 +27,7 @@ from attention_cases import CASES, make_spec
 
 from sdpa_cli.check.records import Expected
 from sdpa_cli.check.run import run_checks
-from sdpa_cli.engine import arrays, precision
+from sdpa_cli.engine import arrays, online, precision
 from sdpa_cli.engine.arrays import NUMPY, Backend, current, namespace, resolve, using
 from sdpa_cli.engine.block import key_range, operands
 from sdpa_cli.engine.online import Online, attend_online
@@ -191,6 +191,39 @@ def test_a_run_on_torch_keeps_no_block_buffer_once_done() -> None:
         run_checks(make_spec(1, causal=True, L=40, S=40), [])
     pool = getattr(arrays._buffers, "pool", {})
     assert [key for key in pool if key[2] is not np] == []
+
+
+class _Device:
+    """A device with ``free`` bytes free, as :func:`online.block_shape` asks one."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+
+    def free_bytes(self) -> int:
+        return self.free
+
+
+def test_blocks_on_a_device_are_sized_from_its_free_memory_and_a_case_too_large_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = make_spec(0, L=64, S=30_000, E=64, Ev=64)
+    gpu = Backend("torch", "cuda:0")
+    monkeypatch.setattr(online, "namespace", lambda backend: _Device(4 << 30))
+    rows, keys = online.block_shape(spec, gpu)
+    assert keys == online.DEVICE_KEY_BLOCK
+    # float64 scores of 8,192 keys: 8 arrays of them a row, in half the memory
+    assert rows == min(
+        online.DEVICE_ROWS, ((2 << 30) - 4 * 8 * 30_000 * 128) // (8 * (8192 * 8 + 512))
+    )
+    monkeypatch.setattr(online, "namespace", lambda backend: _Device(40 << 20))
+    with pytest.raises(
+        SpecError, match=r"^--device: cuda:0 has 40 MiB free; a block of this case needs \d+ MiB"
+    ):
+        online.block_shape(spec, gpu)
+    assert online.block_shape(spec, Backend("torch", "cpu")) == (
+        online.QUERY_BLOCK,
+        online.KEY_BLOCK,
+    )
 
 
 # --- choosing -----------------------------------------------------------------------------
