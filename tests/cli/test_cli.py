@@ -302,6 +302,8 @@ PAYLOAD_KEYS = {
     "temperature",
     "options",
     "options_typed",
+    "backend",
+    "device",
     "stages",
     "findings",
     "finding_counts",
