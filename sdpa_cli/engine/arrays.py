@@ -26,7 +26,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -50,6 +50,9 @@ class Backend:
     """``numpy`` or ``torch``."""
     device: str = "cpu"
     """``cpu``, ``cuda``, ``cuda:N`` (torch only)."""
+    float64: bool = field(default=True, compare=False)
+    """Whether the device computes in float64 (Apple's MPS does not: a run that needs
+    float64 is then computed by numpy, and its report says so)."""
 
     @property
     def label(self) -> str:
@@ -137,9 +140,18 @@ def resolve(name: str = "auto", device: str | None = None, given: Iterable[Any] 
         count = module.device_count()
         if where.index is not None and where.index >= count:
             raise SpecError("--device", f"{device!r}: torch sees {count} {where.type} device(s)")
-        if where.index is None:  # named as a report names it: cuda:0
+        if where.index is None and hasattr(module, "current_device"):  # as reports name it
             where = torch.device(where.type, module.current_device())
-    return Backend("torch", str(where))
+    return Backend("torch", str(where), _has_float64(torch, where))
+
+
+def _has_float64(torch: Any, device: Any) -> bool:
+    """Whether torch computes in float64 on ``device``."""
+    try:
+        torch.zeros(1, dtype=torch.float64, device=device).sum()
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 def namespace(backend: Backend) -> Any:

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import online, precision
 from sdpa_cli.engine.arrays import NUMPY, Backend, current
-from sdpa_cli.engine.block import Block, block_lse
+from sdpa_cli.engine.block import Block, block_lse, native_dtype
 from sdpa_cli.engine.driver import Place, block_rows
 from sdpa_cli.engine.records import Moments, Records
 from sdpa_cli.engine.spec import AttentionSpec
@@ -49,9 +49,15 @@ def first_moments(place: Place, stats: Stats | None) -> Moments | None:
 
 def lean_backend(spec: AttentionSpec) -> Backend:
     """What a sweep of :func:`forward` over ``spec`` computes with: the context's
-    backend (:func:`~sdpa_cli.engine.arrays.current`) where the lean pass applies;
-    numpy, on the sweep's threads, for the per-stage path."""
-    return current() if online.applies(spec) else NUMPY
+    backend (:func:`~sdpa_cli.engine.arrays.current`) where the lean pass applies and
+    the device computes in its dtype; numpy, on the sweep's threads, for the per-stage
+    path, and for float64 on a device without it (the same numbers, not float32's)."""
+    backend = current()
+    if not online.applies(spec):
+        return NUMPY
+    if not backend.float64 and native_dtype(spec) == np.dtype(np.float64):
+        return NUMPY
+    return backend
 
 
 def query_block(spec: AttentionSpec) -> int | None:

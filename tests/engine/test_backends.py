@@ -31,9 +31,9 @@ from sdpa_cli.engine import arrays, online, precision
 from sdpa_cli.engine.arrays import NUMPY, Backend, current, namespace, resolve, using
 from sdpa_cli.engine.block import key_range, operands
 from sdpa_cli.engine.online import Online, attend_online
-from sdpa_cli.engine.options import FINFO_MIN
+from sdpa_cli.engine.options import FINFO_MIN, Options
 from sdpa_cli.engine.records import Records
-from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.errors import SpecError
 
@@ -145,7 +145,7 @@ def float16_exports() -> tuple[AttentionSpec, dict[str, np.ndarray]]:
     """A causal float16 case, its output as torch's kernel gives it, and two slips."""
     rng = np.random.default_rng(5)
     q, k, v = (rng.normal(size=(1, 4, 96, 32)).astype(np.float16) for _ in range(3))
-    spec = make_float16_spec(q, k, v)
+    spec = causal_spec(q, k, v)
     f = torch.nn.functional.scaled_dot_product_attention
     t = [torch.from_numpy(a.astype(np.float32)) for a in (q, k, v)]
     good = f(*t, is_causal=True).half().numpy()
@@ -154,11 +154,15 @@ def float16_exports() -> tuple[AttentionSpec, dict[str, np.ndarray]]:
     return spec, {"correct": good, "no causal mask": no_mask, "no scale": no_scale}
 
 
-def make_float16_spec(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> AttentionSpec:
-    from sdpa_cli.engine.options import Options
-    from sdpa_cli.engine.spec import build_spec
-
+def causal_spec(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> AttentionSpec:
     return build_spec(q, k, v, options=Options(causal=True))
+
+
+def reference_output(spec: AttentionSpec) -> np.ndarray:
+    """The output in float64, every stage computed."""
+    output = trace(spec, stages=("output",)).output
+    assert output is not None
+    return output
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,6 +180,21 @@ def test_a_check_gives_the_same_verdict_on_both_backends(device: str) -> None:
         assert [(c.name, c.status, c.summary) for c in mine.checks] == [
             (c.name, c.status, c.summary) for c in theirs.checks
         ], name
+
+
+def test_a_device_without_float64_leaves_a_float64_run_to_numpy_and_computes_float32() -> None:
+    """Apple's MPS has no float64: a float16 export's float32 reference is computed
+    there, a float32 export's float64 one by numpy, and the report says which."""
+    no_float64 = Backend("torch", "cpu", float64=False)
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.normal(size=(1, 2, 24, 8)) for _ in range(3))
+    for dtype, computed in (("float16", "torch"), ("float32", "numpy")):
+        spec = causal_spec(*(a.astype(dtype) for a in (q, k, v)))
+        out = np.asarray(reference_output(spec), dtype=dtype)
+        with using(no_float64):
+            report = run_checks(spec, [Expected("output", out, "out.npy")])
+        assert report.passed
+        assert report.backend == computed, dtype
 
 
 def test_options_the_lean_pass_does_not_take_run_on_numpy_and_the_report_says_so() -> None:
