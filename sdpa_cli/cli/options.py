@@ -94,8 +94,8 @@ JOBS_HELP = "Threads computing blocks (default: the number of cores)."
 BACKEND_OPTION = click.option(
     "--backend",
     type=click.Choice(("auto", *BACKENDS)),
-    help="The library that computes the blocks: numpy (default), or torch on --device "
-    "(config: backend).",
+    help="The library that computes the blocks: numpy, or torch on --device (default: "
+    "numpy, torch for a --device other than cpu; config: backend).",
 )
 DEVICE_OPTION = click.option(
     "--device",
