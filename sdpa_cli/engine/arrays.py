@@ -244,7 +244,9 @@ class TorchNamespace:
         if isinstance(x, t.Tensor):
             return x.to(device=self.device, dtype=target)
         host = np.asarray(x)
-        if not host.flags.writeable:  # torch has no read-only tensor: a copy, not a view
+        if host.dtype not in self._dtypes:  # ml_dtypes' bfloat16 and float8: none of torch's
+            host = host.astype(np.float32 if dtype is None else dtype)
+        elif not host.flags.writeable:  # torch has no read-only tensor: a copy, not a view
             host = host.copy()
         return t.from_numpy(host).to(device=self.device, dtype=target)
 

@@ -32,6 +32,7 @@ from sdpa_cli.engine.arrays import NUMPY, Backend, current, namespace, resolve, 
 from sdpa_cli.engine.block import key_range, operands
 from sdpa_cli.engine.online import Online, attend_online
 from sdpa_cli.engine.options import FINFO_MIN, Options
+from sdpa_cli.engine.precision import numpy_dtype
 from sdpa_cli.engine.records import Records
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.trace import trace
@@ -180,6 +181,23 @@ def test_a_check_gives_the_same_verdict_on_both_backends(device: str) -> None:
         assert [(c.name, c.status, c.summary) for c in mine.checks] == [
             (c.name, c.status, c.summary) for c in theirs.checks
         ], name
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float8_e4m3fn"])
+def test_inputs_in_formats_torch_cannot_take_from_numpy_are_computed_the_same(fmt: str) -> None:
+    """bfloat16 and float8 files are ml_dtypes arrays, which torch cannot view."""
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.normal(size=(1, 2, 24, 8)).astype(numpy_dtype(fmt)) for _ in range(3))
+    spec = causal_spec(q, k, v)
+    out = reference_output(spec).astype(numpy_dtype(fmt))  # an export in the format
+    reports = []
+    for backend in (NUMPY, resolve("torch")):
+        with using(backend):
+            reports.append(run_checks(spec, [Expected("output", out, "out.npy")]))
+    assert reports[1].backend == "torch"
+    assert [(c.name, c.status, c.summary) for c in reports[1].checks] == [
+        (c.name, c.status, c.summary) for c in reports[0].checks
+    ]
 
 
 def test_a_device_without_float64_leaves_a_float64_run_to_numpy_and_computes_float32() -> None:
