@@ -266,7 +266,11 @@ class VBounds:
             held[0][rows], held[1][rows] = lo, hi
 
     def __getitem__(self, lead: Index) -> tuple[NDArray[Any], NDArray[Any]]:
-        """Slice ``lead``'s bounds, ``(L, Ev)`` or one row broadcast over them."""
+        """Slice ``lead``'s bounds, ``(L, Ev)`` or one row broadcast over them (a
+        slice of no query rows, which no block put: bounds of no element)."""
+        if not self._rows and lead not in self._by_slice:
+            nothing = np.zeros((1, 1), self._dtype)
+            return nothing, nothing
         return self._by_slice[lead]
 
 

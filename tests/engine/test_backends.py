@@ -200,6 +200,27 @@ def test_inputs_in_formats_torch_cannot_take_from_numpy_are_computed_the_same(fm
     ]
 
 
+@pytest.mark.parametrize(("L", "S"), [(0, 5), (5, 0), (0, 0), (1, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_query_or_no_key_is_judged_the_same_on_both_backends(
+    L: int, S: int, causal: bool
+) -> None:
+    """Regression: an output export of no query rows failed with an internal error."""
+    rng = np.random.default_rng(8)
+    q = rng.normal(size=(1, 2, L, 4)).astype(np.float16)
+    k, v = (rng.normal(size=(1, 2, S, 4)).astype(np.float16) for _ in range(2))
+    spec = build_spec(q, k, v, options=Options(causal=causal))
+    out = reference_output(spec).astype(np.float16)
+    reports = []
+    for backend in (NUMPY, resolve("torch")):
+        with using(backend):
+            reports.append(run_checks(spec, [Expected("output", out, "out.npy")]))
+    assert reports[0].passed
+    assert [(c.name, c.status, c.summary) for c in reports[1].checks] == [
+        (c.name, c.status, c.summary) for c in reports[0].checks
+    ]
+
+
 def test_a_device_without_float64_leaves_a_float64_run_to_numpy_and_computes_float32() -> None:
     """Apple's MPS has no float64: a float16 export's float32 reference is computed
     there, a float32 export's float64 one by numpy, and the report says which."""
