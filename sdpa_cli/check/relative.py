@@ -131,9 +131,7 @@ def needs_plain(
             floor = _floor(r, rows, judgement)
             beyond = np.abs(err) > judgement.factor * floor
         block: NDArray[np.bool_] = np.array(beyond.any(axis=-1) if rows else beyond)
-        shifted, _ = shifted_slices(
-            err, np.zeros_like(err), floor, finite, slices, judgement.factor
-        )
+        shifted, _ = shifted_slices(err, None, floor, finite, slices, judgement.factor)
         for (k, *_rest), _, _ in shifted:
             block[k] = True  # a slice's shift is judged against its whole plain computation
         need[at] = block
@@ -260,28 +258,32 @@ class RelativeRule:
         self.figures.add(at, a, r, finite)  # first: its pieces' temporaries come and go alone
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.where(finite, a - r, 0.0)
-            if plain is None:  # the plain computation was not needed anywhere
-                known = np.zeros(a.shape, dtype=np.bool_)
-                plain_err = np.zeros(a.shape)
-            else:
-                known = finite & np.isfinite(plain)  # NaN: the plain computation was not needed
-                plain_err = np.where(known, plain - r, 0.0)
+            # the plain computation's error; None where it was not needed anywhere (0:
+            # what it adds below is nothing, and is not computed)
+            plain_err, known = None, 0
+            if plain is not None:
+                known_at = finite & np.isfinite(plain)  # NaN: the plain computation was not needed
+                plain_err, known = np.where(known_at, plain - r, 0.0), int(known_at.sum())
             floor = _floor(r, self.rows, judgement)
             if terms is not None:
                 floor = np.maximum(floor, judgement.floor_ulps * ulp(terms, judgement.export))
             # |err| / (factor · max(the slice's largest |plain err|, floor)); err is 0
             # where a side is not finite, so the ratio is 0 there
             axes = tuple(range(1, err.ndim))
-            largest = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
+            allowed = floor  # floor > 0: no plain error is larger than it where it is 0
+            if plain_err is not None:
+                largest = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
+                allowed = np.maximum(largest, floor)
             ratio = np.abs(err)
-            ratio /= judgement.factor * np.maximum(largest, floor)
+            ratio /= judgement.factor * allowed
         beyond = ratio > 1.0
         tally.beyond += int(np.count_nonzero(beyond))
         self.spread.add(at, a, r, finite, beyond)
-        widest = np.max(np.broadcast_to(floor, err.shape), axis=axes, initial=0.0)
-        self.slice_allowed[at] = judgement.factor * np.maximum(
-            largest.reshape(-1), widest.reshape(-1)
-        )
+        # the largest floor of each slice (of its elements: none where it has none)
+        widest = np.max(floor, axis=axes, initial=0.0) if err.size else np.zeros(len(err))
+        if plain_err is not None:
+            widest = np.maximum(largest.reshape(-1), widest.reshape(-1))
+        self.slice_allowed[at] = judgement.factor * widest.reshape(-1)
         top = float(np.max(ratio, initial=0.0))
         if top > tally.ratio:
             local = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
@@ -293,16 +295,19 @@ class RelativeRule:
         tally.shift_ratio = max(tally.shift_ratio, most)
         counts = np.maximum(finite.reshape(len(a), -1).sum(axis=1), 1)
         self.slice_rms[at] = rms(err.reshape(len(a), -1), counts)
-        self.slice_plain[at] = rms(plain_err.reshape(len(a), -1), counts)
-        if slices > 1:
-            per_row = np.maximum(finite.sum(axis=-1), 1)
+        per_row = np.maximum(finite.sum(axis=-1), 1) if slices > 1 else None
+        if per_row is not None:
             self.row_rms[at] = rms(err, per_row)
-            self.row_plain[at] = rms(plain_err, per_row)
-        flat_err, flat_plain = err.ravel(), plain_err.ravel()
+        flat_err = err.ravel()
         tally.squares += float(flat_err @ flat_err)
-        tally.plain_squares += float(flat_plain @ flat_plain)
         tally.finite += int(finite.sum())
-        tally.known += int(known.sum())
+        if plain_err is not None:  # else its RMS errors stay 0, as they were made
+            self.slice_plain[at] = rms(plain_err.reshape(len(a), -1), counts)
+            if per_row is not None:
+                self.row_plain[at] = rms(plain_err, per_row)
+            flat_plain = plain_err.ravel()
+            tally.plain_squares += float(flat_plain @ flat_plain)
+            tally.known += known
 
     def check(
         self, actual: F64, reference: Readable, label: str, equal_nan: bool, again: Blocks

@@ -38,7 +38,7 @@ def rms(x: F64, n: NDArray[np.int64]) -> F64:
 
 def shifted_slices(
     err: F64,
-    plain: F64,
+    plain: F64 | None,
     floor: F64,
     finite: NDArray[np.bool_],
     slices: int,
@@ -46,15 +46,17 @@ def shifted_slices(
 ) -> tuple[list[tuple[tuple[int, ...], float, float]], float]:
     """The (batch, head) slices whose mean signed error is beyond what rounding allows,
     as (index, mean error, allowance), and the largest ratio of a slice's mean error
-    to its allowance; ``plain`` is the plain computation's error and ``floor`` each
-    element's floor."""
+    to its allowance; ``plain`` is the plain computation's error (None: 0, not
+    computed) and ``floor`` each element's floor."""
     if err.ndim <= slices:
         return [], 0.0
-    n, (e, p) = _by_slice(finite, slices, err, plain)
+    n, (e,) = _by_slice(finite, slices, err)
     mean = e.sum(axis=-1) / n
     spread = np.sqrt(np.maximum(np.einsum("...i,...i->...", e, e) / n - mean * mean, 0.0))
-    plain_mean = np.abs(p.sum(axis=-1) / n)
-    plain_rms = rms(p, n)
+    plain_mean = plain_rms = np.zeros_like(mean)
+    if plain is not None:
+        _, (p,) = _by_slice(finite, slices, plain)
+        plain_mean, plain_rms = np.abs(p.sum(axis=-1) / n), rms(p, n)
     # the floor's RMS over the slice (a row's floor stands for its elements)
     axes = tuple(range(-slices, 0))
     squares = np.sum(np.square(floor), axis=axes)  # a slice of no values: 0
