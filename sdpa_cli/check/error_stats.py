@@ -63,10 +63,12 @@ def _errors(a: F64, r: F64, finite: NDArray[np.bool_]) -> tuple[F64, F64, F64, F
     """The absolute and the relative error of a piece ``(k, m)``, shaped as it with 0
     at the pairs not finite on both sides (per slice), and of its finite pairs alone
     (flat: what the statistics count)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = np.abs(np.where(finite, a, 0.0) - np.where(finite, r, 0.0))
-        rel = relative_error(d, np.abs(np.where(finite, r, 0.0)))
     every = bool(finite.all())  # the common case: no copy through the mask
+    if not every:
+        a, r = np.where(finite, a, 0.0), np.where(finite, r, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = np.abs(a - r)
+        rel = relative_error(d, np.abs(r))
     return d, rel, (d.ravel() if every else d[finite]), (rel.ravel() if every else rel[finite])
 
 
@@ -154,7 +156,7 @@ class ErrorFigures:
             self.slice_sum[rows] += d.sum(axis=1)
             np.maximum.at(self.slice_max, rows, d.max(axis=1, initial=0.0))
             np.maximum.at(self.slice_max_rel, rows, rel_all.max(axis=1, initial=0.0))
-            aa, rr = np.where(pf, pa, 0.0), np.where(pf, pr, 0.0)
+            aa, rr = (pa, pr) if pf.all() else (np.where(pf, pa, 0.0), np.where(pf, pr, 0.0))
             self.dot[at][piece] += np.einsum("ij,ij->i", aa, rr)
             self.norm_a[at][piece] += np.einsum("ij,ij->i", aa, aa)
             self.norm_r[at][piece] += np.einsum("ij,ij->i", rr, rr)
