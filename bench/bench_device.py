@@ -143,11 +143,8 @@ def verdicts(device: str) -> dict[str, Any]:
                 results = {}
                 for backend in ("numpy", "torch"):
                     try:
-                        r = assert_attention_close(
-                            q, k, v, output=out, causal=causal, backend=backend
-                        )
+                        assert_attention_close(q, k, v, output=out, causal=causal, backend=backend)
                         results[backend] = ("pass", [])
-                        results[backend + "_on"] = r.device
                     except AssertionError as e:
                         failed = [
                             line.split()[1].rstrip(":")

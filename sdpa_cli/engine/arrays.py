@@ -12,7 +12,7 @@ Why not the array API standard (``array-api-compat``): it has no ``out=``, no
 ``where=`` in reductions and no masked fill in place, which the numpy path relies on
 for its speed (two score-sized buffers a thread, reused block after block); keeping
 them would need a layer of our own on top of it anyway. This adapter is that layer
-alone, about a hundred lines, with no dependency.
+alone, about 150 lines, with no dependency.
 
 torch is imported only when a run asks for it (``--backend torch``, or tensors given
 to :func:`~sdpa_cli.testing.assert_attention_close`): ``sdpa --help`` and every
@@ -53,11 +53,6 @@ class Backend:
     float64: bool = field(default=True, compare=False)
     """Whether the device computes in float64 (Apple's MPS does not: a run that needs
     float64 is then computed by numpy, and its report says so)."""
-
-    @property
-    def label(self) -> str:
-        """``numpy``, ``torch (cpu)``, ``torch (cuda:0)``: what a report says."""
-        return self.name if self.name == "numpy" else f"{self.name} ({self.device})"
 
     @property
     def threads_own(self) -> bool:
@@ -286,8 +281,9 @@ class TorchNamespace:
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         t = self.torch
-        if not isinstance(a, t.Tensor) and not isinstance(b, t.Tensor):
-            return t.where(cond, t.tensor(float(a), device=self.device), float(b))
+        if not isinstance(a, t.Tensor) and not isinstance(b, t.Tensor):  # float64, as numpy's
+            one = t.tensor(float(a), dtype=t.float64, device=self.device)
+            return t.where(cond, one, float(b))
         like = a if isinstance(a, t.Tensor) else b
         return t.where(cond, self._tensor(a, like), self._tensor(b, like))
 

@@ -62,8 +62,8 @@ def lean_backend(spec: AttentionSpec) -> Backend:
 
 def query_block(spec: AttentionSpec) -> int | None:
     """Query rows per block for a sweep that calls :func:`forward` (None: the
-    driver's default, for the per-stage path)."""
-    return online.block_shape(spec, current())[0] if online.applies(spec) else None
+    driver's default, for the per-stage path), on :func:`lean_backend`'s library."""
+    return online.block_shape(spec, lean_backend(spec))[0] if online.applies(spec) else None
 
 
 def forward(

@@ -204,7 +204,7 @@ def attend_online(
         key_block = max(k1 - k0, 1)
     q = xp.asarray(spec.q[spec.operand_index("q", lead)][rows], dtype=dt)
     factor = spec.factor
-    qf = q * dt.type(factor) if xp is np else q * float(dt.type(factor))
+    qf = q * float(dt.type(factor))  # the factor in the dtype, a weak scalar for both
     ev = ops.v.shape[1]
     neg = float(np.finfo(dt).min)  # hidden keys: exp gives 0, and 0 · it is 0 (not NaN)
     floor = DENORMAL_FLOOR[dt]
@@ -302,13 +302,12 @@ def attend_online(
         lse = xp.where(seen_any, astype(m, np.float64) + log_total, -math.inf)
         uniform = None
         if mask_value is not None and k1 > k0:
-            uniform = uniform_rows(spec, lead, rows, to_host(seen_any))
+            uniform = xp.asarray(uniform_rows(spec, lead, rows, to_host(seen_any)))
             if uniform.any():
                 if keep_weights:
                     return None  # their weights are not e / ℓ: the per-stage path keeps them
-                output[xp.asarray(uniform)] = xp.mean(ops.v[k0:k1], axis=0, dtype=dt)
-                lse[xp.asarray(uniform)] = mask_value + math.log(k1 - k0)
-            uniform = xp.asarray(uniform)
+                output[uniform] = xp.mean(ops.v[k0:k1], axis=0, dtype=dt)
+                lse[uniform] = mask_value + math.log(k1 - k0)
         finite_m = astype(xp.where(xp.isfinite(m), m, 0), dt)
         final = row_stats.Final(
             total,

@@ -271,7 +271,9 @@ def test_blocks_on_a_device_are_sized_from_its_free_memory_and_a_case_too_large_
     assert keys == online.DEVICE_KEY_BLOCK
     # float64 scores of 8,192 keys: 8 arrays of them a row, in half the memory
     assert rows == min(
-        online.DEVICE_ROWS, ((2 << 30) - 4 * 8 * 30_000 * 128) // (8 * (8192 * 8 + 512))
+        online.DEVICE_ROWS,
+        ((2 << 30) - 4 * 8 * 30_000 * 128)
+        // (8 * (online.DEVICE_KEY_BLOCK * online.DEVICE_SCORE_ARRAYS + 4 * 128)),
     )
     monkeypatch.setattr(online, "namespace", lambda backend: _Device(40 << 20))
     with pytest.raises(
