@@ -20,6 +20,7 @@ from sdpa_cli.api.outputs import PICTURES, Outputs
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
+    from sdpa_cli.engine.arrays import Backend
     from sdpa_cli.engine.spec import AttentionSpec
     from sdpa_cli.files.writers import Writer
 
@@ -45,11 +46,17 @@ def start_engine(computing: tuple[int | None, str | None, str | None]) -> int:
     if not chosen and "numpy" in sys.modules:
         _one_blas_thread()
     keep_freed_blocks()
-    _use_backend(backend, device)  # after BLAS is told its threads: this loads numpy
+    chosen_backend = _use_backend(backend, device)  # after BLAS's threads: this loads numpy
+    if chosen_backend.name == "torch" and not chosen:
+        # torch read OMP_NUM_THREADS=1, set above for numpy's BLAS; its blocks run one at
+        # a time, each over the engine's threads (it ran on one core)
+        import torch
+
+        torch.set_num_threads(n)
     return n
 
 
-def _use_backend(backend: str | None, device: str | None) -> None:
+def _use_backend(backend: str | None, device: str | None) -> Backend:
     """The flags over the config file's ``backend`` and ``device``, resolved (torch
     imported, the device found) and used for the command's run."""
     # imported here: keeps sdpa --help fast
@@ -65,12 +72,14 @@ def _use_backend(backend: str | None, device: str | None) -> None:
             raise SpecError(f"{source}: {key}", f"expected text, got {type(value).__name__}")
     given = {**flags, **configured}
     try:
-        use(resolve(given["backend"] or "auto", given["device"]))
+        chosen = resolve(given["backend"] or "auto", given["device"])
     except SpecError as e:  # a value from the config file is named as its key there
         key = e.where.removeprefix("--")
         if key in configured:
             raise SpecError(f"{source}: {key}", e.problem) from None
         raise
+    use(chosen)
+    return chosen
 
 
 def _one_blas_thread() -> None:

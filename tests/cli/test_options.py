@@ -51,3 +51,24 @@ def test_a_blas_thread_count_the_user_set_wins() -> None:
     found = blas_threads(OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2")
     assert found["after"] == found["before"]
     assert max(found["after"]) == 2
+
+
+TORCH_SCRIPT = """
+import torch
+from sdpa_cli.cli.options import Computing
+from sdpa_cli.cli.run import start_engine
+
+print(start_engine(Computing(jobs=3, backend="torch")), torch.get_num_threads())
+"""
+
+
+def test_torch_computes_on_the_engines_threads_not_the_one_blas_is_given() -> None:
+    """Regression: OMP_NUM_THREADS=1, set for numpy's BLAS, left torch on one core."""
+    pytest.importorskip("torch")
+    clean = {k: v for k, v in os.environ.items() if k not in BLAS_THREADS}
+    run = subprocess.run(
+        [sys.executable, "-c", TORCH_SCRIPT], env=clean, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    threads, torch_threads = run.stdout.split()
+    assert torch_threads == threads == "3"
