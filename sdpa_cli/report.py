@@ -27,8 +27,9 @@ from sdpa_cli._version import __version__
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, failure_lines
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.inspect import FileReport, TensorStats, Unreadable
-from sdpa_cli.engine.arrays import current
+from sdpa_cli.engine.arrays import NUMPY, Backend
 from sdpa_cli.engine.block import applicable_stages
+from sdpa_cli.engine.forward import lean_backend
 from sdpa_cli.engine.trace import Trace
 from sdpa_cli.errors import ExitCode
 from sdpa_cli.schemas import SCHEMA_VERSION
@@ -68,9 +69,13 @@ def _typed_value(value: Any, for_json: bool) -> Any:
     return value
 
 
-def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
-    """Versions, shapes, scale and options, and what computed them (the backend in use,
-    :func:`~sdpa_cli.engine.arrays.current`): the head of every trace document."""
+def setup_payload(
+    spec: AttentionSpec, *, for_json: bool, computed: Backend | None = None
+) -> dict[str, Any]:
+    """Versions, shapes, scale and options, and what computed them (``computed``;
+    default: what computes the lean pass of ``spec``'s findings,
+    :func:`~sdpa_cli.engine.forward.lean_backend`): the head of every trace document."""
+    computed = computed or lean_backend(spec)
     o = spec.options
     shapes: dict[str, list[int]] = {n: list(s) for n, s in spec.shapes.items()}
     shapes["weights"] = list(spec.weights_shape)
@@ -111,8 +116,8 @@ def setup_payload(spec: AttentionSpec, *, for_json: bool) -> dict[str, Any]:
             "prescale": o.prescale,
         },
         "options_typed": {name: _typed_value(v, for_json) for name, v in o.typed.items()},
-        "backend": current().name,
-        "device": current().device,
+        "backend": computed.name,
+        "device": computed.device,
     }
 
 
@@ -248,7 +253,7 @@ def grad_payload(
     (:func:`grad_arrays`) are written a piece at a time, in its place, by
     :func:`~sdpa_cli.stream.write_with_arrays`. ``options.dtype`` is the format the
     gradients were judged against (``--dtype``); the backward pass itself is float64."""
-    data = setup_payload(grads.spec, for_json=for_json)
+    data = setup_payload(grads.spec, for_json=for_json, computed=NUMPY)  # the backward: numpy
     data["options"]["dtype"] = dtype
     data["dout"] = dout
     data["gradients"] = None

@@ -62,3 +62,19 @@ def test_a_bad_backend_or_device_is_one_line(
         (workdir / "sdpa.yaml").write_text(config)
     line = assert_one_error_line(invoke("check", *inputs, *flags))
     assert line.startswith("sdpa: error: " + message), line
+
+
+def test_a_document_names_what_computed_it_not_what_was_asked(workdir: Path) -> None:
+    """grad's backward pass runs on numpy, and a float mask takes the per-stage path:
+    their documents say numpy under --backend torch; compute's findings, torch."""
+    pytest.importorskip("torch")
+    runs = {
+        ("compute", "sample:causal.yaml"): "torch",
+        ("compute", "sample:float_mask.yaml"): "numpy",
+        ("grad", "sample:causal.yaml", "--dout", "random"): "numpy",
+    }
+    for args, computed in runs.items():
+        result = invoke(*args, "--backend", "torch", "--format", "json")
+        assert result.exit_code == 0, result.stderr
+        doc = strict_json(result.stdout)
+        assert (doc["backend"], doc["device"]) == (computed, "cpu"), args
