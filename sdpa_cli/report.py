@@ -72,9 +72,8 @@ def _typed_value(value: Any, for_json: bool) -> Any:
 def setup_payload(
     spec: AttentionSpec, *, for_json: bool, computed: Backend | None = None
 ) -> dict[str, Any]:
-    """Versions, shapes, scale and options, and what computed them (``computed``;
-    default: what computes the lean pass of ``spec``'s findings,
-    :func:`~sdpa_cli.engine.forward.lean_backend`): the head of every trace document."""
+    """Versions, shapes, scale, options and what computed them (default: what computes
+    the findings' lean pass, ``lean_backend``): the head of every trace document."""
     computed = computed or lean_backend(spec)
     o = spec.options
     shapes: dict[str, list[int]] = {n: list(s) for n, s in spec.shapes.items()}
