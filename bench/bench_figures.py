@@ -330,8 +330,16 @@ def startup_section(ctx: Context, plan: Plan) -> Section | None:
     helps = ctx.new_series("startup/help/sdpa", help_cmd)
     click = ctx.new_series("startup/help/click", click_cmd)
     sample = ctx.new_series("startup/sample", sample_cmd)
+    # what any torch route pays first in a fresh process: the floor under
+    # `check --backend torch` (docs/performance.md, "Why the CPU figures stay out of reach")
+    torch_cmd = [sys.executable, "-c", "import torch"]
+    imports = ctx.new_series("startup/help/import-torch", torch_cmd)
     if want_help:
         runs += [(helps, sdpa_runner(help_cmd, quiet)), (click, sdpa_runner(click_cmd, quiet))]
+        if ctx.have_torch:
+            runs.append((imports, sdpa_runner(torch_cmd, quiet)))
+        else:
+            imports.skipped = "torch not measured"
     if want_sample:
         runs.append((sample, sdpa_runner(sample_cmd, quiet)))
     ctx.progress("start-up: sdpa --help, import click, a sample")
@@ -351,6 +359,13 @@ def startup_section(ctx: Context, plan: Plan) -> Section | None:
                 verdict(f),
             ]
         )
+        t = imports.median_s
+        f = figure(
+            "`python -c 'import torch'` (the floor of any torch route)", t, None, " s", ".3f"
+        )
+        f.note = note_of(imports) if t is None else ""
+        figures.append(f)
+        rows.append(["import torch", fmt(t, ".3f"), "-", "-", "-", verdict(f)])
     if want_sample:
         s = sample.median_s
         f = figure("`sdpa compute samples/scorecard.yaml`", s, SAMPLE_LIMIT_S, " s", ".3f")
@@ -364,7 +379,7 @@ def startup_section(ctx: Context, plan: Plan) -> Section | None:
             render_table(headers, rows),
         ]
     )
-    problems = series_problems([helps, click, sample])
+    problems = series_problems([helps, click, sample, imports])
     return Section("5. Start-up", text, figures, problems)
 
 

@@ -25,6 +25,14 @@ class ExitCode(enum.IntEnum):
     """Ctrl-C."""
 
 
+EXIT_CODES_HELP = (  # the epilog of every command's --help
+    "Exit codes: 0 success (a reader of stdout that leaves early, as | head, is no failure) · "
+    "1 a check failed (sdpa check, sdpa grad --check-numeric) · 2 bad usage, bad input, or an output (stdout "
+    "included) that cannot be written · 3 internal error (please report) · "
+    "130 interrupted (Ctrl-C) · 143 SIGTERM · 129 SIGHUP."
+)
+
+
 MAX_WHERE = 200
 """A file name longer than this is shortened in the middle in messages."""
 

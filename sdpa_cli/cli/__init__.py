@@ -5,7 +5,7 @@ inside the commands, so ``sdpa --help`` starts instantly. One module per command
 shared option decorators and helpers live in :mod:`sdpa_cli.cli.options`; the
 process's streams and signals in :mod:`sdpa_cli.cli.streams`.
 
-Exit codes (:class:`~sdpa_cli.errors.ExitCode`, and ``EXIT_CODES_HELP``):
+Exit codes (:class:`~sdpa_cli.errors.ExitCode`, and ``EXIT_CODES_HELP`` beside it):
 
 - a broken pipe on stdout (``sdpa ... | head -1``) is not a failure: the reader took
   what it wanted. The run exits 0, or with the verdict the command had reached before
@@ -43,8 +43,7 @@ import click
 from sdpa_cli._version import __version__
 from sdpa_cli.cli import streams
 from sdpa_cli.cli.completion import ACTIVATION_HELP
-from sdpa_cli.cli.options import EXIT_CODES_HELP
-from sdpa_cli.errors import ExitCode, SdpaError
+from sdpa_cli.errors import EXIT_CODES_HELP, ExitCode, SdpaError
 from sdpa_cli.files.writers import staged
 
 

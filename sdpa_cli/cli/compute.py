@@ -12,7 +12,6 @@ import click
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     DISPLAY_OPTIONS,
-    EXIT_CODES_HELP,
     FORMAT_OPTION,
     Computing,
     ViewFlags,
@@ -23,6 +22,7 @@ from sdpa_cli.cli.options import (
     view_options,
 )
 from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
+from sdpa_cli.errors import EXIT_CODES_HELP
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

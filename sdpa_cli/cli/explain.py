@@ -12,7 +12,6 @@ import click
 from sdpa_cli.cli.grad import DOUT_OPTION
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
-    EXIT_CODES_HELP,
     FORMAT_OPTION,
     KEYS_OPTION,
     MAX_ROWS_OPTION,
@@ -27,7 +26,7 @@ from sdpa_cli.cli.options import (
     view_options,
 )
 from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
-from sdpa_cli.errors import SpecError
+from sdpa_cli.errors import EXIT_CODES_HELP, SpecError
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -11,7 +11,6 @@ from sdpa_cli.cli.completion import words
 from sdpa_cli.cli.options import (
     BATCH_OPTION,
     COLOR_OPTION,
-    EXIT_CODES_HELP,
     FORMAT_OPTION,
     HEAD_OPTION,
     KEYS_OPTION,
@@ -30,7 +29,7 @@ from sdpa_cli.cli.options import (
 )
 from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
 from sdpa_cli.cli.streams import decided
-from sdpa_cli.errors import ExitCode
+from sdpa_cli.errors import EXIT_CODES_HELP, ExitCode
 from sdpa_cli.names import DOUT_SOURCES
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import click
 
 from sdpa_cli.cli.completion import files
-from sdpa_cli.cli.options import COLOR_OPTION, EXIT_CODES_HELP, format_option, output_files
+from sdpa_cli.cli.options import COLOR_OPTION, format_option, output_files
 from sdpa_cli.cli.run import make_console, pictures, print_all
-from sdpa_cli.errors import ExitCode
+from sdpa_cli.errors import EXIT_CODES_HELP, ExitCode
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -34,13 +34,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 Option = Callable[[Any], Any]
 """A click decorator (an option or an argument), as the groups below hold them."""
 
-EXIT_CODES_HELP = (
-    "Exit codes: 0 success (a reader of stdout that leaves early, as | head, is no failure) · "
-    "1 a check failed (sdpa check, sdpa grad --check-numeric) · 2 bad usage, bad input, or an output (stdout "
-    "included) that cannot be written · 3 internal error (please report) · "
-    "130 interrupted (Ctrl-C) · 143 SIGTERM · 129 SIGHUP."
-)
-
 
 def grouped(param: str, make: Callable[..., Any], options: Sequence[Option]) -> Callable[[F], F]:
     """The click ``options`` given to the command as one keyword, ``param``:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from sdpa_cli._version import __version__
-from sdpa_cli.cli.options import EXIT_CODES_HELP, format_option
-from sdpa_cli.errors import ExitCode, InputError
+from sdpa_cli.cli.options import format_option
+from sdpa_cli.errors import EXIT_CODES_HELP, ExitCode, InputError
 
 NAME_WIDTH = 21
 """The name column: ``batched_{q,k,v}.npy`` and two spaces."""

@@ -21,11 +21,6 @@ _UNLIMITED = 1 << 60
 """Above this a cgroup's limit means none (v1 writes 2**63 rounded to a page)."""
 
 
-FIFO_WAIT = 3
-"""Seconds a named FIFO (``mkfifo``) is given to receive its first bytes as an input,
-or its first reader as an output."""
-
-
 def cores() -> int:
     """The cores this process may run on: a run's threads by default (``--jobs``)."""
     try:

@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from sdpa_cli.errors import InputError
 from sdpa_cli.files import limits
 from sdpa_cli.files.checks import reading
-from sdpa_cli.files.limits import FIFO_WAIT
+from sdpa_cli.files.writers import FIFO_WAIT
 
 STDIN = "-"
 """The name standard input goes by on the command line."""

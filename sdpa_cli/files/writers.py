@@ -8,7 +8,7 @@ What is at the path decides how it is written:
 - a character device or a FIFO (``/dev/null``, ``/dev/stdout``, a named pipe): written
   in full into an anonymous temporary file first (a writer may seek: a zip does), then
   copied into it, never replaced by a regular file (as ``>`` does in a shell); a FIFO
-  that no process reads within :data:`~sdpa_cli.files.limits.FIFO_WAIT` seconds is
+  that no process reads within :data:`FIFO_WAIT` seconds is
   refused (an open would wait forever);
 - a directory, a block device, a socket: refused, in one line.
 
@@ -29,7 +29,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from sdpa_cli.errors import InputError
-from sdpa_cli.files.limits import FIFO_WAIT  # not opening's: it imports numpy
+
+FIFO_WAIT = 3
+"""Seconds a named FIFO (``mkfifo``) is given to receive its first bytes as an input,
+or its first reader as an output."""
+
 
 if TYPE_CHECKING:  # sdpa --help imports this module (staged): pathlib, shutil and
     # tempfile are imported where a file is written
