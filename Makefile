@@ -16,11 +16,20 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 # The dev install: test and lint tools on top, and PyTorch's CPU build, a reference the
 # tests cross-check against (never a runtime requirement): where it cannot be
-# installed, the tests that need it skip, each saying so.
+# installed, the tests that need it skip, each saying so. And Debian's chromium, in which
+# tests/pages open the HTML reports headless (Playwright's client drives it; it never
+# downloads a browser): installed as root where apt-get is (the package lists refreshed
+# when the first try fails); elsewhere those tests skip, saying so.
+CHROMIUM_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
 $(VENV)/.dev-installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet torch==2.13.0 \
 		|| echo "torch not installable: the tests and figures that need it are skipped"
+	command -v chromium >/dev/null \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+			&& { $(CHROMIUM_INSTALL) || { apt-get update -q && $(CHROMIUM_INSTALL); }; }; } \
+		|| echo "chromium not installed: the browser tests (tests/pages) are skipped"
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

@@ -22,6 +22,7 @@ from sdpa_cli.check.settings import Overrides
 from sdpa_cli.errors import ExitCode, SpecError
 from sdpa_cli.files.limits import cores
 from sdpa_cli.files.writers import Writer
+from sdpa_cli.render.pages.check import check_page
 from sdpa_cli.report import check_document, check_exit_code, junit_xml, to_json
 
 
@@ -77,6 +78,12 @@ class CheckRun:
             "report": lambda fh: fh.write(self.json_text.encode()),
             "junit": lambda fh: fh.write(junit_xml(self.results)),
         }
+
+    def page(self) -> str:
+        """The run as one self-contained HTML page (``--html``), with the pictures of
+        each failed comparison whose case's report kept them (``Overrides.evidence``)."""
+        title = self.title or self.manifest or (self.results[0].name if self.results else "")
+        return check_page(self.results, title)
 
 
 def run_check(

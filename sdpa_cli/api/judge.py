@@ -46,6 +46,7 @@ def judge(
     dout_label: str = "--dout",
     jobs: int = 1,
     progress: Progress | None = None,
+    evidence: bool = False,
 ) -> CheckReport:
     """Everything ``sdpa check`` concludes of one computation: each of ``expected``
     judged against the reference, the findings gated, and, when asked for, the
@@ -69,7 +70,14 @@ def judge(
     forward = [e for e in expected if e.name not in GRADIENTS]
     backward = [e for e in expected if e.name in GRADIENTS]
     report = run_checks(
-        spec, forward, settings, thresholds, jobs=jobs, progress=progress, judged=bool(expected)
+        spec,
+        forward,
+        settings,
+        thresholds,
+        jobs=jobs,
+        progress=progress,
+        judged=bool(expected),
+        evidence=evidence,
     )
     if backward:
         export = export_dtype(spec, list(expected))
@@ -121,6 +129,7 @@ def check_case(
             dout=dout,
             jobs=jobs,
             progress=progress,
+            evidence=over.evidence,
         )
     return CaseResult(case.title(description), report)
 

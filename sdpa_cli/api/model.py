@@ -4,6 +4,7 @@ each case read as ``sdpa check --manifest`` reads it."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import GridRow, ModelGrid, head_metrics, model_grid
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import split_heads_of_output
-from sdpa_cli.errors import SdpaError, SpecError
+from sdpa_cli.errors import InputError, SdpaError, SpecError
 from sdpa_cli.files.structured import parse_text
+from sdpa_cli.files.tokens import TOKENS_FILE, Tokens, read_tokens
+from sdpa_cli.render.pages.model import model_page
 
 
 def model_report(
@@ -27,11 +30,14 @@ def model_report(
     errors: bool = False,
     jobs: int = 1,
     watch: Watch = unwatched,
+    patterns: bool = False,
 ) -> ModelGrid:
     """The grid of ``manifest``'s cases, a row each (labelled by its layer where sdpa
     capture's ``calls.yaml`` beside the manifest gives one); a case that cannot be read
     has its row's error instead. With ``errors``, some case must have an
-    expect-output (the error metric is asked for).
+    expect-output (the error metric is asked for). With ``patterns``, each head's
+    attention pattern comes too, pooled so that the whole grid's patterns hold about
+    :data:`PATTERN_CELLS` cells (a page's pictures).
 
     Raises:
         SdpaError: the manifest cannot be read; ``errors`` and no case has an
@@ -42,8 +48,43 @@ def model_report(
     if errors and not any("output" in c.expect for c in cases):
         raise SpecError("--metric error", f"no case of {manifest} has an expect-output")
     layers = capture_layers(manifest)
-    rows = [_grid_row(case, layers.get(case.title(None)), th, jobs, watch) for case in cases]
+    share = len(cases) if patterns else 0
+    rows = [_grid_row(case, layers.get(case.title(None)), th, jobs, watch, share) for case in cases]
     return model_grid(rows, th)
+
+
+def model_page_of(grid: ModelGrid, manifest: str, tokens: str | None = None) -> str:
+    """The page of ``grid`` (``report model --html``), its patterns labelled by the
+    ``tokens`` file when given, else by the capture's ``tokens.json`` beside the
+    manifest when it has one.
+
+    Raises:
+        InputError: a tokens file that cannot be read, or does not fit a case.
+    """
+    if tokens is None:
+        beside = Path(manifest).parent / TOKENS_FILE
+        tokens = str(beside) if beside.is_file() else None
+    label = f"--tokens {tokens}"
+    named = {} if tokens is None else _case_tokens(grid, read_tokens(tokens), label)
+    return model_page(grid, manifest, named)
+
+
+def _case_tokens(grid: ModelGrid, tokens: Tokens, label: str) -> dict[str, list[str]]:
+    """Each read case's key labels, from ``tokens`` fitted to its lengths.
+
+    Raises:
+        InputError: a case whose lengths the labels do not fit, naming it.
+    """
+    out = {}
+    for row in grid.rows:
+        if row.heads is None or row.heads.patterns is None:
+            continue
+        L, S = row.heads.lengths
+        try:
+            out[row.name] = list(tokens.fit(L, S, label).keys)
+        except InputError as exc:
+            raise InputError(label, f"{exc.problem} (case {row.name})") from None
+    return out
 
 
 def capture_layers(manifest: str) -> dict[str, int]:
@@ -68,16 +109,40 @@ def capture_layers(manifest: str) -> dict[str, int]:
     }
 
 
-def _grid_row(case: Case, layer: int | None, th: Thresholds, jobs: int, watch: Watch) -> GridRow:
+PATTERN_CELLS = 1 << 22
+"""The cells of every head's pattern on a model's page together: one byte each before
+compression, so that a 32-layer × 32-head capture's page stays a few MB (64 × 64 cells
+a head)."""
+
+PATTERN_SIDE = (32, 256)
+"""The fewest and the most cells along a pattern's side, whatever the budget."""
+
+
+def pattern_pool(L: int, S: int, heads: int) -> int:
+    """The pooling (positions a cell, along each axis, a power of two) for ``heads``
+    patterns of ``L`` × ``S`` within :data:`PATTERN_CELLS`: 1 where they fit whole."""
+    fewest, most = PATTERN_SIDE
+    side = min(most, max(fewest, math.isqrt(PATTERN_CELLS // max(heads, 1))))
+    pool = 1
+    while max(L, S) > side * pool:
+        pool *= 2
+    return pool
+
+
+def _grid_row(
+    case: Case, layer: int | None, th: Thresholds, jobs: int, watch: Watch, share: int
+) -> GridRow:
     """One case's row of the grid: loaded as sdpa check --manifest loads it (options
-    from the manifest), its heads measured; or the one-line reason it cannot be read."""
+    from the manifest), its heads measured (with their patterns when ``share``, the
+    cases the pictures' budget is shared by); or the one-line reason it cannot be read."""
     name = case.title(None)
     try:
         spec, _ = case.load()
         with case.reading():
             expected = _expected_output(spec, case)
         with watch(spec, name) as progress:
-            heads = head_metrics(spec, th, expected, jobs=jobs, progress=progress)
+            pool = pattern_pool(spec.L, spec.S, share * spec.H) if share else 0
+            heads = head_metrics(spec, th, expected, jobs=jobs, progress=progress, pool=pool)
     except SdpaError as exc:
         return GridRow(name, layer, error=str(exc))
     return GridRow(name, layer, heads)

@@ -37,6 +37,12 @@ OUTPUT_FILES = {
     "save": OutputFile("--save", "FILE.npz", "Write {what} to FILE.npz, atomically."),
     "svg": OutputFile("--export-svg", "FILE.svg", "Also write {what} as an SVG picture."),
     "html": OutputFile("--export-html", "FILE.html", "Also write {what} as an HTML page."),
+    "page": OutputFile(
+        "--html",
+        "FILE.html",
+        "Also write {what} as one self-contained HTML page: heat maps, every value on "
+        "hover, nothing fetched (opens offline).",
+    ),
     "plot": OutputFile(
         "--plot",
         "FILE.png",
@@ -94,6 +100,12 @@ class Outputs:
         from sdpa_cli.files.outputs import check_outputs
 
         check_outputs([("input", p) for p in inputs], self.flagged())
+
+
+def text_file(text: str) -> Writer:
+    """The writer of a file holding ``text``, in UTF-8 (a page)."""
+    data = text.encode("utf-8")
+    return lambda f: f.write(data)
 
 
 def write_outputs(outputs: Outputs, writers: Mapping[str, Writer]) -> None:

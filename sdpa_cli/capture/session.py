@@ -22,7 +22,7 @@ import fnmatch
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -43,12 +43,15 @@ from sdpa_cli.capture.writer import (
     rewrite_progress,
     safetensors_header,
     tensors_size,
+    token_labels,
     unwritable,
     with_gradients,
     write_documents,
     write_safetensors,
+    write_tokens,
 )
 from sdpa_cli.errors import InputError, SpecError
+from sdpa_cli.files.tokens import TOKENS_FILE
 from sdpa_cli.text import plural, shown
 
 INSTALL_TORCH = "pip install torch"
@@ -125,7 +128,9 @@ class Capture:
         notify: Callable[[str], None] | None = None,
         replace: bool = False,
         backward: bool = False,
+        tokens: Sequence[str] | None = None,
     ) -> None:
+        self.tokens = token_labels(tokens)
         if isinstance(max_bytes, str):
             max_bytes = parse_size(max_bytes, "max_bytes")
         for label, value in (("max_calls", max_calls), ("every", every), ("max_bytes", max_bytes)):
@@ -223,6 +228,7 @@ class Capture:
             (self.shown / TENSORS).mkdir(parents=True)
         except OSError as exc:
             raise InputError(label, f"cannot be created: {exc.strerror or exc}") from None
+        write_tokens(self.shown, self.tokens)
 
     def _counts(self) -> str:
         text = f"{self.captured} of {plural(self.seen, 'attention call')} captured"
@@ -421,7 +427,7 @@ def _remove_capture(folder: Path) -> None:
             p.unlink()
         if tensors.exists():
             tensors.rmdir()
-        for name in ("manifest.yaml", "calls.yaml"):
+        for name in ("manifest.yaml", "calls.yaml", TOKENS_FILE):
             path = folder / name
             if path.is_file() and not path.is_symlink():
                 path.unlink()
@@ -439,6 +445,7 @@ def capture(
     notify: Callable[[str], None] | None = None,
     replace: bool = False,
     backward: bool = False,
+    tokens: Sequence[str] | None = None,
 ) -> Capture:
     """Record every attention call made inside the ``with`` block into the folder ``out``.
 
@@ -471,6 +478,9 @@ def capture(
             call's file (``dout``, ``dq``, ``dk``, ``dv``) and its case
             (``dout``, ``expect-dq``, ``expect-dk``, ``expect-dv``). The program's
             gradients are unchanged.
+        tokens: a label for each position (the tokenizer's tokens of the sequence
+            run), written to ``out/tokens.json``: ``sdpa report model out/manifest.yaml
+            --html`` labels the patterns' axes with them.
 
     Raises:
         SpecError: PyTorch is not installed, a capture is already running, or a bound is
@@ -486,4 +496,5 @@ def capture(
         notify=notify,
         replace=replace,
         backward=backward,
+        tokens=tokens,
     )

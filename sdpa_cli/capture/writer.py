@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from sdpa_cli.errors import SpecError
+from sdpa_cli.files.tokens import TOKENS_FILE
 from sdpa_cli.files.writers import write_all_atomic, write_atomic
 from sdpa_cli.text import shown
 
@@ -363,3 +364,22 @@ def write_documents(
 
 def _writes(data: bytes) -> Any:
     return lambda fh: fh.write(data)
+
+
+def token_labels(tokens: Sequence[str] | None) -> list[str] | None:
+    """``capture(tokens=...)`` checked: strings, one label a position.
+
+    Raises:
+        SpecError: a label that is not a string.
+    """
+    if tokens is not None and not all(isinstance(t, str) for t in tokens):
+        raise SpecError("tokens", "must be strings, one label a position")
+    return None if tokens is None else list(tokens)
+
+
+def write_tokens(folder: Path, tokens: list[str] | None) -> None:
+    """A capture's labels of its positions, as ``tokens.json`` beside its manifest (the
+    pages' axes: ``sdpa report model --html``); nothing without them."""
+    if tokens is not None:
+        text = json.dumps(tokens, ensure_ascii=False).encode()
+        write_atomic(folder / TOKENS_FILE, _writes(text))

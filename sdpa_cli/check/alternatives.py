@@ -44,6 +44,9 @@ class Alternative:
     label: str
     hint: str
     values: Values
+    spec: AttentionSpec | None = None
+    """The computation itself, where the slip is one of options or of the kernel (a
+    page draws its mask beside the one asked for)."""
 
 
 def _option(label: str) -> str:
@@ -82,10 +85,10 @@ def alternatives(
     With ``leads``, computed on those (batch, head) slices only (a large case), and
     only the alternatives whose slices are the case's own."""
     for label, alt in _option_alternatives(spec):
-        yield Alternative(label, _option(label), _traced(alt, ref_format, leads=leads))
+        yield Alternative(label, _option(label), _traced(alt, ref_format, leads=leads), alt)
     for label, alt in _kernel_slips(spec):
         hint = f"the export matches the computation with {label}: a bug in the kernel"
-        yield Alternative(label, hint, _traced(alt, ref_format, leads=leads))
+        yield Alternative(label, hint, _traced(alt, ref_format, leads=leads), alt)
     yield from _tensor_alternatives(spec, ref_format, leads)
 
 

@@ -102,6 +102,7 @@ def with_hints(
     ref: Mapping[str, F64],
     export: str,
     ref_format: str,
+    matched: dict[str, AttentionSpec] | None = None,
 ) -> list[Check]:
     """A hint on each failed comparison that one alternative computation explains
     (:func:`export_matches` against ``ref``, the reference of the options given), or
@@ -109,7 +110,9 @@ def with_hints(
     alternative is computed once, for every failed comparison; in a case of more than
     :data:`_SUSPECT_LIMIT` scores, on the slices whose error is largest (as many as
     that many scores hold, at least one), and without the alternatives that read the
-    tensors across slices (another layout, the bias inside the softcap)."""
+    tensors across slices (another layout, the bias inside the softcap). ``matched``,
+    when given, is told the computation each explained export matches, where the
+    alternative is one (:attr:`Alternative.spec`)."""
     failing = {
         c.name.removesuffix(".close"): c
         for c in checks
@@ -131,6 +134,7 @@ def with_hints(
             export,
             ref_format,
             leads,
+            matched,
         )
     )
     unexplained = {name: c for name, c in failing.items() if name not in hints}
@@ -180,6 +184,7 @@ def _option_hints(
     export: str,
     ref_format: str,
     leads: Sequence[Index] | None = None,
+    matched: dict[str, AttentionSpec] | None = None,
 ) -> dict[str, str]:
     """For each failed comparison (by export), the first alternative the export
     matches (on the slices ``leads`` only, when given)."""
@@ -198,6 +203,8 @@ def _option_hints(
                 pick(fitted[name].values), pick(got), pick(ref[name]), export
             ):
                 hints[name] = alt.hint
+                if matched is not None and alt.spec is not None:
+                    matched[name] = alt.spec
     return hints
 
 

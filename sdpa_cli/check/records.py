@@ -14,7 +14,8 @@ from numpy.typing import NDArray
 from sdpa_cli.check.compare import Mismatch, Tolerance, mismatch_lines
 from sdpa_cli.check.structure import slice_line
 from sdpa_cli.diagnosis.findings import Diagnosis
-from sdpa_cli.engine.types import Index
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.text import format_index, plural
 
 
@@ -99,6 +100,26 @@ def failure_lines(check: Check) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """What a page draws of a case's failed checks (``check --html``): each export and
+    the reference's and the plain computation's values of it, in the computation's
+    layout ``(*lead, L, Ev)`` (weights ``(*lead, L, S)``, the LSE ``(*lead, L)``), the
+    kernel-relative rule's terms, and the computation a hint found the export matches
+    (where the hint names options or a kernel's slip: its mask can be drawn)."""
+
+    spec: AttentionSpec
+    exports: Mapping[str, F64]
+    reference: Mapping[str, F64]
+    plain: Mapping[str, F64 | None]
+    """NaN where the rule did not need it; None where it was not computed at all."""
+    factor: float | None = None
+    """The rule's factor and floor (ulps of the row's scale), None under a fixed
+    tolerance."""
+    floor_ulps: float = 0.0
+    matched: Mapping[str, AttentionSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class CheckReport:
     """Everything ``check`` concluded about one case."""
 
@@ -112,6 +133,8 @@ class CheckReport:
     """The library that computed the reference's lean pass (``numpy``, ``torch``)."""
     device: str = "cpu"
     """Where it computed it (``cpu``, ``cuda:0``)."""
+    evidence: Evidence | None = field(default=None, compare=False, repr=False)
+    """Kept when asked for (:attr:`~sdpa_cli.check.settings.Overrides.evidence`)."""
 
     @property
     def passed(self) -> bool:

@@ -113,6 +113,33 @@ def _floor(reference: F64, rows: bool, judgement: Judgement) -> F64:
     return judgement.floor_ulps * ulp(mags, judgement.export)
 
 
+def _allowed(floor: F64, plain_err: F64 | None) -> tuple[F64, F64 | None]:
+    """Each element's allowance before the factor, max(its slice's largest |plain
+    error|, its floor) (slices on the first axis), and that largest plain error per
+    slice (None without the plain computation: the floor alone, > 0)."""
+    if plain_err is None:
+        return floor, None
+    axes = tuple(range(1, plain_err.ndim))
+    largest = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
+    return np.maximum(largest, floor), largest
+
+
+def error_ratio(a: F64, r: F64, plain: F64 | None, judgement: Judgement, *, rows: bool) -> F64:
+    """|a − r| ÷ the rule's allowance for each element of slices ``(k, *slice)``
+    (what is above 1 fails): the picture of where an export's error sits. NaN where a
+    side is not finite; ``plain`` NaN where it was not needed (there the floor alone
+    is the allowance, the least it can be: the ratio shown is then an upper bound)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(a) & np.isfinite(r)
+        err = np.where(finite, a - r, 0.0)
+        plain_err = None
+        if plain is not None:
+            plain_err = np.where(finite & np.isfinite(plain), plain - r, 0.0)
+        allowed, _ = _allowed(_floor(r, rows, judgement), plain_err)
+        ratio = np.abs(err) / (judgement.factor * allowed)
+    return np.where(finite, ratio, np.nan)
+
+
 def needs_plain(
     actual: F64, reference: Readable, judgement: Judgement, *, rows: bool, slices: int
 ) -> NDArray[np.bool_]:
@@ -270,10 +297,7 @@ class RelativeRule:
             # |err| / (factor · max(the slice's largest |plain err|, floor)); err is 0
             # where a side is not finite, so the ratio is 0 there
             axes = tuple(range(1, err.ndim))
-            allowed = floor  # floor > 0: no plain error is larger than it where it is 0
-            if plain_err is not None:
-                largest = np.max(np.abs(plain_err), axis=axes, keepdims=True, initial=0.0)
-                allowed = np.maximum(largest, floor)
+            allowed, largest = _allowed(floor, plain_err)
             ratio = np.abs(err)
             ratio /= judgement.factor * allowed
         beyond = ratio > 1.0
@@ -281,7 +305,7 @@ class RelativeRule:
         self.spread.add(at, a, r, finite, beyond)
         # the largest floor of each slice (of its elements: none where it has none)
         widest = np.max(floor, axis=axes, initial=0.0) if err.size else np.zeros(len(err))
-        if plain_err is not None:
+        if largest is not None:
             widest = np.maximum(largest.reshape(-1), widest.reshape(-1))
         self.slice_allowed[at] = judgement.factor * widest.reshape(-1)
         top = float(np.max(ratio, initial=0.0))

@@ -12,6 +12,7 @@ kinds gated fail the run (:mod:`sdpa_cli.check.gate`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from sdpa_cli.check.elements import (
     weights_rows,
 )
 from sdpa_cli.check.error_stats import error_limit_check, error_stats
+from sdpa_cli.check.evidence import kept_for_pages
 from sdpa_cli.check.exports import (
     RUN_STAGES,
     Fitted,
@@ -195,8 +197,10 @@ def run_checks(
     jobs: int = 1,
     progress: Progress | None = None,
     judged: bool | None = None,
+    evidence: bool = False,
 ) -> CheckReport:
-    """Judge the exported tensors (any of output, weights, lse) against ``spec``.
+    """Judge the exported tensors (any of output, weights, lse) against ``spec``;
+    with ``evidence``, the report keeps what a page draws of it (:class:`Evidence`).
 
     Without any export (``judged``: whether the run judges exports all the same, its
     gradients; default: whether ``expected`` holds any), the inputs and the
@@ -234,12 +238,19 @@ def run_checks(
         diagnosis, gated, own_only, working_formats(spec), settings.fail_on_severity
     )
     checks: list[Check] = []
+    kept = None
     if expected:
         against = _compared_with(spec, settings, fitted, export, ref_spec, naive_spec, found, jobs)
         fitted = {n: absent_from_reference(spec, f, against.values[n]) for n, f in fitted.items()}
         checks = _export_checks(spec, fitted, against, found, settings.equal_nan)
-        checks = with_hints(checks, spec, settings, fitted, against.values, export, ref_format)
+        matched: dict[str, AttentionSpec] = {}
+        checks = with_hints(
+            checks, spec, settings, fitted, against.values, export, ref_format, matched
+        )
         checks += _error_checks(checks, fitted, against, settings.max_error)
+        if evidence:
+            kept = kept_for_pages(spec, fitted, against.values, against.plain, against.judgement)
+            kept = dataclasses.replace(kept, matched=matched)
     checks.extend(findings)
     return CheckReport(
         checks=tuple(checks),
@@ -250,6 +261,7 @@ def run_checks(
         fail_on_severity=settings.fail_on_severity,
         backend=found.backend.name,
         device=found.backend.device,
+        evidence=kept,
     )
 
 

@@ -255,6 +255,9 @@ class Overrides:
     carried to the workers, which read the case files."""
     backend: Backend = NUMPY
     """What computes each case (``--backend``, ``--device``): carried to the workers."""
+    evidence: bool = False
+    """Whether a case's report keeps the arrays a page draws of its failed checks
+    (:class:`~sdpa_cli.check.records.Evidence`, ``check --html``)."""
 
     @classmethod
     def given(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -145,7 +146,14 @@ QUIET_OPTION = click.option(
     "(default: the number of cores)."
 )
 @format_option("A summary for a person, or one JSON object on stdout.")
-@output_files(*REPORTS, *PICTURES, what="the summary")
+@output_files(
+    *REPORTS,
+    *PICTURES,
+    "page",
+    what="the summary",
+    page="Also write the verdict as one self-contained HTML page: for each failed "
+    "comparison, where its error sits (heat maps, every value on hover).",
+)
 @QUIET_OPTION
 @diagnostic_options
 @COLOR_OPTION
@@ -185,6 +193,7 @@ def check(
     from sdpa_cli.check.settings import Overrides
 
     over = Overrides.given(thresholds, settings, case.options)
+    over = dataclasses.replace(over, evidence="page" in outputs)
     run = run_check(
         case, over, manifest=manifest, outputs=outputs, jobs=computing.jobs, watch=progress_bar
     )
@@ -198,14 +207,17 @@ def write_reports(run: CheckRun, outputs: Outputs, color: bool | None) -> None:
     """The report files ``outputs`` asks for, all or none: the JSON report, the JUnit
     XML, and the summary's pictures."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.api.outputs import write_outputs
+    from sdpa_cli.api.outputs import text_file, write_outputs
     from sdpa_cli.render.check import render_results
 
     shown = []
     if outputs.wants(*PICTURES):
         shown = [render_results(run.results, run.manifest, run.title)]
     width = make_console(color).width
-    write_outputs(outputs, {**run.writers(), **pictures(outputs, shown, width, "sdpa check")})
+    files = {**run.writers(), **pictures(outputs, shown, width, "sdpa check")}
+    if "page" in outputs:
+        files["page"] = text_file(run.page())
+    write_outputs(outputs, files)
 
 
 def show_results(run: CheckRun, fmt: str, color: bool | None, *, quiet: bool = False) -> None:

@@ -13,6 +13,7 @@ from sdpa_cli.cli.options import (
     COLOR_OPTION,
     DISPLAY_OPTIONS,
     FORMAT_OPTION,
+    TOKENS_OPTION,
     Computing,
     ViewFlags,
     case_options,
@@ -21,7 +22,14 @@ from sdpa_cli.cli.options import (
     output_files,
     view_options,
 )
-from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
+from sdpa_cli.cli.run import (
+    make_console,
+    pictures,
+    plain_text,
+    print_all,
+    progress_bar,
+    start_engine,
+)
 from sdpa_cli.errors import EXIT_CODES_HELP
 
 if TYPE_CHECKING:
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
     from sdpa_cli.api.compute import Computed
     from sdpa_cli.api.outputs import Outputs
     from sdpa_cli.engine.spec import AttentionSpec
+    from sdpa_cli.files.writers import Writer
     from sdpa_cli.render.common import View
 
 
@@ -44,9 +53,14 @@ if TYPE_CHECKING:
     "save",
     "svg",
     "html",
+    "page",
     what="the tables",
     save="Write every stage (full shape) to FILE.npz, atomically.",
+    page="Also write a slice (--batch, --head; default the first) as one self-contained "
+    "HTML page: every stage a heat map (the whole slice, or the --rows and --keys "
+    "window), the findings, the tables.",
 )
+@TOKENS_OPTION
 @click.option(
     "--frameworks",
     is_flag=True,
@@ -62,6 +76,7 @@ def compute(
     outputs: Outputs,
     fmt: str,
     frameworks: bool,
+    tokens: str | None,
     computing: Computing,
 ) -> None:
     """Compute attention and show every stage: raw, scaled and masked scores, weights, output.
@@ -88,7 +103,7 @@ def compute(
     from sdpa_cli.engine.block import applicable_stages
 
     limits = read_thresholds(thresholds)
-    spec, description = case.load(outputs)
+    spec, description = case.load(outputs, also=[tokens])
     if frameworks:
         _frameworks(spec, description, fmt, outputs, color, threads)
         return
@@ -107,10 +122,10 @@ def compute(
     )
     # The tables are rendered, then the files written, before anything is printed: a
     # failure in either prints nothing. JSON and YAML stream to stdout last.
-    renderables: list[RenderableType] = []
-    if document is None or outputs.wants(*PICTURES):
-        renderables = _renderables(run, shown, description)
+    wanted = document is None or outputs.wants(*PICTURES, "page")
+    renderables = _renderables(run, shown, description) if wanted else []
     files = compute_writers(spec, outputs, jobs=threads, watch=progress_bar)
+    files |= _page(run, view, case, outputs, renderables, tokens, threads)
     write_outputs(
         outputs, {**pictures(outputs, renderables, console.width, "sdpa compute"), **files}
     )
@@ -118,6 +133,39 @@ def compute(
         print_all(console, renderables)
     else:
         _write_document(run, document, threads)
+
+
+def _page(
+    run: Computed,
+    view: ViewFlags,
+    case: Case,
+    outputs: Outputs,
+    renderables: list[RenderableType],
+    tokens: str | None,
+    threads: int,
+) -> dict[str, Writer]:
+    """``--html``: the slice ``--batch``, ``--head`` (default the first), its window
+    ``--rows`` × ``--keys`` (default: all); nothing when not asked for."""
+    if "page" not in outputs:
+        return {}
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.api.outputs import text_file
+    from sdpa_cli.api.pages import slice_page_of
+
+    at = (view.batch or 0, view.head or 0)
+    page = slice_page_of(
+        run.spec,
+        run.diagnosis,
+        at,
+        rows=view.rows,
+        keys=view.keys,
+        title=f"sdpa compute: {' '.join(case.inputs)}",
+        about=f"batch {at[0]}, head {at[1]}",
+        text=plain_text(renderables),
+        tokens=tokens,
+        jobs=threads,
+    )
+    return {"page": text_file(page)}
 
 
 def _write_document(run: Computed, fmt: str, threads: int) -> None:

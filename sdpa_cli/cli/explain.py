@@ -16,6 +16,7 @@ from sdpa_cli.cli.options import (
     KEYS_OPTION,
     MAX_ROWS_OPTION,
     PRECISION_OPTION,
+    TOKENS_OPTION,
     Computing,
     ViewFlags,
     case_options,
@@ -25,7 +26,14 @@ from sdpa_cli.cli.options import (
     output_files,
     view_options,
 )
-from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
+from sdpa_cli.cli.run import (
+    make_console,
+    pictures,
+    plain_text,
+    print_all,
+    progress_bar,
+    start_engine,
+)
 from sdpa_cli.errors import EXIT_CODES_HELP, SpecError
 
 if TYPE_CHECKING:
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
     from sdpa_cli.api.case import Case
     from sdpa_cli.api.outputs import Outputs
     from sdpa_cli.diagnosis.explained import Explanation
+    from sdpa_cli.files.writers import Writer
     from sdpa_cli.render.common import View
 
 Write = Callable[[BinaryIO], None]
@@ -103,10 +112,14 @@ SLICE_OPTIONS = [
 @output_files(
     "svg",
     "html",
+    "page",
     "plot",
     what="the trace",
+    page="Also write the slice as one self-contained HTML page: every stage a heat map "
+    "(the whole slice, or the --rows and --keys window), the findings, the walk.",
     plot="Also write heatmaps of every stage (needs matplotlib: pip install matplotlib).",
 )
+@TOKENS_OPTION
 @computing_options()
 def explain(
     case: Case,
@@ -116,6 +129,7 @@ def explain(
     color: bool | None,
     fmt: str,
     outputs: Outputs,
+    tokens: str | None,
     computing: Computing,
 ) -> None:
     """Walk one (batch, head) slice through every stage, saying what each did.
@@ -134,6 +148,7 @@ def explain(
       sdpa explain samples/scale_comparison.yaml --compare-scales
       sdpa explain samples/causal.yaml --backward --dout random
       sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116
+      sdpa explain samples/scorecard.yaml --query 0 --html scorecard.html
     """
     threads = start_engine(computing)
     # imported here: keeps sdpa --help fast
@@ -143,7 +158,7 @@ def explain(
     from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
 
     limits = read_thresholds(thresholds)
-    spec, description = case.load(outputs, also=[walk.dout])
+    spec, description = case.load(outputs, also=[walk.dout, tokens])
     at = (view.batch or 0, view.head or 0)  # explain's options default to 0
     shown = shown_rows(spec, *at, view.rows, walk.query, view.max_rows)
     console = make_console(color)
@@ -158,10 +173,12 @@ def explain(
     # Everything is rendered before any file is written, and printed last.
     text = _document(ex, fmt)
     renderables: list[RenderableType] = []
-    if fmt == "table" or outputs.wants(*PICTURES):
+    if fmt == "table" or outputs.wants(*PICTURES, "page"):
         on_walk = walk.query is None and not walk.compare_scales
         renderables = _renderables(ex, shown_view, description, walk=on_walk)
     files = pictures(outputs, renderables, console.width, "sdpa explain")
+    if "page" in outputs:
+        files["page"] = _page(ex, view, " ".join(case.inputs), renderables, tokens, threads)
     if plotter is not None:
         files["plot"] = plotter(ex, shown_view.keys)
     write_outputs(outputs, files)
@@ -169,6 +186,35 @@ def explain(
         click.echo(text, nl=False)
     else:
         print_all(console, renderables)
+
+
+def _page(
+    ex: Explanation,
+    view: ViewFlags,
+    inputs: str,
+    renderables: list[RenderableType],
+    tokens: str | None,
+    threads: int,
+) -> Writer:
+    """``--html``: the slice's page, its window ``--rows`` × ``--keys`` (default: all)."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.api.outputs import text_file
+    from sdpa_cli.api.pages import slice_page_of
+
+    at = (view.batch or 0, view.head or 0)
+    page = slice_page_of(
+        ex.spec,
+        ex.diagnosis,
+        at,
+        rows=view.rows,
+        keys=view.keys,
+        title=f"sdpa explain: {inputs}",
+        about=f"batch {at[0]}, head {at[1]}",
+        text=plain_text(renderables),
+        tokens=tokens,
+        jobs=threads,
+    )
+    return text_file(page)
 
 
 def _document(ex: Explanation, fmt: str) -> str | None:

@@ -256,6 +256,15 @@ def output_files(*kinds: str, what: str = "", **helps: str) -> Callable[[F], F]:
     return grouped("outputs", Outputs.given, options)
 
 
+TOKENS_OPTION = click.option(
+    "--tokens",
+    metavar="FILE",
+    shell_complete=files,
+    help="Label positions with tokens on --html pages: one token a line, or a JSON list "
+    '(or {"queries": [...], "keys": [...]} for cross-attention).',
+)
+
+
 # --- what a table shows -------------------------------------------------------------------
 
 

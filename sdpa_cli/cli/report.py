@@ -15,6 +15,7 @@ from sdpa_cli.cli.check import show_results, write_reports
 from sdpa_cli.cli.completion import files
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
+    TOKENS_OPTION,
     Computing,
     computing_options,
     diagnostic_options,
@@ -113,6 +114,8 @@ MODEL_EXIT_CODES_HELP = (
     "(cases with an expect-output).",
 )
 @format_option("Heatmap tables for a person, or one JSON object on stdout.")
+@output_files("page", what="the grid (choose a head to see its pattern)")
+@TOKENS_OPTION
 @computing_options()
 @diagnostic_options
 @COLOR_OPTION
@@ -120,6 +123,8 @@ def model(
     manifest: str,
     metric: str,
     fmt: str,
+    outputs: Outputs,
+    tokens: str | None,
     computing: Computing,
     thresholds: dict[str, str | None],
     color: bool | None,
@@ -144,16 +149,28 @@ def model(
       sdpa report model samples/model/manifest.yaml
       sdpa report model samples/model/manifest.yaml --metric sink_mass
       sdpa report model samples/model/manifest.yaml --metric all --format json
+      sdpa report model samples/model/manifest.yaml --html model.html
     """
+    outputs.check([manifest, tokens])
     threads = start_engine(computing)
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.api.model import model_report
+    from sdpa_cli.api.model import model_page_of, model_report
+    from sdpa_cli.api.outputs import text_file, write_outputs
     from sdpa_cli.diagnosis.thresholds import thresholds as read_thresholds
     from sdpa_cli.render.model import render_model
     from sdpa_cli.report import document_head, to_json
 
     th = read_thresholds(thresholds)
-    grid = model_report(manifest, th, errors=metric == "error", jobs=threads, watch=progress_bar)
+    grid = model_report(
+        manifest,
+        th,
+        errors=metric == "error",
+        jobs=threads,
+        watch=progress_bar,
+        patterns="page" in outputs,
+    )
+    if "page" in outputs:  # written before anything is printed: a bad --tokens prints nothing
+        write_outputs(outputs, {"page": text_file(model_page_of(grid, manifest, tokens))})
     for row in grid.rows:
         if row.error is not None:  # one line each, never wrapped
             click.echo(f"sdpa: error: {row.name}: {row.error}", err=True)

@@ -168,6 +168,17 @@ def pictures(
     return {kind: _writes_text(text) for kind, text in texts.items() if kind in outputs}
 
 
+def plain_text(renderables: Sequence[RenderableType], width: int = 100) -> str:
+    """``renderables`` as the terminal shows them, in plain text (a page's copy)."""
+    # imported here: keeps sdpa --help fast
+    from rich.console import Console
+
+    recorder = Console(file=io.StringIO(), record=True, width=width, color_system=None)
+    for renderable in renderables:
+        recorder.print(renderable)
+    return recorder.export_text()
+
+
 def _writes_text(text: str) -> Writer:
     """A writer of ``text`` in UTF-8."""
     return lambda fh: fh.write(text.encode("utf-8"))

@@ -50,7 +50,7 @@ def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
 # --- findings in their place -------------------------------------------------------------------
 
 
-def _in_slice(f: Finding, spec: AttentionSpec, lead: Index) -> bool:
+def in_slice(f: Finding, spec: AttentionSpec, lead: Index) -> bool:
     """Whether finding ``f`` concerns the slice at ``lead``.
 
     A non-finite input is indexed in its own file's layout: it concerns the slice
@@ -77,7 +77,7 @@ def _placed(
     inputs: list[Finding] = []
     elsewhere: list[Finding] = []
     for f in diagnosis.findings:
-        if not _in_slice(f, spec, lead):
+        if not in_slice(f, spec, lead):
             elsewhere.append(f)
         elif f.stage in STAGES:
             earlier = [s for s in STAGES[: STAGES.index(f.stage) + 1] if s in by_stage]

@@ -27,6 +27,7 @@ attention sinks, dead heads and saturated heads (:data:`~sdpa_cli.names.NOTABLE_
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rows import classify_rows
+from sdpa_cli.engine.arrays import NUMPY
 from sdpa_cli.engine.driver import Place, Progress, sweep
 from sdpa_cli.engine.forward import forward, lean_backend, query_block
 from sdpa_cli.engine.spec import AttentionSpec
@@ -68,6 +70,14 @@ class CaseHeads:
     metrics: Mapping[str, F64]
     rows: NDArray[np.int64]
     flatness: F64
+    patterns: NDArray[np.float32] | None = None
+    """With ``pool``: (H, ⌈L / pool⌉, ⌈S / pool⌉) float32, each query head's attention
+    pattern, every cell the largest weight of its ``pool`` × ``pool`` (query, key)
+    positions over every batch item: a sink's column, a diagonal and a lone spike keep
+    their height where a mean would fade them."""
+    pool: int = 1
+    lengths: tuple[int, int] = (0, 0)
+    """(L, S): the queries and keys a pattern pools."""
 
     @property
     def heads(self) -> int:
@@ -81,6 +91,7 @@ def head_metrics(
     *,
     jobs: int = 1,
     progress: Progress | None = None,
+    pool: int = 0,
 ) -> CaseHeads:
     """Every statistic of the grid for one computation, per query head (one pass).
 
@@ -91,16 +102,31 @@ def head_metrics(
             (any dtype), for the ``error`` metric; None leaves it out.
         jobs: threads computing blocks.
         progress: told the scores done after each block.
+        pool: gather each head's pattern pooled ``pool`` × ``pool`` (0: none), from
+            the scores the pass holds anyway (a page's picture of the head).
     """
     stats = Stats.empty(spec)
     first = np.zeros((*spec.lead, spec.L))  # each row's weight on key 0
     reference = spec.in_float64()
     H = spec.H
+    patterns = (
+        np.zeros((H, -(-spec.L // pool), -(-spec.S // pool)), dtype=np.float32) if pool else None
+    )
+    lock = threading.Lock()  # blocks of one head may share a group of pool rows
 
     def visit(place: Place) -> tuple[int, float, float, bool] | None:
-        found = forward(place, spec, stats, lse=True)
+        found = forward(place, spec, stats, lse=True, pool=pool)
         assert found.lse is not None
         first[place.at] = _key0_weights(place, spec, found.lse)
+        if patterns is not None and found.pattern is not None and len(found.pattern):
+            r0 = place.rows.start
+            g0 = r0 // pool
+            starts = np.maximum(np.arange(g0, (place.rows.stop - 1) // pool + 1) * pool - r0, 0)
+            rows_pooled = np.maximum.reduceat(found.pattern, starts, axis=0)
+            head = place.lead[-1] if place.lead else 0
+            with lock:
+                view = patterns[head, g0 : g0 + len(rows_pooled)]
+                np.maximum(view, rows_pooled, out=view)
         if expected is None:
             return None
         ref = found.output if reference is spec else forward(place, reference, None).output
@@ -115,7 +141,7 @@ def head_metrics(
         jobs=jobs,
         rows=query_block(spec),
         progress=progress,
-        backend=lean_backend(spec),
+        backend=NUMPY if pool else lean_backend(spec),  # pooling is numpy's (forward)
     )
     for sums in walk:
         if sums is not None:
@@ -145,7 +171,8 @@ def head_metrics(
     if expected is not None:
         metrics["error"] = _relative_rms(sq_err, sq_ref, bad)
     flatness = mean(stats.max_weight * stats.n_visible)
-    return CaseHeads({m: metrics[m] for m in MODEL_METRICS if m in metrics}, rows, flatness)
+    chosen = {m: metrics[m] for m in MODEL_METRICS if m in metrics}
+    return CaseHeads(chosen, rows, flatness, patterns, max(pool, 1), (spec.L, spec.S))
 
 
 def _key0_weights(place: Place, spec: AttentionSpec, lse: F64) -> F64:

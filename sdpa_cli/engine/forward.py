@@ -37,6 +37,9 @@ class Forward:
     """The statistics' records (the rows' own were written into the stats)."""
     blocks: tuple[Block, ...]
     """The per-stage blocks, where the lean pass did not apply (else empty)."""
+    pattern: F64 | None = None
+    """With ``pool``: (rows, ⌈S / pool⌉) float64, each group of ``pool`` keys' largest
+    weight (:func:`pattern_of`)."""
 
 
 def first_moments(place: Place, stats: Stats | None) -> Moments | None:
@@ -72,13 +75,16 @@ def forward(
     stats: Stats | None,
     *,
     lse: bool = False,
+    pool: int = 0,
 ) -> Forward:
     """The forward pass of ``spec`` over ``place``'s rows, measured into ``stats``.
 
     ``spec`` is the computation run (a check's reference, or the spec as given);
     ``stats`` (None: not gathered) judges it; it must not be emulated in a format
     narrower than float32 when ``stats`` are gathered (the per-stage path reads an
-    emulated block against its float64 twin: :meth:`Place.twin`)."""
+    emulated block against its float64 twin: :meth:`Place.twin`). With ``pool``,
+    the rows' weights pooled by groups of ``pool`` keys come too (the lean pass on
+    numpy only: a sweep asking for them runs on numpy)."""
     found = None
     # An emulated run's statistics read every stage against its float64 twin.
     if online.applies(spec) and not (stats is not None and stats.spec.options.emulated):
@@ -97,14 +103,34 @@ def forward(
             inputs,
             records,
             key_block=online.key_block(spec, backend),
+            pool=pool,
             xp=place.inputs.xp,
         )
     if found is not None:
-        if stats is None:
-            return Forward(found.output, found.lse if lse else None, None, ())
-        stats.write_rows(place.at, found.rows)
-        return Forward(found.output, found.lse if lse else None, found.records, ())
-    return _per_stage(place, spec, stats, lse)
+        pattern = None if found.pooled is None else pattern_of(found.pooled, found.lse)
+        if stats is not None:
+            stats.write_rows(place.at, found.rows)
+        kept = None if stats is None else found.records
+        return Forward(found.output, found.lse if lse else None, kept, (), pattern)
+    done = _per_stage(place, spec, stats, lse)
+    if not pool:
+        return done
+    pooled = np.zeros((len(done.output), -(-spec.S // pool)))
+    at = 0
+    for block in done.blocks:
+        w = np.where(np.isfinite(block.weights), block.weights, 0.0)
+        online.pool_columns(pooled[at : at + len(w)], w, place.keys.start, pool)
+        at += len(w)
+    return Forward(done.output, done.lse, done.records, done.blocks, pooled)
+
+
+def pattern_of(pooled: NDArray[Any], lse: F64) -> F64:
+    """Each group's largest weight from its largest logit: exp(logit − LSE) (exp is
+    increasing, so the largest logit gives the largest weight); 0 for a row that sees
+    no key."""
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        w = np.exp(np.minimum(pooled.astype(np.float64) - lse[:, None], 0.0))
+    return np.where(np.isfinite(lse)[:, None] & np.isfinite(w), w, 0.0)
 
 
 def _per_stage(place: Place, spec: AttentionSpec, stats: Stats | None, lse: bool) -> Forward:

@@ -169,6 +169,10 @@ class Online:
     weights: NDArray[Any] | None = None
     """With ``keep_weights``: (rows, keys) the softmax's weights, hidden keys 0: this
     thread's scratch array, valid until its next pass."""
+    pooled: NDArray[Any] | None = None
+    """With ``pool``: (rows, ⌈S / pool⌉) each group of ``pool`` keys' largest logit as
+    the softmax sees it (hidden keys the most negative number): the pattern a page
+    draws, exp(it − LSE), is the group's largest weight."""
 
 
 def attend_online(
@@ -181,6 +185,7 @@ def attend_online(
     *,
     key_block: int = KEY_BLOCK,
     keep_weights: bool = False,
+    pool: int = 0,
     xp: Any = np,
 ) -> Online | None:
     """The lean pass over query rows ``rows`` of the slice at ``lead``, keys ``keys``
@@ -190,7 +195,9 @@ def attend_online(
     ``records`` is a block's empty records (:meth:`Records.empty`), filled here: its
     formats are those the statistics check for overflow and flushed weights. With
     ``keep_weights`` the keys are one block and the weights are kept (the backward
-    pass reads them). ``xp`` is the namespace that computes (numpy, or a torch
+    pass reads them). With ``pool`` (numpy only), each group of ``pool`` keys' largest
+    logit is kept (:attr:`Online.pooled`): one reduction over the scores the pass
+    holds anyway. ``xp`` is the namespace that computes (numpy, or a torch
     device's: :mod:`~sdpa_cli.engine.arrays`); what comes back is on the host."""
     checked = tuple(dict.fromkeys(d for _, d in records.overflow))
     narrow = tuple(records.exp_overflow)
@@ -225,6 +232,7 @@ def attend_online(
     everyone = xp.arange(n)
     hi_all, lo_all = -math.inf, math.inf
     exp_limit = min(precision.fmt(d).exp_limit for d in narrow)
+    pooled = np.full((n, -(-spec.S // pool)), neg, dtype=dt) if pool and xp is np else None
 
     with xp.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         for c0 in range(k0, k1, key_block):
@@ -246,6 +254,8 @@ def attend_online(
                     continue
                 chunk_lo = xp.min(x, axis=1, where=vis, initial=np.inf)
                 xp.copyto(x, neg, where=~vis)
+            if pooled is not None:
+                pool_columns(pooled, x, c0, pool)
             at = xp.argmax(x, axis=1)
             chunk_max = x[everyone, at]
             if vis is not None:
@@ -344,7 +354,17 @@ def attend_online(
     ):
         records.absmax[stage].count += count
         records.absmax[stage].extreme = extreme
-    return Online(output.astype(dt, copy=False), lse, stats, records, weights)
+    return Online(output.astype(dt, copy=False), lse, stats, records, weights, pooled)
+
+
+def pool_columns(into: NDArray[Any], x: NDArray[Any], c0: int, pool: int) -> None:
+    """Fold ``x``'s columns (keys ``c0`` onwards) into ``into``'s groups of ``pool``
+    keys by their largest value, in place: group g holds keys g·pool to (g+1)·pool − 1."""
+    if not x.shape[1]:
+        return
+    g0, g1 = c0 // pool, (c0 + x.shape[1] - 1) // pool + 1
+    starts = np.maximum(np.arange(g0, g1) * pool - c0, 0)
+    np.maximum(into[:, g0:g1], np.maximum.reduceat(x, starts, axis=1), out=into[:, g0:g1])
 
 
 def _exp_overflow(records: Records, x: NDArray[Any], base: Index, narrow: tuple[str, ...]) -> None:

@@ -17,77 +17,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from sdpa_cli.diagnosis.findings import Thresholds
-from sdpa_cli.diagnosis.model import FLAT_MAX_WEIGHT, SINK_MASS, ModelGrid
+from sdpa_cli.diagnosis.model import ModelGrid
 from sdpa_cli.names import NOTABLE_HEADS
 from sdpa_cli.render.common import MUTED, THEME, cell_style, note_text, rule
+from sdpa_cli.render.grid_words import kind_titles, metric_description, row_labels
 from sdpa_cli.render.heatmap import fit_columns
-from sdpa_cli.text import compact, plural, sig
+from sdpa_cli.text import compact, plural
 
 PRECISION = 2
 """Decimals of a cell: the metrics are shares and means in [0, 1]."""
-
-LABEL_SHARE = 3
-"""A row label may take a third of the width (at least :data:`LABEL_MIN` cells)
-before it is shortened."""
-LABEL_MIN = 12
-
-
-def metric_description(metric: str, th: Thresholds) -> str:
-    """What a metric's table shows, in a line."""
-    return {
-        "entropy": "mean entropy ÷ log(visible keys): 0 one-hot, 1 uniform",
-        "max_weight": "mean largest weight of a row",
-        "saturated": f"share of rows one-hot (max weight ≥ {sig(th.saturation)})",
-        "near_uniform": (
-            f"share of rows nearly uniform (entropy ≥ {sig(th.uniform)} of the maximum)"
-        ),
-        "fully_masked": "share of rows with no visible key",
-        "sink_mass": f"mean weight on key 0 (an attention sink above {sig(SINK_MASS)})",
-        "error": "RMS error of the expected output ÷ RMS of the reference (float64)",
-    }[metric]
-
-
-def _kind_titles(th: Thresholds) -> dict[str, str]:
-    fraction = f"{sig(100 * th.head_fraction)}%"
-    return {
-        "sink": f"attention sinks, mean weight on key 0 > {sig(SINK_MASS)}",
-        "dead": (
-            f"dead heads, nearly uniform on ≥ {fraction} of rows (the share shown) or max "
-            f"weight within {sig(100 * (FLAT_MAX_WEIGHT - 1))}% of 1/visible keys"
-        ),
-        "saturated": f"saturated heads, one-hot on ≥ {fraction} of rows (the share shown)",
-    }
-
-
-def row_labels(grid: ModelGrid, width: int) -> tuple[list[str], str, str | None]:
-    """The rows' labels, the label column's header, and a note on what was cut.
-
-    By layer when every case has one of its own; else by name, less the dotted parts
-    every name shares at either end (``model.layers.3.self_attn`` → ``3``), and a
-    label still longer than a third of ``width`` loses its start (``…``)."""
-    most = max(LABEL_MIN, width // LABEL_SHARE)
-    rows = grid.rows
-    layers = [r.layer for r in rows]
-    if rows and None not in layers and len(set(layers)) == len(rows):
-        return [str(layer) for layer in layers], "layer", None
-    labels = [r.name for r in rows]
-    note = None
-    parts = [x.split(".") for x in labels]
-    shortest = min((len(p) for p in parts), default=0)
-    head = tail = 0
-    if len(rows) > 1:
-        while head < shortest - 1 and len({p[head] for p in parts}) == 1:
-            head += 1
-        while tail < shortest - 1 - head and len({p[-1 - tail] for p in parts}) == 1:
-            tail += 1
-    if head or tail:
-        first = parts[0]
-        note = "case: " + ".".join([*first[:head], "‹case›", *first[len(first) - tail :]])
-        labels = [".".join(p[head : len(p) - tail]) for p in parts]
-    labels = [x if len(x) <= most else "…" + x[-(most - 1) :] for x in labels]
-    return labels, "case", note
-
 
 SHARES = ("saturated", "near_uniform", "fully_masked")
 """Metrics that count rows: any that is not 0 is at least one row."""
@@ -163,7 +101,7 @@ def grid_tables(grid: ModelGrid, metric: str, width: int) -> list[RenderableType
 def _notable_lines(grid: ModelGrid, width: int, max_listed: int) -> list[RenderableType]:
     """The notable heads, kind by kind, a line per case (named in full):
     ``model.layers.3.self_attn: h3 0.97, h5 0.88``."""
-    titles = _kind_titles(grid.thresholds)
+    titles = kind_titles(grid.thresholds)
     parts: list[RenderableType] = []
     for kind in NOTABLE_HEADS:
         found = [n for n in grid.notable if n.kind == kind]

@@ -26,6 +26,7 @@ from sdpa_cli.diagnosis.model import (
 )
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
+from sdpa_cli.engine.types import F64
 from sdpa_cli.names import MODEL_METRICS as METRICS
 from sdpa_cli.text import NON_FINITE_JSON
 
@@ -306,3 +307,49 @@ def test_a_grid_of_no_readable_case() -> None:
     grid = model_grid([GridRow("a", error="bad")], TH)
     assert grid.heads == 0
     assert grid.to_dict()["metrics"] == {}
+
+
+# --- each head's pattern, pooled by max ----------------------------------------------------
+
+
+def pooled_reference(weights: F64, pool: int) -> F64:
+    """The float64 loop's weights ``(*lead, L, S)`` pooled per query head over the
+    batch and over ``pool`` × ``pool`` positions, by their largest."""
+    *_, L, S = weights.shape
+    heads = weights.reshape(-1, weights.shape[-3], L, S).max(axis=0)  # over the batch
+    g, h = -(-L // pool), -(-S // pool)
+    padded = np.pad(heads, ((0, 0), (0, g * pool - L), (0, h * pool - S)))
+    out: F64 = padded.reshape(len(heads), g, pool, h, pool).max(axis=(2, 4))
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"causal": True, "window": 2}, {"softcap": 2.0, "alibi": True}, {"mask_value": -1e9}],
+    ids=["lean", "lean-window", "per-stage", "finite-mask"],
+)
+@pytest.mark.parametrize("pool", [1, 4, 16])
+def test_each_heads_pattern_is_its_largest_weight_per_cell(
+    options: dict[str, Any], pool: int
+) -> None:
+    """A page draws each head's attention pattern: the largest weight of every
+    ``pool`` × ``pool`` (query, key) cell over the batch, from the scores the lean pass
+    holds anyway, on both engine paths, equal to the float64 loop's to float32."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 3, 37, 4)) for _ in range(3))
+    opts = dict(options)
+    ref_opts = {key: value for key, value in opts.items() if key != "window"}
+    if "window" in opts:
+        ref_opts["window"] = (2, 2)
+    heads = head_metrics(spec_of(q, k, v, **opts), TH, jobs=2, pool=pool)
+    assert heads.patterns is not None
+    assert heads.pool == pool
+    assert heads.lengths == (37, 37)
+    want = pooled_reference(attention(q, k, v, **ref_opts).weights, pool)
+    assert heads.patterns.dtype == np.float32
+    np.testing.assert_allclose(heads.patterns, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_grid_without_pages_keeps_no_pattern() -> None:
+    q, k, v = three_heads()
+    assert head_metrics(spec_of(q, k, v), TH).patterns is None

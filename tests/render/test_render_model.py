@@ -15,7 +15,8 @@ from rich.console import Console
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import CaseHeads, GridRow, ModelGrid, model_grid
 from sdpa_cli.names import MODEL_METRICS as METRICS
-from sdpa_cli.render.model import cell_text, render_model, row_labels
+from sdpa_cli.render.grid_words import row_labels
+from sdpa_cli.render.model import cell_text, render_model
 
 TH = Thresholds()
 

@@ -1,0 +1,40 @@
+"""What a page draws of a case's failed comparisons (``check --html``): the report's
+:class:`~sdpa_cli.check.records.Evidence`, every export in the computation's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sdpa_cli.check.exports import Fitted
+from sdpa_cli.check.records import Evidence
+from sdpa_cli.check.relative import Judgement
+from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.engine.trace import split_heads_of_output
+from sdpa_cli.engine.types import F64
+
+
+def kept_for_pages(
+    spec: AttentionSpec,
+    fitted: Mapping[str, Fitted],
+    reference: Mapping[str, F64],
+    plain: Mapping[str, F64 | None] | None,
+    judgement: Judgement | None,
+) -> Evidence:
+    """Each export, its reference and its plain computation (a merged output's heads
+    split again), and the rule's terms (none under a fixed tolerance)."""
+
+    def engine(name: str, values: F64, merged: bool) -> F64:
+        return split_heads_of_output(spec, values) if name == "output" and merged else values
+
+    plains: dict[str, F64 | None] = {}
+    for n, f in fitted.items():
+        values = (plain or {}).get(n)
+        plains[n] = None if values is None else engine(n, values, f.merged)
+    return Evidence(
+        spec,
+        {n: engine(n, f.values, f.merged) for n, f in fitted.items()},
+        {n: engine(n, reference[n], f.merged) for n, f in fitted.items()},
+        plains,
+        None if judgement is None else judgement.factor,
+        0.0 if judgement is None else judgement.floor_ulps,
+    )

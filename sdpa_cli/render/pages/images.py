@@ -1,0 +1,154 @@
+"""Pictures for the report pages: colour maps, max pooling and PNG encoding.
+
+A heat map is a PNG of one byte per cell, each byte an index into a colour map; the
+page keeps the same bytes for its hover read-out, so a picture and its numbers
+cannot disagree. numpy and the standard library only (zlib): no imaging library.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sdpa_cli.engine.types import F64
+
+# matplotlib's viridis (perceptually uniform, readable by colour-blind eyes and in
+# grey; CC0) and RdBu reversed (ColorBrewer's colour-blind-safe diverging map: blue
+# below the middle, red above), 256 RGB triples each, as matplotlib samples them.
+_VIRIDIS = (
+    "44015444025645045745055946075a46085c460a5d460b5e470d60470e61471063471164471365481467481668481769"
+    "48186a481a6c481b6d481c6e481d6f481f70482071482173482374482475482576482677482878482979472a7a472c7a"
+    "472d7b472e7c472f7d46307e46327e46337f463480453581453781453882443983443a83443b84433d84433e85423f85"
+    "4240864241864142874144874045884046883f47883f48893e49893e4a893e4c8a3d4d8a3d4e8a3c4f8a3c508b3b518b"
+    "3b528b3a538b3a548c39558c39568c38588c38598c375a8c375b8d365c8d365d8d355e8d355f8d34608d34618d33628d"
+    "33638d32648e32658e31668e31678e31688e30698e306a8e2f6b8e2f6c8e2e6d8e2e6e8e2e6f8e2d708e2d718e2c718e"
+    "2c728e2c738e2b748e2b758e2a768e2a778e2a788e29798e297a8e297b8e287c8e287d8e277e8e277f8e27808e26818e"
+    "26828e26828e25838e25848e25858e24868e24878e23888e23898e238a8d228b8d228c8d228d8d218e8d218f8d21908d"
+    "21918c20928c20928c20938c1f948c1f958b1f968b1f978b1f988b1f998a1f9a8a1e9b8a1e9c891e9d891f9e891f9f88"
+    "1fa0881fa1881fa1871fa28720a38620a48621a58521a68522a78522a88423a98324aa8325ab8225ac8226ad8127ad81"
+    "28ae8029af7f2ab07f2cb17e2db27d2eb37c2fb47c31b57b32b67a34b67935b77937b87838b9773aba763bbb753dbc74"
+    "3fbc7340bd7242be7144bf7046c06f48c16e4ac16d4cc26c4ec36b50c46a52c56954c56856c66758c7655ac8645cc863"
+    "5ec96260ca6063cb5f65cb5e67cc5c69cd5b6ccd5a6ece5870cf5773d05675d05477d1537ad1517cd2507fd34e81d34d"
+    "84d44b86d54989d5488bd6468ed64590d74393d74195d84098d83e9bd93c9dd93ba0da39a2da37a5db36a8db34aadc32"
+    "addc30b0dd2fb2dd2db5de2bb8de29bade28bddf26c0df25c2df23c5e021c8e020cae11fcde11dd0e11cd2e21bd5e21a"
+    "d8e219dae319dde318dfe318e2e418e5e419e7e419eae51aece51befe51cf1e51df4e61ef6e620f8e621fbe723fde725"
+)
+_DIVERGING = (
+    "05306106326407346708366a09386d0a3b700c3d730d3f760e41790f437b10457e114781124984134c87144e8a15508d"
+    "1752901854931956961a58991b5a9c1c5c9f1d5fa21e61a51f63a82065ab2267ac2369ad246aae266caf276eb02870b1"
+    "2a71b22b73b32c75b42e77b52f79b5307ab6327cb7337eb83480b93681ba3783bb3885bc3a87bd3b88be3c8abe3e8cbf"
+    "3f8ec0408fc14291c24393c34695c44997c54c99c64f9bc7529dc8569fc959a1ca5ca3cb5fa5cd62a7ce65a9cf68abd0"
+    "6bacd16eaed271b0d375b2d478b4d57bb6d67eb8d781bad884bcd987beda8ac0db8dc2dc90c4dd93c6de96c7df98c8e0"
+    "9bc9e09dcbe1a0cce2a2cde3a5cee3a7d0e4a9d1e5acd2e5aed3e6b1d5e7b3d6e8b6d7e8b8d8e9bbdaeabddbeac0dceb"
+    "c2ddecc5dfecc7e0edcae1eecce2efcfe4efd1e5f0d2e6f0d4e6f1d5e7f1d7e8f1d8e9f1dae9f2dbeaf2ddebf2deebf2"
+    "e0ecf3e1edf3e3edf3e4eef4e6eff4e7f0f4e9f0f4eaf1f5ecf2f5edf2f5eff3f5f0f4f6f2f5f6f3f5f6f5f6f7f6f7f7"
+    "f7f6f6f7f5f4f8f4f2f8f3f0f8f2eff8f1edf9f0ebf9efe9f9eee7f9ede5f9ebe3faeae1fae9dffae8defae7dcfbe6da"
+    "fbe5d8fbe4d6fbe3d4fce2d2fce0d0fcdfcffcdecdfdddcbfddcc9fddbc7fdd9c4fcd7c2fcd5bffcd3bcfbd0b9fbceb7"
+    "fbccb4facab1fac8aff9c6acf9c4a9f9c2a7f8bfa4f8bda1f8bb9ef7b99cf7b799f7b596f6b394f6b191f6af8ef5ac8b"
+    "f5aa89f5a886f4a683f3a481f2a17ff19e7df09c7bef9979ee9677ec9374eb9172ea8e70e98b6ee8896ce6866ae58368"
+    "e48066e37e64e27b62e17860df765ede735cdd7059dc6e57db6b55da6853d86551d7634fd6604dd55d4cd35a4ad25849"
+    "d05548cf5246ce4f45cc4c44cb4942c94741c84440c6413ec53e3dc43b3cc2383ac13639bf3338be3036bd2d35bb2a34"
+    "ba2832b82531b72230b61f2eb41c2db3192cb1182bae172aab162aa81529a51429a213289f12289c1127991027960f27"
+    "930e26900d268d0c258a0b25870a248409248108237f08237c07227906227605217304217003206d02206a011f67001f"
+)
+
+MAPS = {"sequential": _VIRIDIS, "diverging": _DIVERGING}
+"""Colour map name → 768 hex-encoded bytes (256 RGB triples)."""
+
+CATEGORIES = {"mask": ("#ffffff", "#2166ac", "#e66101", "#bdbdbd")}
+"""Maps of a few categories, 0 to n − 1 (a heat map from 0 to n − 1): the masks of
+two computations, neither / the first only / the second only / both (blue and
+orange, told apart by every common colour blindness)."""
+
+MISSING = (0xE0, 0xE0, 0xE0)
+"""The colour of a cell with no value (a head a case lacks, a NaN): light grey,
+outside both maps."""
+
+
+def palette(name: str) -> NDArray[np.uint8]:
+    """The colour map ``name`` as (256, 3) bytes, low to high (a map of categories in
+    equal bands)."""
+    if name in CATEGORIES:
+        colours = CATEGORIES[name]
+        band = np.rint(np.arange(256) * (len(colours) - 1) / 255).astype(int)
+        table = np.array(
+            [[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in colours], dtype=np.uint8
+        )
+        out: NDArray[np.uint8] = table[band]
+        return out
+    return np.frombuffer(bytes.fromhex(MAPS[name]), dtype=np.uint8).reshape(256, 3)
+
+
+def css_gradient(name: str, stops: int = 11) -> str:
+    """A CSS ``linear-gradient`` through the map, for a legend."""
+    colours = palette(name)
+    parts = []
+    for i in range(stops):
+        c = colours[round(i * 255 / (stops - 1))]
+        parts.append(f"#{c[0]:02x}{c[1]:02x}{c[2]:02x} {100 * i / (stops - 1):g}%")
+    return f"linear-gradient(to right, {', '.join(parts)})"
+
+
+def quantize(values: F64, lo: float, hi: float) -> NDArray[np.uint8]:
+    """``values`` as 0..254 over [lo, hi] (clipped); 255 for NaN (no value)."""
+    span = hi - lo if hi > lo else 1.0
+    with np.errstate(invalid="ignore"):
+        scaled = np.clip((np.asarray(values, dtype=np.float64) - lo) / span, 0.0, 1.0)
+    out = np.where(np.isnan(values), 255, np.rint(scaled * 254)).astype(np.uint8)
+    return out
+
+
+def max_pool(values: NDArray[Any], rows: int, cols: int) -> tuple[F64, int, int]:
+    """``values`` (L, S) pooled to at most ``rows`` × ``cols`` cells by their largest
+    value, and the pooling factors (rows, columns) used.
+
+    Max, not mean: a sink column, a diagonal one key wide or a single spike keeps its
+    height in the pooled picture, where a mean would fade it by the factor. NaN cells
+    are skipped (a pool of NaN only stays NaN).
+    """
+    a = np.asarray(values, dtype=np.float64)
+    fr = max(1, math.ceil(a.shape[0] / max(rows, 1)))
+    fc = max(1, math.ceil(a.shape[1] / max(cols, 1)))
+    if fr == fc == 1:
+        return a, 1, 1
+    pr, pc = -a.shape[0] % fr, -a.shape[1] % fc
+    padded = np.pad(a, ((0, pr), (0, pc)), constant_values=np.nan)
+    blocks = padded.reshape(padded.shape[0] // fr, fr, padded.shape[1] // fc, fc)
+    with np.errstate(invalid="ignore"):
+        filled = np.where(np.isnan(blocks), -np.inf, blocks).max(axis=(1, 3))
+    return np.where(filled == -np.inf, np.nan, filled), fr, fc
+
+
+def steps(name: str) -> NDArray[np.uint8]:
+    """The 256 colours a heat map's bytes index: 0..254 along the map ``name``, 255
+    the missing grey (the page's hover read-out inverts the same table)."""
+    colours = palette(name)
+    return np.vstack([colours[np.rint(np.arange(255) * 255 / 254).astype(int)], [MISSING]]).astype(
+        np.uint8
+    )
+
+
+def png(indices: NDArray[np.uint8], name: str) -> bytes:
+    """An 8-bit palette PNG of ``indices`` (H, W) on :func:`steps` of ``name``."""
+    table = steps(name)
+    h, w = indices.shape
+    raw = np.zeros((h, w + 1), dtype=np.uint8)  # each scan line starts with filter 0
+    raw[:, 1:] = indices
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 3, 0, 0, 0)),
+            _chunk(b"PLTE", table.astype(np.uint8).tobytes()),
+            _chunk(b"IDAT", zlib.compress(raw.tobytes(), 9)),
+            _chunk(b"IEND", b""),
+        ]
+    )
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))

@@ -1,0 +1,104 @@
+"""The pictures of the report pages: PNG heat maps, colour maps, max pooling, ticks.
+
+A heat map's bytes are read back with Pillow (an independent PNG decoder) to show
+the file is what a browser decodes: each cell one palette index, NaN the grey.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from sdpa_cli.render.pages.html import heatmap, page, ticks
+from sdpa_cli.render.pages.images import (
+    MISSING,
+    css_gradient,
+    max_pool,
+    palette,
+    png,
+    quantize,
+    steps,
+)
+
+Image = pytest.importorskip("PIL.Image")
+
+
+def test_a_heat_map_png_decodes_to_its_cells_on_the_colour_map() -> None:
+    values = np.array([[0.0, 0.5, 1.0], [np.nan, 0.25, 2.0]])
+    indices = quantize(values, 0.0, 1.0)
+    assert indices.tolist() == [[0, 127, 254], [255, 64, 254]]  # NaN 255; 2.0 clipped to 1
+    decoded = Image.open(io.BytesIO(png(indices, "sequential")))
+    assert decoded.size == (3, 2)
+    assert decoded.mode == "P"
+    assert np.array(decoded).tolist() == indices.tolist()
+    rgb = np.array(decoded.convert("RGB"))
+    assert tuple(rgb[1, 0]) == MISSING  # no value: grey
+    assert tuple(rgb[0, 0]) == tuple(palette("sequential")[0])  # viridis' dark purple
+    assert tuple(rgb[0, 2]) == tuple(palette("sequential")[255])  # its yellow
+
+
+def test_the_maps_run_dark_to_light_and_blue_white_red() -> None:
+    viridis = palette("sequential").astype(int)
+    assert viridis.shape == (256, 3)
+    # perceptually ordered: lightness (the green channel, in viridis) rises throughout
+    assert np.all(np.diff(viridis[:, 1]) >= 0)
+    diverging = palette("diverging").astype(int)
+    assert diverging[0, 2] > diverging[0, 0]  # blue at the bottom
+    assert diverging[-1, 0] > diverging[-1, 2]  # red at the top
+    assert diverging[128].min() > 230  # near white in the middle
+    assert steps("mask")[[0, 85, 169, 254]].tolist() == [
+        [255, 255, 255],
+        [0x21, 0x66, 0xAC],
+        [0xE6, 0x61, 0x01],
+        [0xBD, 0xBD, 0xBD],
+    ]
+    assert css_gradient("sequential").startswith("linear-gradient(to right, #440154 0%")
+
+
+def test_max_pooling_keeps_a_sink_a_diagonal_and_a_lone_spike() -> None:
+    """A mean over 64 × 64 positions would fade a one-key column to 1/64 of its height;
+    the largest keeps it whole."""
+    n = 512
+    w = np.full((n, n), 1e-4)
+    w[:, 0] = 0.9  # a sink
+    w[np.arange(n), np.arange(n)] = 0.5  # a diagonal
+    w[300, 77] = 0.7  # one spike
+    pooled, fr, fc = max_pool(w, 8, 8)
+    assert (fr, fc) == (64, 64)
+    assert pooled.shape == (8, 8)
+    assert np.all(pooled[:, 0] == 0.9)
+    assert np.all(np.diag(pooled)[1:] == 0.5)
+    assert pooled[300 // 64, 77 // 64] == 0.7
+    assert pooled[0, 5] == pytest.approx(1e-4)
+
+
+def test_max_pooling_pads_a_ragged_edge_and_keeps_no_value_blank() -> None:
+    a = np.arange(15.0).reshape(3, 5)
+    a[2, :] = np.nan
+    pooled, fr, fc = max_pool(a, 2, 2)
+    assert (fr, fc) == (2, 3)
+    assert pooled.tolist()[0] == [7.0, 9.0]
+    assert np.isnan(pooled[1]).all()  # every position of those cells is NaN
+
+
+def test_ticks_step_by_one_two_or_five() -> None:
+    assert [p for p, _ in ticks(8, 1)] == list(range(8))
+    assert [p for p, _ in ticks(100, 1)] == [0, 20, 40, 60, 80]
+    assert ticks(8192, 16) == [(0, 0), (2000, 125), (4000, 250), (6000, 375), (8000, 500)]
+
+
+def test_a_page_holds_everything_it_shows() -> None:
+    """Nothing fetched: no src or href but data: URIs and in-page anchors, the script
+    and the style inline, every cell's value in the figure (exact for small maps)."""
+    figure = heatmap(
+        "w", np.array([[0.25, 0.75]]), lo=0, hi=1, caption="weights", x_label="key", y_label="query"
+    )
+    text = page("t", "s", [figure], "console.log(SDPA_DATA.n);", {"n": 1, "x": None})
+    assert "<script src" not in text
+    assert "<link" not in text
+    assert "http" not in text
+    assert 'src="data:image/png;base64,' in text
+    assert 'data-exact="AACAPgAAQD8="' in text  # float32 0.25, 0.75, for the read-out
+    assert '{"n":1,"x":null}' in text
