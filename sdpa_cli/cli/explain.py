@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from sdpa_cli.api.case import Case
     from sdpa_cli.api.outputs import Outputs
     from sdpa_cli.diagnosis.explained import Explanation
+    from sdpa_cli.diagnosis.pictures import SlicePictures
     from sdpa_cli.files.writers import Writer
     from sdpa_cli.render.common import View
 
@@ -177,10 +178,7 @@ def explain(
         on_walk = walk.query is None and not walk.compare_scales
         renderables = _renderables(ex, shown_view, description, walk=on_walk)
     files = pictures(outputs, renderables, console.width, "sdpa explain")
-    if "page" in outputs:
-        files["page"] = _page(ex, view, " ".join(case.inputs), renderables, tokens, threads)
-    if plotter is not None:
-        files["plot"] = plotter(ex, shown_view.keys)
+    files |= _drawn(ex, view, case, outputs, plotter, renderables, tokens, threads)
     write_outputs(outputs, files)
     if text is not None:
         click.echo(text, nl=False)
@@ -188,33 +186,43 @@ def explain(
         print_all(console, renderables)
 
 
-def _page(
+def _drawn(
     ex: Explanation,
     view: ViewFlags,
-    inputs: str,
+    case: Case,
+    outputs: Outputs,
+    plotter: Callable[[SlicePictures, str], Write] | None,
     renderables: list[RenderableType],
     tokens: str | None,
     threads: int,
-) -> Writer:
-    """``--html``: the slice's page, its window ``--rows`` × ``--keys`` (default: all)."""
+) -> dict[str, Writer]:
+    """``--html`` and ``--plot``: the slice's page and figure, of its window ``--rows`` ×
+    ``--keys`` (default: the whole slice); nothing when neither is asked for."""
     # imported here: keeps sdpa --help fast
     from sdpa_cli.api.outputs import text_file
-    from sdpa_cli.api.pages import slice_page_of
+    from sdpa_cli.api.pages import slice_page_of, window_pictures
+    from sdpa_cli.render.common import slice_label
 
     at = (view.batch or 0, view.head or 0)
-    page = slice_page_of(
-        ex.spec,
-        ex.diagnosis,
-        at,
-        rows=view.rows,
-        keys=view.keys,
-        title=f"sdpa explain: {inputs}",
-        about=f"batch {at[0]}, head {at[1]}",
-        text=plain_text(renderables),
-        tokens=tokens,
-        jobs=threads,
-    )
-    return text_file(page)
+    files: dict[str, Writer] = {}
+    if "page" in outputs:
+        page = slice_page_of(
+            ex.spec,
+            ex.diagnosis,
+            at,
+            rows=view.rows,
+            keys=view.keys,
+            title=f"sdpa explain: {' '.join(case.inputs)}",
+            about=f"batch {at[0]}, head {at[1]}",
+            text=plain_text(renderables),
+            tokens=tokens,
+            jobs=threads,
+        )
+        files["page"] = text_file(page)
+    if plotter is not None:
+        drawn = window_pictures(ex.spec, at, view.rows, view.keys, threads)
+        files["plot"] = plotter(drawn, slice_label(ex.spec, ex.lead))
+    return files
 
 
 def _document(ex: Explanation, fmt: str) -> str | None:
@@ -241,7 +249,7 @@ def _renderables(
     return [*case_description(description), render_explain(ex, view, walk=walk)]
 
 
-def _plotter(path: str) -> Callable[[Explanation, slice | None], Write]:
+def _plotter(path: str) -> Callable[[SlicePictures, str], Write]:
     """The PNG writer for ``--plot``, or a clear error when matplotlib is missing."""
     if not path.lower().endswith(".png"):
         raise SpecError("--plot", f"writes PNG; name the file *.png, not {path!r}")

@@ -1,4 +1,6 @@
-"""``explain --plot``: every stage of the explained rows as a heatmap, via matplotlib.
+"""``explain --plot``: the stages of the explained slice as heatmaps, via matplotlib:
+the whole slice by default (or the ``--rows``/``--keys`` window), pooled as the page's
+are (:mod:`~sdpa_cli.diagnosis.pictures`).
 
 matplotlib is an optional extra (``pip install matplotlib``); importing this
 module raises ImportError without it. The figure API is used directly (no pyplot),
@@ -7,7 +9,6 @@ so nothing global changes and no display is needed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -16,12 +17,18 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sdpa_cli.diagnosis.explained import Explanation
-from sdpa_cli.render.common import slice_label, stage_heading
+from sdpa_cli.diagnosis.pictures import SlicePictures
 
-COLUMNS = 3
-MOST_TICKS = 16
-"""Most tick labels on an axis."""
+COLUMNS = 2
+MOST_TICKS = 8
+"""Most tick labels on an axis: three- and four-digit indices stay apart."""
+
+TITLES = {
+    "scores": "scores, Q·Kᵀ × scale",
+    "masked": "masked scores (grey: hidden)",
+    "weights": "weights, softmax over the keys",
+    "output": "output, weights · V",
+}
 
 
 def integer_ticks(first: int, count: int, most: int = MOST_TICKS) -> list[int]:
@@ -43,50 +50,42 @@ def _next_step(step: int) -> int:
     return step * 5 // 2 if digits[0] == "2" else step * 2
 
 
-def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO], None]:
+def heatmaps(pictures: SlicePictures, where: str) -> Callable[[BinaryIO], None]:
     """Draw the figure now; return the writer of its PNG (for an atomic write).
 
-    Score stages show the keys ``keys`` (default all); hidden keys are grey from
-    the masked stage on (before it they hold real scores)."""
-    stages = ex.stages
-    n = len(stages)
-    cols = min(COLUMNS, n)
-    rows = math.ceil(n / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), layout="constrained")
+    The stages of the slice's window (:func:`~sdpa_cli.diagnosis.pictures.slice_pictures`:
+    the whole slice by default, pooled past 512 positions a side by the value of largest
+    magnitude), on axes in the tensor's own indices; hidden scores grey."""
+    p = pictures
+    fig = Figure(figsize=(4.4 * COLUMNS, 3.6 * 2), layout="constrained")
     FigureCanvasAgg(fig)
-    where = slice_label(ex.spec, ex.lead)
-    span = f"rows {ex.rows.start}–{ex.rows.stop - 1} of {ex.spec.L}"
-    fig.suptitle(" · ".join(x for x in ("sdpa explain", where, span) if x))
-    for n_ax, stage in enumerate(stages):
-        ax = fig.add_subplot(rows, cols, n_ax + 1)
-        title, formula = stage_heading(stage.step, dropout=ex.spec.options.dropout > 0)
-        ax.set_title(f"{title}\n{formula}", fontsize=9)
-        values = np.array(stage.values, dtype=np.float64)
+    pooled = f", each cell the largest of {p.pool} × {p.pool}" if p.pool > 1 else ""
+    span = f"queries {p.rows.start}–{p.rows.stop - 1}, keys {p.keys.start}–{p.keys.stop - 1}"
+    fig.suptitle(" · ".join(x for x in ("sdpa explain", where, span + pooled) if x))
+    for n_ax, (name, title) in enumerate(TITLES.items()):
+        ax = fig.add_subplot(2, 2, n_ax + 1)
+        ax.set_title(title, fontsize=9)
+        values = np.array(p.stages[name], dtype=np.float64)
         if not values.size:
             ax.text(0.5, 0.5, "empty (L or S is 0)", ha="center", va="center")
             ax.set_axis_off()
             continue
-        is_output = stage.step == "output"
-        first = 0
-        if stage.step in ("masked", "weights", "dropped"):
-            values[~ex.visible] = np.nan  # hidden keys: drawn grey
-        if not is_output and keys is not None:
-            values = values[:, keys]
-            first = keys.start
+        is_output = name == "output"
         values[~np.isfinite(values)] = np.nan
-        if stage.step in ("weights", "dropped"):
+        if name == "weights":
             top = float(np.nanmax(values, initial=0.0))
-            name, vmin, vmax = "magma", 0.0, top if top > 0 else 1.0
+            cmap_name, vmin, vmax = "viridis", 0.0, top if top > 0 else 1.0
         else:
             top = float(np.nanmax(np.abs(values), initial=0.0)) or 1.0
-            name, vmin, vmax = "RdBu_r", -top, top
-        cmap = colormaps[name].with_extremes(bad="#9e9e9e")  # hidden keys: grey
-        # Axes in the tensor's own indices: rows from --rows, keys from --keys.
+            cmap_name, vmin, vmax = "RdBu_r", -top, top
+        cmap = colormaps[cmap_name].with_extremes(bad="#bdbdbd")  # hidden: grey
+        first, count = (0, values.shape[1]) if is_output else (p.keys.start, len(p.keys))
+        # each cell spans its pooled positions: axes in the tensor's own indices
         extent = (
             first - 0.5,
-            first + values.shape[1] - 0.5,
-            ex.rows.stop - 0.5,
-            ex.rows.start - 0.5,
+            first + count - 0.5,
+            p.rows.stop - 0.5,
+            p.rows.start - 0.5,
         )
         image = ax.imshow(
             values,
@@ -99,9 +98,11 @@ def heatmaps(ex: Explanation, keys: slice | None = None) -> Callable[[BinaryIO],
         )
         ax.set_ylabel("query")
         ax.set_xlabel("value column" if is_output else "key")
-        # Ticks on whole indices only: matplotlib's own fall on the cells' edges (0.5).
-        ax.set_yticks(integer_ticks(ex.rows.start, len(ex.rows)))
-        ax.set_xticks(integer_ticks(first, values.shape[1]))
+        # Ticks on whole indices only, few enough to read: matplotlib's own fall on the
+        # cells' edges (0.5), and 16 three-digit labels run together in 4 inches.
+        ax.set_yticks(integer_ticks(p.rows.start, len(p.rows)))
+        ax.set_xticks(integer_ticks(first, count))
+        ax.tick_params(labelsize=8)
         fig.colorbar(image, ax=ax, shrink=0.8)
 
     def write(fh: BinaryIO) -> None:

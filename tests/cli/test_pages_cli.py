@@ -128,3 +128,20 @@ def test_a_capture_names_its_tokens_and_the_page_reads_them(workdir: Path) -> No
     result = invoke("report", "model", "run/manifest.yaml", "--html", "m.html")
     assert result.exit_code == 0, result.stderr
     assert "&quot;cat&quot;" in (workdir / "m.html").read_text()
+
+
+def test_the_plot_and_the_page_draw_the_whole_slice_unless_a_window_is_chosen() -> None:
+    """``explain --plot`` once drew the 16 rows the tables show; the plot and the page
+    now draw the slice, or the --rows/--keys window, pooled past 512 positions."""
+    from sdpa_cli.api.pages import window_pictures
+    from sdpa_cli.engine.options import parse_options
+    from sdpa_cli.engine.spec import build_spec
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 40, 4)) for _ in range(3))
+    spec = build_spec(q, k, v, options=parse_options({"causal": True}))
+    whole = window_pictures(spec, (0, 1), None, None)
+    assert (whole.rows, whole.keys, whole.pool) == (range(40), range(40), 1)
+    window = window_pictures(spec, (0, 1), "5:9", "0:20")
+    assert (window.rows, window.keys) == (range(5, 9), range(0, 20))
+    assert window.stages["weights"].shape == (4, 20)

@@ -334,3 +334,52 @@ def test_the_slice_page_shows_every_stage(
         if command[0] == "explain":
             keep_screenshot(visit, "explain")
         visit.assert_clean()
+
+
+LLAMA = """
+import sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from sdpa_cli.capture import capture
+
+torch.manual_seed(0)
+config = LlamaConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+    initializer_range=0.2, attn_implementation="eager",
+)
+model = LlamaForCausalLM(config).eval()
+words = ["<s>", "The", "cat", "sat", "on", "the", "mat", "."]
+ids = torch.arange(1, 1 + len(words)).unsqueeze(0)
+with capture(sys.argv[1], tokens=words, notify=lambda line: None), torch.no_grad():
+    model(input_ids=ids)
+"""
+
+
+def test_a_captured_llama_with_its_tokens(browser: Browser, tmp_path: Path) -> None:
+    """A random-init Llama captured with its tokens (``capture(tokens=...)``): its model
+    page opens clean, a row per layer, and the patterns' axes read the tokens."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    script = tmp_path / "llama.py"
+    script.write_text(LLAMA)
+    proc = subprocess.run(
+        [str(Path(sdpa_executable()).parent / "python"), str(script), "run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean_environ(),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    sdpa(tmp_path, "report", "model", "run/manifest.yaml", "--html", "llama.html")
+    with open_page(browser, tmp_path / "llama.html") as visit:
+        page = visit.page
+        visit.assert_clean()
+        assert page.locator("td.cell").count() == 2 * 4  # two layers, four query heads
+        page.click('td.cell[data-case="1"][data-head="2"]')
+        names = page.get_attribute(PATTERN, "data-xnames")
+        assert names is not None
+        assert json.loads(names) == ["<s>", "The", "cat", "sat", "on", "the", "mat", "."]
+        assert 'query 7 "."' in point_at(page, PATTERN, 0.05, 0.97)
+        visit.assert_clean()

@@ -144,7 +144,7 @@ def png(indices: NDArray[np.uint8], name: str) -> bytes:
             b"\x89PNG\r\n\x1a\n",
             _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 3, 0, 0, 0)),
             _chunk(b"PLTE", table.astype(np.uint8).tobytes()),
-            _chunk(b"IDAT", zlib.compress(raw.tobytes(), 9)),
+            _chunk(b"IDAT", zlib.compress(raw.tobytes(), 6)),
             _chunk(b"IEND", b""),
         ]
     )
