@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-fast test-wheel docs lint fmt golden bench bench-quick bench-grad bench-gate fuzz clean
+.PHONY: install demo test test-fast test-wheel docs lint fmt golden bench bench-quick bench-grad bench-gate bench-pages fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -135,6 +135,13 @@ BENCH_GATE_LIBS = $(BIN)/pip install --quiet transformers==5.24.0 jax==0.10.2 \
 bench-gate: $(VENV)/.dev-installed
 	$(BENCH_GATE_LIBS)
 	$(BIN)/python bench/bench_gate.py $(BENCH_ARGS)
+
+# The model page of a 32-layer × 32-head capture at 4,096 tokens: `report model` and
+# `check --manifest` without and with --html, the page's size, the time headless
+# Chromium takes to open it (about 10 minutes on 2 cores; BENCH_ARGS="--layers 4" for
+# a quick look; bench/bench_pages.py --help).
+bench-pages: $(VENV)/.dev-installed
+	$(BIN)/python bench/bench_pages.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site

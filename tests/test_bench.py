@@ -358,3 +358,22 @@ def test_gate_the_backward_tables_count_verdicts_slips_and_dq_shifts() -> None:
     )
     counts = gate.tally(runs, (), 2)
     assert (counts["false_pass"], counts["caught"], counts["named"]) == (1, 2, 1)
+
+
+@pytest.mark.e2e
+def test_the_pages_benchmark_runs_end_to_end_on_a_toy_capture() -> None:
+    """bench/bench_pages.py on 2 layers × 2 heads of 64 tokens: every figure printed
+    (no target is judged at this size: a process's fixed cost dominates it)."""
+    import subprocess
+
+    toy = ["--layers", "2", "--heads", "2", "--length", "64", "--dim", "8", "--repeat", "1"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_pages.py"), *toy],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    for figure in ("report model (JSON)", "check --manifest (JSON)", "cost of its page"):
+        assert figure in proc.stdout, proc.stdout
+    assert "page size" in proc.stdout

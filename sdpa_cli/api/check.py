@@ -8,6 +8,7 @@ them: a manifest lists its own inputs, a cluster runs the cases on its own worke
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -16,6 +17,7 @@ from sdpa_cli.api.case import Case, Watch, unwatched
 from sdpa_cli.api.cluster import CONNECT_TIMEOUT, run_cases_on_cluster
 from sdpa_cli.api.judge import check_case
 from sdpa_cli.api.manifest import Shard, fingerprint, load_manifest, run_cases, shard_document
+from sdpa_cli.api.model import manifest_page
 from sdpa_cli.api.outputs import Outputs
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.check.settings import Overrides
@@ -80,10 +82,13 @@ class CheckRun:
         }
 
     def page(self) -> str:
-        """The run as one self-contained HTML page (``--html``), with the pictures of
-        each failed comparison whose case's report kept them (``Overrides.evidence``)."""
+        """The run as one self-contained HTML page (``--html``): a case's verdict with
+        the pictures of each failed comparison (``Overrides.evidence``); a manifest's
+        as its model grid, with each case's verdict, then its checks."""
         title = self.title or self.manifest or (self.results[0].name if self.results else "")
-        return check_page(self.results, title)
+        if self.manifest is None or not any(r.report and r.report.heads for r in self.results):
+            return check_page(self.results, title)
+        return manifest_page(self.results, self.manifest, title)
 
 
 def run_check(
@@ -152,6 +157,8 @@ def _run_manifest(run: ManifestRun, over: Overrides, outputs: Outputs, jobs: int
         sharding = {"shard": picked, "total": len(cases), "fingerprint": fingerprint(cases, over)}
         cases = [cases[p - 1] for p in picked.positions(len(cases))]
         title = f"{run.path} · shard {picked}"
+    if "page" in outputs:  # the page's grid: each case's row from its check's pass
+        over = dataclasses.replace(over, grid_share=len(cases))
     if run.cluster is None:
         results = run_cases(cases, over, jobs)
     else:

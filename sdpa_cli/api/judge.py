@@ -25,6 +25,7 @@ from sdpa_cli.check.records import CaseResult, Check, CheckReport, Expected
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.check.settings import CheckSettings, Overrides
 from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.diagnosis.model import pattern_pool
 from sdpa_cli.engine.arrays import using
 from sdpa_cli.engine.driver import Progress
 from sdpa_cli.engine.spec import AttentionSpec
@@ -47,6 +48,7 @@ def judge(
     jobs: int = 1,
     progress: Progress | None = None,
     evidence: bool = False,
+    grid_pool: int | None = None,
 ) -> CheckReport:
     """Everything ``sdpa check`` concludes of one computation: each of ``expected``
     judged against the reference, the findings gated, and, when asked for, the
@@ -78,6 +80,7 @@ def judge(
         progress=progress,
         judged=bool(expected),
         evidence=evidence,
+        grid_pool=grid_pool,
     )
     if backward:
         export = export_dtype(spec, list(expected))
@@ -130,6 +133,9 @@ def check_case(
             jobs=jobs,
             progress=progress,
             evidence=over.evidence,
+            grid_pool=pattern_pool(spec.L, spec.S, over.grid_share * spec.H)
+            if over.grid_share
+            else None,
         )
     return CaseResult(case.title(description), report)
 

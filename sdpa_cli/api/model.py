@@ -4,7 +4,6 @@ each case read as ``sdpa check --manifest`` reads it."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,10 @@ from numpy.typing import NDArray
 from sdpa_cli.api.case import Case, Watch, unwatched
 from sdpa_cli.api.manifest import load_manifest
 from sdpa_cli.check.exports import fit_expected, load_expected
+from sdpa_cli.check.records import CaseResult
 from sdpa_cli.diagnosis.findings import Thresholds
-from sdpa_cli.diagnosis.model import GridRow, ModelGrid, head_metrics, model_grid
+from sdpa_cli.diagnosis.findings import Thresholds as _Thresholds
+from sdpa_cli.diagnosis.model import GridRow, ModelGrid, head_metrics, model_grid, pattern_pool
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import split_heads_of_output
 from sdpa_cli.errors import InputError, SdpaError, SpecError
@@ -69,6 +70,29 @@ def model_page_of(grid: ModelGrid, manifest: str, tokens: str | None = None) -> 
     return model_page(grid, manifest, named)
 
 
+def manifest_page(results: list[CaseResult], manifest: str, title: str) -> str:
+    """``check --manifest --html``: the manifest's cases as a model's grid (each case's
+    row read from its check's own pass, ``CheckReport.heads``), coloured by its verdict
+    too, then each case's checks; labelled as :func:`model_page_of` labels them."""
+    layers = capture_layers(manifest)
+    rows = [
+        GridRow(
+            r.name,
+            layers.get(r.name),
+            r.report.heads if r.report is not None else None,
+            None if r.report is not None else r.error or "not checked",
+        )
+        for r in results
+    ]
+    th = next((r.report.diagnosis.thresholds for r in results if r.report), _Thresholds())
+    grid = model_grid(rows, th)
+    beside = Path(manifest).parent / TOKENS_FILE
+    named = {}
+    if beside.is_file():
+        named = _case_tokens(grid, read_tokens(str(beside)), str(beside))
+    return model_page(grid, manifest, named, checks=results, title=title)
+
+
 def _case_tokens(grid: ModelGrid, tokens: Tokens, label: str) -> dict[str, list[str]]:
     """Each read case's key labels, from ``tokens`` fitted to its lengths.
 
@@ -107,26 +131,6 @@ def capture_layers(manifest: str) -> dict[str, int]:
         and isinstance(call.get("layer"), int)
         and not isinstance(call.get("layer"), bool)
     }
-
-
-PATTERN_CELLS = 1 << 22
-"""The cells of every head's pattern on a model's page together: one byte each before
-compression, so that a 32-layer × 32-head capture's page stays a few MB (64 × 64 cells
-a head)."""
-
-PATTERN_SIDE = (32, 256)
-"""The fewest and the most cells along a pattern's side, whatever the budget."""
-
-
-def pattern_pool(L: int, S: int, heads: int) -> int:
-    """The pooling (positions a cell, along each axis, a power of two) for ``heads``
-    patterns of ``L`` × ``S`` within :data:`PATTERN_CELLS`: 1 where they fit whole."""
-    fewest, most = PATTERN_SIDE
-    side = min(most, max(fewest, math.isqrt(PATTERN_CELLS // max(heads, 1))))
-    pool = 1
-    while max(L, S) > side * pool:
-        pool *= 2
-    return pool
 
 
 def _grid_row(

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from sdpa_cli.check.compare import Mismatch, Tolerance, mismatch_lines
 from sdpa_cli.check.structure import slice_line
 from sdpa_cli.diagnosis.findings import Diagnosis
+from sdpa_cli.diagnosis.model import CaseHeads
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.text import format_index, plural
@@ -135,6 +136,9 @@ class CheckReport:
     """Where it computed it (``cpu``, ``cuda:0``)."""
     evidence: Evidence | None = field(default=None, compare=False, repr=False)
     """Kept when asked for (:attr:`~sdpa_cli.check.settings.Overrides.evidence`)."""
+    heads: CaseHeads | None = field(default=None, compare=False, repr=False)
+    """The case's row of a model's grid, from the same pass, when asked for
+    (``check --manifest --html``)."""
 
     @property
     def passed(self) -> bool:

@@ -34,7 +34,7 @@ from sdpa_cli.check.elements import (
     weights_rows,
 )
 from sdpa_cli.check.error_stats import error_limit_check, error_stats
-from sdpa_cli.check.evidence import kept_for_pages
+from sdpa_cli.check.evidence import grid_row, kept_for_pages
 from sdpa_cli.check.exports import (
     RUN_STAGES,
     Fitted,
@@ -53,6 +53,7 @@ from sdpa_cli.check.records import Check, CheckReport, Expected
 from sdpa_cli.check.relative import Judgement, factor_for, relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.diagnosis.model import HeadGather
 from sdpa_cli.diagnosis.rules import diagnose
 from sdpa_cli.engine.arrays import NUMPY, Backend
 from sdpa_cli.engine.block import block_lse, native_dtype
@@ -95,10 +96,12 @@ def _judge_pass(
     wanted: set[str],
     jobs: int,
     progress: Progress | None,
+    gather: HeadGather | None = None,
 ) -> _Pass:
     """Every block once: the findings' statistics (from the run as given, or from the
     reference when the run is not emulated: it computes the same thing, in a format
-    at least as wide as the inputs'), and the reference's output, LSE and V range."""
+    at least as wide as the inputs'), and the reference's output, LSE and V range;
+    and what a model's grid reads, told to ``gather``."""
     stats = Stats.empty(spec)
     ref_dtype = native_dtype(ref_spec) or np.dtype(np.float64)
     # V's own values bound the output: its own format holds them (float16: half the
@@ -136,8 +139,13 @@ def _judge_pass(
         lo, hi = v_range(inputs.v[keys], support, rows.stop - rows.start, running)
         found.bounds.put(place.lead, rows, lo, hi)
 
+    pool = gather.pool if gather is not None else 0
+
     def visit_lean(place: Place) -> tuple[Records | None, Moments | None]:
-        fw = forward(place, ref_spec, stats, lse="lse" in found.reference)
+        lse = "lse" in found.reference or gather is not None
+        fw = forward(place, ref_spec, stats, lse=lse, pool=pool)
+        if gather is not None and fw.lse is not None:
+            gather.add(place, fw.lse, fw.pattern)
         values = found.reference
         if "output" in values:
             values["output"][place.at] = fw.output
@@ -171,10 +179,12 @@ def _judge_pass(
             if "lse" in values:
                 values["lse"][at] = block_lse(b)
         bounds(place, block_support(ref), r, keys)
+        if gather is not None:
+            gather.add_block(place, ref)
         return records, first_moments(place, stats)
 
     rows = query_block(ref_spec) if lean else None
-    found.backend = lean_backend(ref_spec) if lean else NUMPY
+    found.backend = lean_backend(ref_spec) if lean and not pool else NUMPY  # pooling: numpy
     visitor = visit_lean if lean else visit
     walk = sweep(spec, visitor, jobs=jobs, rows=rows, progress=progress, backend=found.backend)
     for records, moments in walk:
@@ -198,9 +208,12 @@ def run_checks(
     progress: Progress | None = None,
     judged: bool | None = None,
     evidence: bool = False,
+    grid_pool: int | None = None,
 ) -> CheckReport:
     """Judge the exported tensors (any of output, weights, lse) against ``spec``;
-    with ``evidence``, the report keeps what a page draws of it (:class:`Evidence`).
+    with ``evidence``, the report keeps what a page draws of it (:class:`Evidence`);
+    with ``grid_pool`` (0 or a pooling), the case's row of a model's grid, read from
+    the same pass (:class:`~sdpa_cli.diagnosis.model.HeadGather`).
 
     Without any export (``judged``: whether the run judges exports all the same, its
     gradients; default: whether ``expected`` holds any), the inputs and the
@@ -230,7 +243,8 @@ def run_checks(
     # The kernel-relative rule reads the plain computation afterwards, for the rows
     # that need it; PyTorch's measured tolerance reads all of it, in the pass.
     in_pass = naive_spec if settings.tolerance == "measured" else None
-    found = _judge_pass(spec, ref_spec, in_pass, set(fitted), jobs, progress)
+    gather = None if grid_pool is None else HeadGather(ref_spec, grid_pool)
+    found = _judge_pass(spec, ref_spec, in_pass, set(fitted), jobs, progress, gather)
     release_freed_blocks()  # the pass's blocks, before the plain computation and the checks
     diagnosis = diagnose(found.stats, thresholds)
     gated, own_only = gated_kinds(settings, bool(expected) if judged is None else judged)
@@ -251,6 +265,9 @@ def run_checks(
         if evidence:
             kept = kept_for_pages(spec, fitted, against.values, against.plain, against.judgement)
             kept = dataclasses.replace(kept, matched=matched)
+    heads = None
+    if gather is not None:
+        heads = grid_row(gather, found.stats, fitted.get("output"), found.reference, thresholds)
     checks.extend(findings)
     return CheckReport(
         checks=tuple(checks),
@@ -262,6 +279,7 @@ def run_checks(
         backend=found.backend.name,
         device=found.backend.device,
         evidence=kept,
+        heads=heads,
     )
 
 

@@ -258,6 +258,9 @@ class Overrides:
     evidence: bool = False
     """Whether a case's report keeps the arrays a page draws of its failed checks
     (:class:`~sdpa_cli.check.records.Evidence`, ``check --html``)."""
+    grid_share: int = 0
+    """With ``check --manifest --html``: the cases whose heads' patterns share a page
+    (each case's report then holds its row of the grid, ``CheckReport.heads``); 0: none."""
 
     @classmethod
     def given(

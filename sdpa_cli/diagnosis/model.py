@@ -38,8 +38,9 @@ from numpy.typing import NDArray
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.rows import classify_rows
 from sdpa_cli.engine.arrays import NUMPY
+from sdpa_cli.engine.block import Block, block_lse
 from sdpa_cli.engine.driver import Place, Progress, sweep
-from sdpa_cli.engine.forward import forward, lean_backend, query_block
+from sdpa_cli.engine.forward import blocks_pattern, forward, lean_backend, query_block
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import Stats
 from sdpa_cli.engine.types import F64
@@ -84,6 +85,91 @@ class CaseHeads:
         return len(self.rows)
 
 
+PATTERN_CELLS = 1 << 22
+"""The cells of every head's pattern on a model's page together: one byte each before
+compression, so that a 32-layer × 32-head capture's page stays a few MB (64 × 64 cells
+a head)."""
+
+PATTERN_SIDE = (32, 256)
+"""The fewest and the most cells along a pattern's side, whatever the budget."""
+
+
+def pattern_pool(L: int, S: int, heads: int) -> int:
+    """The pooling (positions a cell, along each axis, a power of two) for ``heads``
+    patterns of ``L`` × ``S`` within :data:`PATTERN_CELLS`: 1 where they fit whole."""
+    fewest, most = PATTERN_SIDE
+    side = min(most, max(fewest, math.isqrt(PATTERN_CELLS // max(heads, 1))))
+    pool = 1
+    while max(L, S) > side * pool:
+        pool *= 2
+    return pool
+
+
+class HeadGather:
+    """What the grid reads from each block of a pass over ``spec`` besides the rows'
+    statistics: each row's weight on key 0 and, with ``pool``, each head's pattern
+    (:attr:`CaseHeads.patterns`). The pass is :func:`head_metrics`' own, or a check's
+    (``check --manifest --html``): one pass gives the check and the grid."""
+
+    def __init__(self, spec: AttentionSpec, pool: int = 0) -> None:
+        self.spec, self.pool = spec, pool
+        self.first = np.zeros((*spec.lead, spec.L))  # each row's weight on key 0
+        self.patterns = (
+            np.zeros((spec.H, -(-spec.L // pool), -(-spec.S // pool)), dtype=np.float32)
+            if pool
+            else None
+        )
+        self.lock = threading.Lock()  # blocks of one head may share a group of pool rows
+
+    def add(self, place: Place, lse: F64, pattern: F64 | None) -> None:
+        """One block's rows: their LSE, and their pattern pooled over keys (``pool``)."""
+        self.first[place.at] = _key0_weights(place, self.spec, lse)
+        if self.patterns is None or pattern is None or not len(pattern):
+            return
+        pool, r0 = self.pool, place.rows.start
+        g0 = r0 // pool
+        starts = np.maximum(np.arange(g0, (place.rows.stop - 1) // pool + 1) * pool - r0, 0)
+        rows_pooled = np.maximum.reduceat(pattern, starts, axis=0)
+        head = place.lead[-1] if place.lead else 0
+        with self.lock:
+            view = self.patterns[head, g0 : g0 + len(rows_pooled)]
+            np.maximum(view, rows_pooled, out=view)
+
+    def add_block(self, place: Place, block: Block) -> None:
+        """One per-stage block of the place's rows (a pass the lean pass did not take)."""
+        pattern = blocks_pattern([block], self.spec.S, self.pool) if self.pool else None
+        self.add(place, block_lse(block), pattern)
+
+    def heads(self, stats: Stats, th: Thresholds, error: F64 | None = None) -> CaseHeads:
+        """The grid's row of the pass: ``stats`` read per query head; ``error`` the
+        output's relative RMS error per head, when an expected output was given."""
+        spec = self.spec
+        classes = classify_rows(stats, th)
+        eligible = _by_head(spec, classes.eligible)
+        rows = eligible.sum(axis=1)
+
+        def mean(values: NDArray[Any]) -> F64:
+            """Per head, the mean over the judged rows (NaN with none)."""
+            total = np.where(eligible, _by_head(spec, values), 0.0).sum(axis=1)
+            return np.where(rows > 0, total / np.maximum(rows, 1), math.nan)
+
+        n_rows = _by_head(spec, stats.n_visible).shape[1]
+        metrics = {
+            "entropy": mean(classes.normalized),
+            "max_weight": mean(stats.max_weight),
+            "saturated": mean(classes.saturated),
+            "near_uniform": mean(classes.uniform),
+            "fully_masked": _by_head(spec, stats.empty_rows).sum(axis=1) / max(n_rows, 1),
+            "sink_mass": mean(self.first),
+        }
+        if error is not None:
+            metrics["error"] = error
+        flatness = mean(stats.max_weight * stats.n_visible)
+        chosen = {m: metrics[m] for m in MODEL_METRICS if m in metrics}
+        pool = max(self.pool, 1)
+        return CaseHeads(chosen, rows, flatness, self.patterns, pool, (spec.L, spec.S))
+
+
 def head_metrics(
     spec: AttentionSpec,
     th: Thresholds,
@@ -106,27 +192,14 @@ def head_metrics(
             the scores the pass holds anyway (a page's picture of the head).
     """
     stats = Stats.empty(spec)
-    first = np.zeros((*spec.lead, spec.L))  # each row's weight on key 0
+    gather = HeadGather(spec, pool)
     reference = spec.in_float64()
     H = spec.H
-    patterns = (
-        np.zeros((H, -(-spec.L // pool), -(-spec.S // pool)), dtype=np.float32) if pool else None
-    )
-    lock = threading.Lock()  # blocks of one head may share a group of pool rows
 
     def visit(place: Place) -> tuple[int, float, float, bool] | None:
         found = forward(place, spec, stats, lse=True, pool=pool)
         assert found.lse is not None
-        first[place.at] = _key0_weights(place, spec, found.lse)
-        if patterns is not None and found.pattern is not None and len(found.pattern):
-            r0 = place.rows.start
-            g0 = r0 // pool
-            starts = np.maximum(np.arange(g0, (place.rows.stop - 1) // pool + 1) * pool - r0, 0)
-            rows_pooled = np.maximum.reduceat(found.pattern, starts, axis=0)
-            head = place.lead[-1] if place.lead else 0
-            with lock:
-                view = patterns[head, g0 : g0 + len(rows_pooled)]
-                np.maximum(view, rows_pooled, out=view)
+        gather.add(place, found.lse, found.pattern)
         if expected is None:
             return None
         ref = found.output if reference is spec else forward(place, reference, None).output
@@ -149,30 +222,22 @@ def head_metrics(
             sq_err[h] += e
             sq_ref[h] += r
             bad[h] |= b
+    error = _relative_rms(sq_err, sq_ref, bad) if expected is not None else None
+    return gather.heads(stats, th, error)
 
-    classes = classify_rows(stats, th)
-    eligible = _by_head(spec, classes.eligible)
-    rows = eligible.sum(axis=1)
 
-    def mean(values: NDArray[Any]) -> F64:
-        """Per head, the mean over the judged rows (NaN with none)."""
-        total = np.where(eligible, _by_head(spec, values), 0.0).sum(axis=1)
-        return np.where(rows > 0, total / np.maximum(rows, 1), math.nan)
-
-    n_rows = _by_head(spec, stats.n_visible).shape[1]
-    metrics = {
-        "entropy": mean(classes.normalized),
-        "max_weight": mean(stats.max_weight),
-        "saturated": mean(classes.saturated),
-        "near_uniform": mean(classes.uniform),
-        "fully_masked": _by_head(spec, stats.empty_rows).sum(axis=1) / max(n_rows, 1),
-        "sink_mass": mean(first),
-    }
-    if expected is not None:
-        metrics["error"] = _relative_rms(sq_err, sq_ref, bad)
-    flatness = mean(stats.max_weight * stats.n_visible)
-    chosen = {m: metrics[m] for m in MODEL_METRICS if m in metrics}
-    return CaseHeads(chosen, rows, flatness, patterns, max(pool, 1), (spec.L, spec.S))
+def error_by_head(spec: AttentionSpec, expected: NDArray[Any], reference: F64) -> F64:
+    """The output's relative RMS error per query head, of whole arrays in the
+    computation's layout (a check's export against its reference)."""
+    H = spec.H
+    sq_err, sq_ref, bad = np.zeros(H), np.zeros(H), np.zeros(H, dtype=np.bool_)
+    for lead in np.ndindex(*spec.lead):
+        h = lead[-1] if lead else 0
+        e, r, b = _error_sums(expected[lead], reference[lead])
+        sq_err[h] += e
+        sq_ref[h] += r
+        bad[h] |= b
+    return _relative_rms(sq_err, sq_ref, bad)
 
 
 def _key0_weights(place: Place, spec: AttentionSpec, lse: F64) -> F64:

@@ -9,6 +9,7 @@ sweep with (the lean pass keeps its matmuls' shape whatever the key length).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,13 +116,21 @@ def forward(
     done = _per_stage(place, spec, stats, lse)
     if not pool:
         return done
-    pooled = np.zeros((len(done.output), -(-spec.S // pool)))
+    pattern = blocks_pattern(done.blocks, spec.S, pool)
+    return Forward(done.output, done.lse, done.records, done.blocks, pattern)
+
+
+def blocks_pattern(blocks: Sequence[Block], S: int, pool: int) -> F64:
+    """Per-stage blocks' rows (in order) pooled over groups of ``pool`` of the ``S``
+    keys by their largest weight: :attr:`Forward.pattern` where the lean pass did not
+    apply."""
+    pooled = np.zeros((sum(len(b.weights) for b in blocks), -(-S // pool)))
     at = 0
-    for block in done.blocks:
+    for block in blocks:
         w = np.where(np.isfinite(block.weights), block.weights, 0.0)
-        online.pool_columns(pooled[at : at + len(w)], w, place.keys.start, pool)
+        online.pool_columns(pooled[at : at + len(w)], w, block.keys.start or 0, pool)
         at += len(w)
-    return Forward(done.output, done.lse, done.records, done.blocks, pooled)
+    return pooled
 
 
 def pattern_of(pooled: NDArray[Any], lse: F64) -> F64:

@@ -145,3 +145,23 @@ def test_the_plot_and_the_page_draw_the_whole_slice_unless_a_window_is_chosen() 
     window = window_pictures(spec, (0, 1), "5:9", "0:20")
     assert (window.rows, window.keys) == (range(5, 9), range(0, 20))
     assert window.stages["weights"].shape == (4, 20)
+
+
+def test_a_manifests_check_page_is_its_grid_from_the_checks_own_pass(workdir: Path) -> None:
+    """``check --manifest --html``: the model's grid, each case's row read from its
+    check's pass, coloured by its verdict first; the same figures as report model's."""
+    result = invoke("check", "--manifest", MANIFEST, "--html", "checks.html")
+    assert result.exit_code == 1  # layer 2's head 1 was exported with the scale 1/d_k
+    data = page_data((workdir / "checks.html").read_text())
+    assert data["measures"]["verdict"]["values"] == [[0.0] * 4, [0.0] * 4, [1.0] * 4]
+    assert len(data["patterns"]) == 12
+    model = invoke("report", "model", MANIFEST, "--html", "model.html")
+    assert model.exit_code == 0
+    grid = page_data((workdir / "model.html").read_text())["measures"]
+    for metric in ("entropy", "sink_mass", "saturated"):
+        np.testing.assert_allclose(
+            np.array(data["measures"][metric]["values"], dtype=float),
+            np.array(grid[metric]["values"], dtype=float),
+            rtol=1e-6,  # the check's reference in float32 (a float16 export's), the grid's float64
+            err_msg=metric,
+        )

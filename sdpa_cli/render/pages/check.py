@@ -49,18 +49,18 @@ def check_page(results: Sequence[CaseResult], title: str) -> str:
     each failed comparison its report kept evidence for; a manifest's cases, a
     section each."""
     if len(results) == 1:
-        subtitle, body = _case(results[0], 2)
+        subtitle, body = case_sections(results[0], 2)
         return page(f"sdpa check: {title}", subtitle, body)
     passed = sum(r.passed for r in results)
     subtitle = f"{passed} of {len(results)} cases passed"
     body = []
     for r in results:
-        line, parts = _case(r, 3)
+        line, parts = case_sections(r, 3)
         body.append(f"<section><h2>{esc(r.name)}</h2><p>{line}</p>{''.join(parts)}</section>")
     return page(f"sdpa check: {title}", subtitle, body)
 
 
-def _case(result: CaseResult, level: int) -> tuple[str, list[str]]:
+def case_sections(result: CaseResult, level: int) -> tuple[str, list[str]]:
     """A case's verdict line and its sections (headings at ``level``)."""
     report = result.report
     if report is None:

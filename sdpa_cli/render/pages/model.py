@@ -15,10 +15,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from sdpa_cli.check.records import CaseResult
 from sdpa_cli.diagnosis.model import ModelGrid
 from sdpa_cli.engine.types import F64
 from sdpa_cli.names import NOTABLE_HEADS
 from sdpa_cli.render.grid_words import kind_titles, metric_description, row_labels
+from sdpa_cli.render.pages.check import case_sections
 from sdpa_cli.render.pages.html import esc, heatmap, number, page
 from sdpa_cli.render.pages.images import css_gradient, palette
 
@@ -96,9 +98,14 @@ def model_page(
     grid: ModelGrid,
     manifest: str,
     tokens: Mapping[str, Sequence[str]] | None = None,
+    *,
+    checks: Sequence[CaseResult] | None = None,
+    title: str | None = None,
 ) -> str:
     """The page of ``grid`` (from ``manifest``), with each case's token labels where
-    ``tokens`` names them (case name → a label per position)."""
+    ``tokens`` names them (case name → a label per position); with ``checks`` (a
+    manifest's check, case by case in the grid's order), each case's verdict as a
+    measure too, and its checks below the grid."""
     th = grid.thresholds
     labels, label_kind, _ = row_labels(grid, 10_000)
     short = [f"{label_kind} {x}" if label_kind == "layer" else x for x in labels]
@@ -120,6 +127,8 @@ def model_page(
                 for vs, ps in zip(values, present, strict=True)
             ],
         }
+    if checks is not None:
+        measures = {"verdict": _verdicts(grid, checks), **measures}
     marks: dict[tuple[int, int], list[str]] = {}
     index = {r.name: i for i, r in enumerate(grid.rows)}
     for n in grid.notable:
@@ -149,7 +158,7 @@ def model_page(
         "marks": MARKS,
         "first": None if first is None else list(first),
     }
-    chosen = "entropy" if "entropy" in measures else next(iter(measures), "")
+    chosen = next((m for m in ("verdict", "entropy") if m in measures), next(iter(measures), ""))
     options = "".join(
         f'<option value="{esc(m)}"{" selected" if m == chosen else ""}>'
         f"{esc(m.replace('_', ' '))}</option>"
@@ -176,7 +185,36 @@ def model_page(
         f"{n_heads} quer{'ies' if n_heads == 1 else 'y heads'}; each head's rows pooled "
         "over the batch"
     )
-    return page(f"sdpa report model: {manifest}", subtitle, body, SCRIPT, data)
+    if checks is None:
+        return page(f"sdpa report model: {manifest}", subtitle, body, SCRIPT, data)
+    passed = sum(r.passed for r in checks)
+    subtitle = f"{passed} of {len(checks)} cases passed · {subtitle}"
+    body.append("<section><h2>The checks, case by case</h2>")
+    for r in checks:
+        line, parts = case_sections(r, 4)
+        body.append(f"<h3>{esc(r.name)}</h3><p>{line}</p>{''.join(parts)}")
+    body.append("</section>")
+    return page(f"sdpa check: {title or manifest}", subtitle, body, SCRIPT, data)
+
+
+def _verdicts(grid: ModelGrid, checks: Sequence[CaseResult]) -> dict[str, object]:
+    """The ``verdict`` measure: 1 where a check of the case failed, 0 where every check
+    passed, no value where the case was not checked; every head of a case alike."""
+    by_name = {r.name: r for r in checks}
+    values: list[list[float | None]] = []
+    for row in grid.rows:
+        r = by_name.get(row.name)
+        v = None if r is None or r.report is None else float(not r.report.passed)
+        values.append([v] * grid.heads)
+    return {
+        "label": "verdict",
+        "about": "the case's verdict: 1 (yellow) a check failed, 0 (dark) every check passed",
+        "lo": 0.0,
+        "hi": 1.0,
+        "lo_text": "passed",
+        "hi_text": "failed",
+        "values": values,
+    }
 
 
 def _pattern(
