@@ -99,6 +99,7 @@ def test_every_help_example_calls_a_command_sdpa_has() -> None:
     lines = example_lines(invoke("--help").stdout)
     for words in _commands(cli):
         lines += example_lines(invoke(*words, "--help").stdout)
+        lines += example_lines(invoke(*words, "--help-all").stdout)
     assert len(lines) > 20
     for line in lines:
         argv = shlex.split(line)

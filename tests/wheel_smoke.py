@@ -187,7 +187,8 @@ def wheel_problems(wheel: Path, samples: Path = ROOT / "samples") -> list[str]:
 
 
 def help_examples(sdpa: str, cwd: Path, env: dict[str, str]) -> Iterator[str]:
-    """Every example of ``sdpa --help`` and of each command's (and subcommand's) help."""
+    """Every example of ``sdpa --help`` and of each command's (and subcommand's) help,
+    its ``--help-all`` too."""
     queue: list[list[str]] = [[]]
     seen: set[str] = set()
     while queue:
@@ -198,7 +199,10 @@ def help_examples(sdpa: str, cwd: Path, env: dict[str, str]) -> Iterator[str]:
                 f"sdpa {' '.join(words)} --help: exit {done.returncode}\n{done.stderr}"
             )
         queue += [[*words, name] for name in subcommands(done.stdout)]
-        for line in example_lines(done.stdout):
+        text = done.stdout
+        if "--help-all" in text:  # the examples the default help leaves out too
+            text += "\n" + run([sdpa, *words, "--help-all"], cwd, env, timeout=60).stdout
+        for line in example_lines(text):
             if line not in seen:
                 seen.add(line)
                 yield line

@@ -10,6 +10,7 @@ import click
 
 from sdpa_cli.api.outputs import PICTURES, REPORTS
 from sdpa_cli.cli.completion import files, finding_kinds, word_list, words
+from sdpa_cli.cli.helps import SdpaCommand
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     Computing,
@@ -20,6 +21,7 @@ from sdpa_cli.cli.options import (
     format_option,
     grouped,
     output_files,
+    sample_path,
 )
 from sdpa_cli.cli.run import make_console, pictures, print_all, progress_bar, start_engine
 from sdpa_cli.cli.streams import decided
@@ -105,6 +107,7 @@ MANIFEST_OPTIONS = [
         "--manifest",
         metavar="FILE",
         shell_complete=files,
+        callback=sample_path,
         help="Run the cases listed in FILE (YAML/JSON) in parallel, with one summary.",
     ),
     click.option(
@@ -137,7 +140,7 @@ QUIET_OPTION = click.option(
 )
 
 
-@click.command(epilog=CHECK_EXIT_CODES_HELP)
+@click.command(epilog=CHECK_EXIT_CODES_HELP, cls=SdpaCommand)
 @case_options(judged=True, required=False)
 @grouped("settings", dict, SETTINGS_OPTIONS)
 @grouped("manifest", _manifest_run, MANIFEST_OPTIONS)
@@ -179,11 +182,13 @@ def check(
 
     \b
     Examples:
+      sdpa check --manifest sample:check/checks.yaml
+      sdpa check --manifest sample:check/checks.yaml --html checks.html
+      sdpa check sample:fp16_overflow --fail-on overflow
       sdpa check q.npy k.npy v.npy --causal --expect-output out.npy
       sdpa check q.npy k.npy v.npy --expect-weights w.npy --rtol 1e-4 --atol 1e-5
       sdpa check q.npy k.npy v.npy --expect-partials partials.yaml
       sdpa check q.npy k.npy v.npy --fail-on overflow,nonfinite --format json
-      sdpa check --manifest checks.yaml --junit report.xml
       sdpa check --manifest checks.yaml --cluster tcp://10.0.0.5:8786
       sdpa check --manifest checks.yaml --shard 2/4 --report shard-2.json
     """

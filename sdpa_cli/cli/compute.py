@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from sdpa_cli.cli.helps import SdpaCommand
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     DISPLAY_OPTIONS,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from sdpa_cli.render.common import View
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP, cls=SdpaCommand)
 @case_options()
 @diagnostic_options
 @view_options(*DISPLAY_OPTIONS)
@@ -87,12 +88,12 @@ def compute(
 
     \b
     Examples:
-      sdpa compute samples/scorecard.yaml
-      sdpa compute samples/causal.yaml --stages masked,weights --format json
-      sdpa compute q.npy k.npy v.npy --causal --causal-align lower-right
-      sdpa compute q.npy k.npy v.npy --causal --save trace.npz
-      sdpa compute q.npy k.npy v.npy --dtype float16
-      sdpa compute samples/cross.yaml --causal --window 2,0 --frameworks
+      sdpa compute sample:scorecard
+      sdpa compute sample:causal --stages masked,weights --format json
+      sdpa compute sample:cross --causal --window 2,0 --frameworks
+      sdpa compute sample:fp16_overflow --dtype float16
+      sdpa compute sample:cross --causal --causal-align lower-right --save trace.npz
+      sdpa compute q.npy k.npy v.npy --causal --html page.html
     """
     threads = start_engine(computing)
     # imported here: keeps sdpa --help fast

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import click
 
 from sdpa_cli.cli.grad import DOUT_OPTION
+from sdpa_cli.cli.helps import SdpaCommand
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     FORMAT_OPTION,
@@ -103,7 +104,7 @@ SLICE_OPTIONS = [
 ]
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP, cls=SdpaCommand)
 @case_options()
 @diagnostic_options
 @view_options(*SLICE_OPTIONS)
@@ -144,12 +145,12 @@ def explain(
 
     \b
     Examples:
-      sdpa explain samples/causal.yaml
-      sdpa explain samples/scorecard.yaml --query 0
-      sdpa explain samples/scale_comparison.yaml --compare-scales
-      sdpa explain samples/causal.yaml --backward --dout random
+      sdpa explain sample:causal
+      sdpa explain sample:scorecard --query 0
+      sdpa explain sample:scorecard --query 0 --html scorecard.html
+      sdpa explain sample:scale_comparison --compare-scales
+      sdpa explain sample:causal --backward --dout random
       sdpa explain q.npy k.npy v.npy --causal --head 3 --rows 100:116
-      sdpa explain samples/scorecard.yaml --query 0 --html scorecard.html
     """
     threads = start_engine(computing)
     # imported here: keeps sdpa --help fast

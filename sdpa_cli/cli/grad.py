@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sdpa_cli.cli.completion import words
+from sdpa_cli.cli.helps import SdpaCommand
 from sdpa_cli.cli.options import (
     BATCH_OPTION,
     COLOR_OPTION,
@@ -93,7 +94,7 @@ VIEW_OPTIONS = [
 ]
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP, cls=SdpaCommand)
 @case_options()
 @DOUT_OPTION
 @grouped("numeric", NumericFlags, NUMERIC_OPTIONS)
@@ -135,9 +136,10 @@ def grad(
 
     \b
     Examples:
-      sdpa grad samples/scorecard.yaml
-      sdpa grad q.npy k.npy v.npy --causal --dout random --seed 1 --check-numeric
-      sdpa grad q.npy k.npy v.npy --dout dout.npy --save grads.npz --format json
+      sdpa grad sample:vanishing
+      sdpa grad sample:causal --dout random --seed 1 --check-numeric
+      sdpa grad sample:scorecard --save grads.npz --format json
+      sdpa grad q.npy k.npy v.npy --dout dout.npy --causal
     """
     threads = start_engine(computing)
     # imported here: keeps sdpa --help fast

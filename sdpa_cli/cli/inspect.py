@@ -38,8 +38,8 @@ def inspect(paths: tuple[str, ...], fmt: str, color: bool | None, outputs: Outpu
 
     \b
     Examples:
-      sdpa inspect samples/cross.npz samples/scorecard.yaml
-      sdpa inspect model.safetensors:layers.0.attn.q --format json
+      sdpa inspect sample:cross.npz sample:scorecard
+      sdpa inspect sample:long_q.npy --format json
     """
     # imported here (as below): keeps sdpa --help fast
     from sdpa_cli.api.outputs import PICTURES, write_outputs

@@ -256,6 +256,17 @@ def output_files(*kinds: str, what: str = "", **helps: str) -> Callable[[F], F]:
     return grouped("outputs", Outputs.given, options)
 
 
+def sample_path(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A file option's value with ``sample:NAME`` resolved to the shipped sample (a
+    manifest, which names its files beside it), as the inputs resolve theirs."""
+    if value is None:
+        return None
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.files.samples import expand
+
+    return expand(value)
+
+
 TOKENS_OPTION = click.option(
     "--tokens",
     metavar="FILE",

@@ -13,6 +13,7 @@ import click
 from sdpa_cli.api.outputs import REPORTS
 from sdpa_cli.cli.check import show_results, write_reports
 from sdpa_cli.cli.completion import files
+from sdpa_cli.cli.helps import SdpaCommand
 from sdpa_cli.cli.options import (
     COLOR_OPTION,
     TOKENS_OPTION,
@@ -21,6 +22,7 @@ from sdpa_cli.cli.options import (
     diagnostic_options,
     format_option,
     output_files,
+    sample_path,
 )
 from sdpa_cli.cli.run import make_console, print_all, progress_bar, start_engine
 from sdpa_cli.cli.streams import decided
@@ -57,6 +59,7 @@ def report() -> None:
     "--manifest",
     metavar="FILE",
     shell_complete=files,
+    callback=sample_path,
     help="The manifest the shards ran (default: the path their reports name), against "
     "which each shard's cases are verified.",
 )
@@ -77,8 +80,8 @@ def merge(
 
     \b
     Example:
-      sdpa check --manifest m.yaml --shard 1/2 --report s1.json
-      sdpa check --manifest m.yaml --shard 2/2 --report s2.json
+      sdpa check --manifest sample:check/checks.yaml --shard 1/2 --report s1.json
+      sdpa check --manifest sample:check/checks.yaml --shard 2/2 --report s2.json
       sdpa report merge s1.json s2.json --report all.json --junit all.xml
     """
     # imported here: keeps sdpa --help fast
@@ -99,8 +102,8 @@ MODEL_EXIT_CODES_HELP = (
 )
 
 
-@report.command(epilog=MODEL_EXIT_CODES_HELP)
-@click.argument("manifest", metavar="MANIFEST", shell_complete=files)
+@report.command(epilog=MODEL_EXIT_CODES_HELP, cls=SdpaCommand)
+@click.argument("manifest", metavar="MANIFEST", shell_complete=files, callback=sample_path)
 @click.option(
     "--metric",
     type=click.Choice((*MODEL_METRICS, "all")),
@@ -146,10 +149,10 @@ def model(
 
     \b
     Examples:
-      sdpa report model samples/model/manifest.yaml
-      sdpa report model samples/model/manifest.yaml --metric sink_mass
-      sdpa report model samples/model/manifest.yaml --metric all --format json
-      sdpa report model samples/model/manifest.yaml --html model.html
+      sdpa report model sample:model/manifest.yaml
+      sdpa report model sample:model/manifest.yaml --metric sink_mass
+      sdpa report model sample:model/manifest.yaml --html model.html
+      sdpa report model sample:model/manifest.yaml --metric all --format json
     """
     outputs.check([manifest, tokens])
     threads = start_engine(computing)

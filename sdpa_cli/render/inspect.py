@@ -91,21 +91,80 @@ def _natural_width(rows: Sequence[Sequence[str | Text]], headers: Sequence[str])
     return sum(widths) + 3 * (len(widths) - 1)
 
 
+def shared_parts(names: Sequence[str]) -> tuple[list[str], str | None]:
+    """``names`` less the dotted parts all of them share at either end, and the pattern
+    they share (``model.layers.‹name›.self_attn``); the names and None when there is
+    nothing to leave out (one name, or none shared)."""
+    parts = [n.split(".") for n in names]
+    shortest = min((len(p) for p in parts), default=0)
+    head = tail = 0
+    if len(names) > 1:
+        while head < shortest - 1 and len({p[head] for p in parts}) == 1:
+            head += 1
+        while tail < shortest - 1 - head and len({p[-1 - tail] for p in parts}) == 1:
+            tail += 1
+    if not head and not tail:
+        return list(names), None
+    first = parts[0]
+    note = ".".join([*first[:head], "‹name›", *first[len(first) - tail :]])
+    return [".".join(p[head : len(p) - tail]) for p in parts], note
+
+
+def _fitted(
+    shown: Sequence[TensorStats], rows: list[list[str | Text]], width: int
+) -> tuple[list[list[str | Text]], tuple[str, ...], str] | None:
+    """The table's rows and headers made to fit ``width`` with every tensor on one line:
+    the names less what all of them share, and the shape and the dtype left out when
+    every tensor has the same; what was left out, said once (the caption). None when
+    even that does not fit."""
+    short, pattern = shared_parts([t.name for t in shown])
+    said = [f"name: {pattern}"] if pattern is not None else []
+    columns: list[tuple[str, list[str | Text]]] = [("name", list(short))]
+    alike = [str(rows[0][i]) for i in (1, 2) if len({str(row[i]) for row in rows}) == 1]
+    if alike:
+        said.append(("all " if len(rows) > 1 else "") + " ".join(alike))
+    for i, header in ((1, "shape"), (2, "dtype")):
+        if len({str(row[i]) for row in rows}) > 1:
+            columns.append((header, [row[i] for row in rows]))
+    if not said:
+        return None
+    fitted = [[*(c[1][k] for c in columns), *rows[k][3:]] for k in range(len(rows))]
+    headers = (*(c[0] for c in columns), *STAT_COLUMNS)
+    if _natural_width(fitted, headers) > width:
+        return None
+    return fitted, headers, " · ".join(said)
+
+
 def stats_table(tensors: Sequence[TensorStats], width: int = 80) -> Table:
     """One row per tensor: shape, dtype, min, max, mean and std of the finite values,
     NaN and ±inf counts.
 
     When the names, shapes and dtypes do not fit in ``width`` beside the numbers (a
-    model's ``model.layers.17.self_attn.q_proj.weight``), each tensor's first cell
-    holds its name with its shape and dtype on the line below, and the name folds
-    there rather than squeezing every column.
+    model's ``model.layers.17.self_attn.q_proj.weight``), the dotted parts every name
+    shares at either end are left out (said once below the table:
+    ``model.layers.‹name›.self_attn.q_proj.out``), so that each tensor's shape stays
+    on its line; when even that does not fit, each tensor's first cell holds its name
+    with its shape and dtype on the line below, and the name folds there rather than
+    squeezing every column.
     """
     shown = [t for t in _named(tensors) if t.problem is None]
-    headers = ("name", "shape", "dtype", *STAT_COLUMNS)
+    headers: tuple[str, ...] = ("name", "shape", "dtype", *STAT_COLUMNS)
     rows: list[list[str | Text]] = [
         [t.name, shape_text(t.shape), t.dtype, *_stat_cells(t)] for t in shown
     ]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    if _natural_width(rows, headers) > width and shown:
+        fitted = _fitted(shown, rows, width)
+        if fitted is not None:
+            rows, headers, caption = fitted
+            table.caption, table.caption_justify = Text(caption, MUTED), "left"
+            for header in headers[: len(headers) - len(STAT_COLUMNS)]:
+                table.add_column(header, overflow="fold")
+            for col in STAT_COLUMNS:
+                table.add_column(col, justify="right", no_wrap=True)
+            for row in rows:
+                table.add_row(*row)
+            return table
     if _natural_width(rows, headers) <= width:
         table.add_column("name", overflow="fold")
         table.add_column("shape", overflow="fold")
@@ -139,10 +198,16 @@ def _headroom_cell(h: Headroom) -> Text:
     return cell
 
 
-def headroom_table(tensors: Sequence[TensorStats]) -> RenderableType:
+def headroom_table(tensors: Sequence[TensorStats], width: int = 80) -> RenderableType:
     """Per tensor, its largest and smallest nonzero |x|, and per format the bits of
-    headroom and the values a cast would overflow, flush to zero or make subnormal."""
+    headroom and the values a cast would overflow, flush to zero or make subnormal;
+    the names less what all of them share when they would not fit ``width``."""
     shown = [t for t in _named(tensors) if t.problem is None]
+    names = [t.name for t in shown]
+    longest = max((cell_len(n) for n in names), default=0)
+    pattern = None
+    if longest + 62 > width:  # the numbers' columns take about 62 cells
+        names, pattern = shared_parts(names)
     formats = [h.format for h in shown[0].headroom] if shown else []
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("name", overflow="fold", min_width=4)
@@ -150,10 +215,12 @@ def headroom_table(tensors: Sequence[TensorStats]) -> RenderableType:
     table.add_column("min |x|>0", justify="right", no_wrap=True)
     for f in formats:
         table.add_column(f, justify="right", no_wrap=True)
-    for t in shown:
+    for t, name in zip(shown, names, strict=True):
         table.add_row(
-            t.name, compact(t.absmax), compact(t.absmin), *(_headroom_cell(h) for h in t.headroom)
+            name, compact(t.absmax), compact(t.absmin), *(_headroom_cell(h) for h in t.headroom)
         )
+    if pattern is not None:
+        table.caption, table.caption_justify = Text(f"name: {pattern}", MUTED), "left"
     title = Text.assemble(
         ("headroom", TITLE),
         ("  bits between max |x| and each format's max; what a cast would do", MUTED),
@@ -219,7 +286,11 @@ def render_file(report: FileReport, width: int = 80) -> RenderableType:
     parts: list[RenderableType] = [_title(report)]
     readable = [t for t in report.tensors if t.problem is None]
     if readable:
-        parts += [stats_table(report.tensors, width), Text(""), headroom_table(report.tensors)]
+        parts += [
+            stats_table(report.tensors, width),
+            Text(""),
+            headroom_table(report.tensors, width),
+        ]
     found = notes(report.tensors)
     if found:
         parts += [Text(""), *found]

@@ -13,15 +13,17 @@ from collections.abc import Sequence
 
 import numpy as np
 from rich import box
+from rich.color import Color
 from rich.console import Group, RenderableType
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.diagnosis.model import ModelGrid
 from sdpa_cli.names import NOTABLE_HEADS
-from sdpa_cli.render.common import MUTED, THEME, cell_style, note_text, rule
+from sdpa_cli.render.common import MUTED, THEME, note_text, rule
 from sdpa_cli.render.grid_words import kind_titles, metric_description, row_labels
-from sdpa_cli.render.heatmap import fit_columns
+from sdpa_cli.render.pages.images import palette
 from sdpa_cli.text import compact, plural
 
 PRECISION = 2
@@ -32,28 +34,50 @@ SHARES = ("saturated", "near_uniform", "fully_masked")
 
 
 def cell_text(x: float, metric: str) -> str:
-    """A cell: ``—`` for no value (a head with no row to judge); the error in two
-    significant digits (``0.29``, ``1.6e-4``); a share or mean in two decimals, and
-    ``<0.01`` for a share that is not 0 but would read so (one fully masked row in
-    many; a mean that small is rounding, ``0.00``)."""
+    """A cell, three characters for a share or a mean in [0, 1] so that 16 heads fit
+    80 columns: ``.84``, ``1``, ``0``, ``<.01`` for a share that is not 0 but would
+    read so (one fully masked row in many; a mean that small is rounding, ``0``); the
+    error in two significant digits (``.29``, ``1.6e-4``); ``—`` for no value (a
+    head with no row to judge)."""
     if math.isnan(x):
         return "—"
     if metric == "error":
         if x != 0 and abs(x) < 0.01:
             mantissa, _, exponent = f"{x:.1e}".partition("e")
             return f"{mantissa}e{int(exponent)}"
-        return compact(x, 2)
+        return _no_leading_zero(compact(x, 2))
     if metric in SHARES and 0 < x < 0.005:
-        return "<0.01"
-    return f"{x:.{PRECISION}f}"
+        return "<.01"
+    return _no_leading_zero(f"{x:.{PRECISION}f}")
 
 
-def _cells(grid: ModelGrid, metric: str) -> tuple[list[list[str]], list[list[Text]]]:
-    """Each case's cell per head, as text and as styled text: blank where the case has
-    no such head (or no value), ``—`` where the head has no row to judge."""
+def _no_leading_zero(text: str) -> str:
+    """``0.84`` → ``.84``; ``1.00`` → ``1``; ``0.00`` → ``0``."""
+    if text.startswith("0.") and text.strip("0.") == "":
+        return "0"
+    if text.startswith("1.") and text.strip("1.0") == "" and set(text[2:]) <= {"0"}:
+        return "1"
+    return text[1:] if text.startswith("0.") else text
+
+
+RAMP = palette("sequential")
+"""The cells' shading, the page's map: viridis, dark (0) to light (the largest)."""
+
+
+def shade(x: float, top: float) -> Style:
+    """A cell's background on the full ramp (0 → ``top``), its text dark or light to read."""
+    t = min(max(x / top, 0.0), 1.0) if top > 0 else 0.0
+    r, g, b = (int(c) for c in RAMP[round(t * 255)])
+    ink = "black" if t > 0.55 else "white"
+    return Style(color=ink, bgcolor=Color.from_rgb(r, g, b))
+
+
+def _cells(grid: ModelGrid, metric: str) -> tuple[list[list[str]], list[list[Text]], float]:
+    """Each case's cell per head, as text and as shaded text (blank where the case has
+    no such head, ``—`` where the head has no row to judge), and the ramp's top."""
     values, present = grid.values(metric), grid.present(metric)
     finite = values[present & np.isfinite(values)]
-    heat = float(np.abs(finite).max()) if finite.size else 0.0
+    top = 1.0 if metric != "error" else (float(np.abs(finite).max()) if finite.size else 0.0)
     texts: list[list[str]] = []
     styled: list[list[Text]] = []
     for vs, ps in zip(values, present, strict=True):
@@ -64,38 +88,55 @@ def _cells(grid: ModelGrid, metric: str) -> tuple[list[list[str]], list[list[Tex
                 cell = Text("")
             elif math.isnan(x):
                 cell = Text(text, MUTED)
-            elif metric == "error":
-                cell = Text(text, cell_style(x, heat))
+            elif not math.isfinite(x):
+                cell = Text(text, THEME["nonfinite"])
             else:
-                cell = Text(text, cell_style(x, 1.0, weights=True))
+                cell = Text(text, shade(x, top))
             row_texts.append(text)
             row_cells.append(cell)
         texts.append(row_texts)
         styled.append(row_cells)
-    return texts, styled
+    return texts, styled, top
 
 
 def grid_tables(grid: ModelGrid, metric: str, width: int) -> list[RenderableType]:
-    """One metric as heatmap tables: every head, as many per table as ``width`` allows."""
+    """One metric as one heatmap table: a row per case, a column per head; past the
+    heads one line holds (16 at 80 columns), each case goes on over more lines (the
+    next heads, ``↳16``), never into a second table; a legend of the ramp below."""
     labels, header, _ = row_labels(grid, width)
-    texts, styled = _cells(grid, metric)
-    label_width = max([len(header), *(len(x) for x in labels)])
-    widths = [max([len(f"h{j}"), *(len(row[j]) for row in texts)]) for j in range(grid.heads)]
-    tables: list[RenderableType] = []
-    start = 0
-    while start < grid.heads:
-        n = fit_columns(widths[start:], label_width, grid.heads - start, width)
-        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
-        table.add_column(header, style=THEME["label"], no_wrap=True, min_width=label_width)
-        for j in range(start, start + n):
-            table.add_column(f"h{j}", justify="right", no_wrap=True, min_width=widths[j])
-        for label, cells in zip(labels, styled, strict=True):
-            table.add_row(Text(label), *cells[start : start + n])
-        if tables:
-            tables.append(Text(""))
-        tables.append(table)
-        start += n
-    return tables
+    texts, styled, top = _cells(grid, metric)
+    cell = max([len(f"h{j}") for j in range(grid.heads)] + [len(t) for r in texts for t in r])
+    label_width = max([len(header), *(len(x) for x in labels), len(f"↳{grid.heads}")])
+    fit = max(1, (width - label_width) // (cell + 1))
+    per_line = grid.heads if grid.heads <= fit else 1 << (fit.bit_length() - 1)  # 16, 8, …
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False, show_edge=False)
+    table.add_column(header, style=THEME["label"], no_wrap=True, min_width=label_width)
+    for j in range(per_line):
+        table.add_column(f"h{j}", justify="right", no_wrap=True, min_width=cell)
+    for label, cells in zip(labels, styled, strict=True):
+        for start in range(0, max(grid.heads, 1), per_line):
+            part = cells[start : start + per_line]
+            part += [Text("")] * (per_line - len(part))
+            table.add_row(Text(label if not start else f"↳{start}"), *part)
+    parts: list[RenderableType] = [table]
+    if per_line < grid.heads:
+        parts.append(
+            note_text(f"↳N: the case's heads from hN on, {per_line} a line", width, style=MUTED)
+        )
+    parts.append(_legend(top if metric == "error" else 1.0, metric))
+    return parts
+
+
+def _legend(top: float, metric: str) -> Text:
+    """The ramp in ten steps, its ends named: ``0 ██████████ 1`` (the shading's key;
+    without color the numbers say it all)."""
+    legend = Text("  0 ", MUTED)
+    for i in range(10):
+        r, g, b = (int(c) for c in RAMP[round(i * 255 / 9)])
+        legend.append("██", Style(color=Color.from_rgb(r, g, b)))
+    end = cell_text(top, metric) if metric == "error" else "1"
+    legend.append(f" {end}", MUTED)
+    return legend
 
 
 def _notable_lines(grid: ModelGrid, width: int, max_listed: int) -> list[RenderableType]:

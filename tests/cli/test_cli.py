@@ -1144,7 +1144,7 @@ def test_a_bad_input_has_no_try_line(workdir: Path) -> None:
 
 
 def test_head_fraction_help_is_a_whole_sentence() -> None:
-    text = " ".join(invoke("compute", "--help").stdout.split())
+    text = " ".join(invoke("compute", "--help-all").stdout.split())
     assert (
         "--head-fraction F Flag a head when at least this fraction of its rows is flagged "
         "the same way: one-hot (collapsed head), near-uniform (dead head), or, in sdpa "

@@ -148,14 +148,14 @@ def test_every_sample_has_a_scorecard_and_a_scale_comparison(at_root: Path, samp
 
 
 def test_help_shows_examples_and_exit_codes() -> None:
-    result = invoke("explain", "--help")
+    result = invoke("explain", "--help-all")
     assert result.exit_code == 0
     text = result.stdout
     assert "Examples:" in text
     for example in (
-        "sdpa explain samples/causal.yaml",
-        "sdpa explain samples/scorecard.yaml --query 0",
-        "sdpa explain samples/scale_comparison.yaml --compare-scales",
+        "sdpa explain sample:causal",
+        "sdpa explain sample:scorecard --query 0",
+        "sdpa explain sample:scale_comparison --compare-scales",
     ):
         assert example in text, example
     flat = " ".join(text.split())

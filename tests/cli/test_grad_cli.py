@@ -960,7 +960,7 @@ def test_explain_backward_shows_the_head_asked_for(qkv: dict[str, F64], workdir:
 def test_help_lists_grad_and_grad_has_an_example() -> None:
     top = ok("--help").stdout
     assert re.search(r"^\s+grad\s+\S", top, flags=re.MULTILINE), top
-    text = ok("grad", "--help").stdout
+    text = ok("grad", "--help-all").stdout
     assert "Examples:" in text
     assert re.search(r"^\s+sdpa grad \S", text, flags=re.MULTILINE)
     for option in ("--dout", "--check-numeric", "--samples", "--tolerance", "--vanishing"):

@@ -111,9 +111,10 @@ def test_the_table_in_a_pipe_at_80_columns(workdir: Path) -> None:
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "case: blocks.‹case›.attn\n" in text
     assert "── sink_mass ──" in text
-    assert "\n0      1.00   0.25   " in text
-    assert "\n1      1.00   0.36   " in text
-    assert "    blocks.1.attn: h1 1.00\n" in text  # dead
+    assert "\ncase  h0  h1  h2\n" in text  # three characters a cell: 16 heads fit
+    assert "\n0      1 .25 .16\n" in text
+    assert "\n1      1 .36 .29\n" in text
+    assert "    blocks.1.attn: h1 1\n" in text  # dead
     assert "── entropy ──" not in text
 
 
@@ -133,9 +134,9 @@ def test_rows_are_labelled_by_the_layers_of_a_captures_calls_yaml(workdir: Path)
     write_case(workdir)
     (workdir / "calls.yaml").write_text(CALLS, encoding="utf-8")
     text = model("m.yaml", env={"COLUMNS": "80"}).stdout
-    assert "\nlayer     h0     h1     h2\n" in text
-    assert "\n7       0.00   1.00   0.76\n" in text
-    assert "\n8       0.00   1.00   0.67\n" in text
+    assert "\nlayer  h0  h1  h2\n" in text
+    assert "\n7       0   1 .76\n" in text
+    assert "\n8       0   1 .67\n" in text
     assert "case: blocks" not in text
     assert capture_layers("m.yaml") == {"blocks.0.attn": 7, "blocks.1.attn": 8}
 
@@ -262,5 +263,5 @@ def test_the_metric_choices_are_the_grids_metrics() -> None:
 
 def test_help_names_the_exit_codes_and_an_example() -> None:
     text = invoke("report", "model", "--help").stdout
-    assert "sdpa report model samples/model/manifest.yaml --metric sink_mass" in text
+    assert "sdpa report model sample:model/manifest.yaml --metric sink_mass" in text
     assert "Exit codes: 0 every case shown" in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -470,12 +471,14 @@ def test_cli_table_at_80_columns_fits_and_has_no_escape_codes(workdir: Path) -> 
     assert "max |x| = 7e4 > float16 max 65504: 1 value overflows to inf" in text
     assert "1 nonzero value flushes to zero in float16" in text
     assert "+1 -1" in text  # infinities by sign
-    # Long names go above their shape and dtype rather than squeezing every column;
-    # short ones keep a column each. No header is cut.
+    # Long names lose what all of them share (said once below), and a dtype every
+    # tensor has is said there too, so that each tensor's shape stays on its line;
+    # short names keep a column each. No header is cut.
     headers = [line.split() for line in lines if line.startswith(("tensor", "name "))]
-    assert headers[0] == ["tensor", "min", "max", "mean", "std", "nan", "inf"]
+    assert headers[0] == ["name", "shape", "min", "max", "mean", "std", "nan", "inf"]
     assert ["name", "shape", "dtype", "min", "max", "mean", "std", "nan", "inf"] in headers
-    assert "64×64 float32" in text
+    assert "name: model.layers.17.self_attn.‹name› · all float32" in text
+    assert re.search(r"\nq_proj\.weight +64×64 +-3\.661e5 ", text)
     assert "-1.235e-5" in text  # four digits, short exponent
 
 

@@ -54,38 +54,39 @@ def a_grid() -> ModelGrid:
     return model_grid(rows, TH)
 
 
-EXPECTED_80 = """\
-m.yaml
+EXPECTED_80 = """m.yaml
 3 cases × 4 query heads · each head's rows pooled over the batch
 case: model.layers.‹case›.self_attn
 
 ── entropy ─────────────────────────────────────────────────────────────────────
   mean entropy ÷ log(visible keys): 0 one-hot, 1 uniform
 
-case     h0     h1     h2   h3
-──────────────────────────────
-0      0.02   1.00   0.61    —
-1      0.70   0.80
+case  h0  h1  h2  h3
+────────────────────
+0    .02   1 .61   —
+1    .70 .80
 2
+  0 ████████████████████ 1
 
 ── error ───────────────────────────────────────────────────────────────────────
   RMS error of the expected output ÷ RMS of the reference (float64)
 
-case       h0     h1   h2    h3
-───────────────────────────────
-0      1.6e-4   0.29    0   inf
+case     h0     h1     h2     h3
+────────────────────────────────
+0    1.6e-4    .29      0    inf
 1
 2
+  0 ████████████████████ .29
   no expect-output: model.layers.1.self_attn
 
 ── notable heads ───────────────────────────────────────────────────────────────
   attention sinks, mean weight on key 0 > 0.5: 1 head
-    model.layers.0.self_attn: h0 0.97
+    model.layers.0.self_attn: h0 .97
   dead heads, nearly uniform on ≥ 90% of rows (the share shown) or max weight
   within 5% of 1/visible keys: 1 head
-    model.layers.0.self_attn: h1 1.00
+    model.layers.0.self_attn: h1 1
   saturated heads, one-hot on ≥ 90% of rows (the share shown): 1 head
-    model.layers.0.self_attn: h0 0.95
+    model.layers.0.self_attn: h0 .95
 
 not read (1 case; the errors above say why): model.layers.2.self_attn"""
 
@@ -96,7 +97,23 @@ def test_the_view_at_80_columns_without_color() -> None:
     assert "\x1b[" not in text
 
 
-def test_many_heads_wrap_into_further_tables_within_the_width() -> None:
+def test_sixteen_heads_fit_one_table_at_80_columns() -> None:
+    rng = np.random.default_rng(0)
+    grid = model_grid(
+        [GridRow(f"layer{i}", heads=heads_of(16, entropy=list(rng.random(16)))) for i in range(3)],
+        TH,
+    )
+    text = shown(grid, ["entropy"], 80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert len(re.findall(r"\bh15\b", text)) == 1  # one table: one header
+    rows = [line for line in text.splitlines() if line.startswith("layer1 ")]
+    assert len(rows) == 1
+    assert len(rows[0].split()[1:]) == 16
+
+
+def test_more_heads_wrap_by_case_not_into_further_tables() -> None:
+    """32 heads at 80 columns: each case's heads 16-31 go on the line below it
+    (``↳16``), under the same header; every head once, every value in its case."""
     n = 32
     rng = np.random.default_rng(0)
     grid = model_grid(
@@ -105,12 +122,15 @@ def test_many_heads_wrap_into_further_tables_within_the_width() -> None:
     )
     for width in (60, 80, 120):
         text = shown(grid, ["entropy"], width)
-        assert max(len(line) for line in text.splitlines()) <= width
-        headers = re.findall(r"\bh(\d+)\b", text)
-        assert sorted(int(h) for h in headers) == list(range(n))  # each head once
-        values = [line for line in text.splitlines() if line.startswith("layer1 ")]
-        assert len(values) > 1  # the rows repeat in each table
-        cells = [c for line in values for c in line.split()[1:]]
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= width
+        headers = [line for line in lines if line.lstrip().startswith("case ")]
+        assert len(headers) == 1  # one table
+        at = lines.index(next(line for line in lines if line.startswith("layer1 ")))
+        cells = lines[at].split()[1:]
+        while at + 1 < len(lines) and lines[at + 1].startswith("↳"):
+            at += 1
+            cells += lines[at].split()[1:]
         assert len(cells) == n
 
 
@@ -162,14 +182,15 @@ def test_a_label_longer_than_a_third_of_the_width_loses_its_start() -> None:
 @pytest.mark.parametrize(
     ("x", "metric", "text"),
     [
-        (0.5, "entropy", "0.50"),
-        (0.003, "fully_masked", "<0.01"),  # one fully masked row among many is not 0
-        (0.003, "entropy", "0.00"),  # a mean that small is rounding
-        (0.0, "fully_masked", "0.00"),
-        (1.0, "saturated", "1.00"),
+        (0.5, "entropy", ".50"),  # three characters: 16 heads fit 80 columns
+        (0.003, "fully_masked", "<.01"),  # one fully masked row among many is not 0
+        (0.003, "entropy", "0"),  # a mean that small is rounding
+        (0.0, "fully_masked", "0"),
+        (1.0, "saturated", "1"),
         (math.nan, "entropy", "—"),
         (1.6e-4, "error", "1.6e-4"),
-        (0.29, "error", "0.29"),
+        (0.29, "error", ".29"),
+        (1.5, "error", "1.5"),
         (0.0, "error", "0"),
         (math.inf, "error", "inf"),
     ],
@@ -188,5 +209,5 @@ def test_the_listed_heads_are_capped_per_kind() -> None:
     console = Console(file=io.StringIO(), width=80, color_system=None, no_color=True)
     console.print(render_model(grid, ["sink_mass"], "m.yaml", 80, max_listed=2))
     text = console.file.getvalue()  # type: ignore[attr-defined]
-    assert "a: h0 0.90, h1 0.90\n" in text
+    assert "a: h0 .90, h1 .90\n" in text
     assert "… and 3 more (--format json lists every one)" in text
