@@ -47,6 +47,12 @@ from sdpa_cli.errors import EXIT_CODES_HELP, ExitCode, SdpaError
 from sdpa_cli.files.writers import staged
 
 
+GLOSSARY_HELP = (
+    "Every term sdpa prints (ulp, plain computation, LSE, headroom...) is defined in "
+    "a few words in the documentation's Glossary (docs/reference/glossary.md)."
+)
+
+
 class SdpaGroup(click.Group):
     """A group whose errors are one line on stderr with the right exit code."""
 
@@ -171,7 +177,7 @@ def _fail(message: str, code: int, then: str | None = None) -> int:
     "sdpa",
     cls=SdpaGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog=f"{ACTIVATION_HELP}\n\n{EXIT_CODES_HELP}",
+    epilog=f"{ACTIVATION_HELP}\n\n{GLOSSARY_HELP}\n\n{EXIT_CODES_HELP}",
 )
 @click.version_option(__version__, "--version", "-V", prog_name="sdpa")
 @click.option("--debug", is_flag=True, help="Show the traceback of an internal error.")

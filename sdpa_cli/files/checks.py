@@ -53,12 +53,30 @@ def working_directory() -> str | None:
 
 def _sample_hint(label: str) -> str:
     """Outside a clone, the examples' ``samples/...`` paths are not there: say how to
-    get them."""
-    if not label.replace("\\", "/").startswith(("samples/", "./samples/")):
+    get them. A missing file a sample is named after (``scorecard.yaml``, typed
+    without its folder) is named as that sample."""
+    path, sep, member = label.replace("\\", "/").partition(":")
+    if path.startswith(("samples/", "./samples/")):
+        name = path.split("samples/", 1)[1]
+        return (
+            " (the samples ship with sdpa: sdpa samples --copy . puts them here, or name "
+            f"it sample:{_stem(name)})"
+        )
+    # imported here: only a missing file needs the samples' names
+    from sdpa_cli.files.samples import sample_files
+
+    try:
+        known = sample_files()
+    except InputError:  # a copy of sdpa built without its samples
         return ""
-    name = label.split("/", 1)[1].split(":")[0]
-    stem = name.rsplit(".", 1)[0] if name.endswith((".yaml", ".yml", ".json")) else name
-    return f" (the samples ship with sdpa: sdpa samples --copy . puts them here, or name it sample:{stem})"
+    if path not in known:
+        return ""
+    return f" (a sample ships with sdpa under that name: sample:{_stem(path)}{sep}{member})"
+
+
+def _stem(name: str) -> str:
+    """A case file's sample name without its suffix (``scorecard``); a tensor file's whole."""
+    return name.rsplit(".", 1)[0] if name.endswith((".yaml", ".yml", ".json")) else name
 
 
 def check_dtype(dtype: np.dtype[Any], label: str) -> None:

@@ -218,3 +218,33 @@ def test_copy_with_force_replaces_a_linked_file_never_writing_through(tmp_path: 
     assert hard.read_text(encoding="utf-8") == "HARD"
     assert not (tmp_path / "dangling.yaml").exists()
     assert not [p for p in target.rglob("*.tmp")]
+
+
+@pytest.mark.parametrize(
+    ("typed", "hint"),
+    [
+        (
+            "samples/scorecard.yaml",
+            "the samples ship with sdpa: sdpa samples --copy . puts them here, or name it "
+            "sample:scorecard",
+        ),
+        ("scorecard.yaml", "a sample ships with sdpa under that name: sample:scorecard"),
+        ("cross.npz:q", "a sample ships with sdpa under that name: sample:cross.npz:q"),
+    ],
+)
+def test_a_missing_file_a_sample_is_named_after_is_named_as_that_sample(
+    workdir: Path, typed: str, hint: str
+) -> None:
+    """A newcomer types a sample's file name in an empty folder (the README's
+    ``samples/...``, or without its folder): the one line says how to name it."""
+    from clirunner import assert_one_error_line, invoke
+
+    line = assert_one_error_line(invoke("inspect", typed))
+    assert line == f"sdpa: error: {typed}: no such file ({hint})"
+
+
+def test_a_missing_file_no_sample_is_named_after_gets_no_hint(workdir: Path) -> None:
+    from clirunner import assert_one_error_line, invoke
+
+    line = assert_one_error_line(invoke("inspect", "mine.yaml"))
+    assert line == "sdpa: error: mine.yaml: no such file"
