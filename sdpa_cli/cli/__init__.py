@@ -46,7 +46,6 @@ from sdpa_cli.cli.completion import ACTIVATION_HELP
 from sdpa_cli.errors import EXIT_CODES_HELP, ExitCode, SdpaError
 from sdpa_cli.files.writers import staged
 
-
 GLOSSARY_HELP = (
     "Every term sdpa prints (ulp, plain computation, LSE, headroom...) is defined in "
     "a few words in the documentation's Glossary (docs/reference/glossary.md)."
