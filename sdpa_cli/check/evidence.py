@@ -5,11 +5,14 @@ layout), and a manifest's case as a row of a model's grid (``check --manifest
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+
+import numpy as np
 
 from sdpa_cli.check.exports import Fitted
 from sdpa_cli.check.records import Evidence
-from sdpa_cli.check.relative import Judgement
+from sdpa_cli.check.relative import Judgement, error_ratio
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import CaseHeads, HeadGather, error_by_head
 from sdpa_cli.engine.spec import AttentionSpec
@@ -42,21 +45,29 @@ def kept_for_pages(
         plains,
         None if judgement is None else judgement.factor,
         0.0 if judgement is None else judgement.floor_ulps,
+        export="" if judgement is None else judgement.export,
     )
 
 
 def grid_row(
-    gather: HeadGather,
-    stats: Stats,
-    output: Fitted | None,
-    reference: Mapping[str, F64],
-    thresholds: Thresholds | None,
+    gather: HeadGather, stats: Stats, kept: Evidence | None, thresholds: Thresholds | None
 ) -> CaseHeads:
     """The case's row of a model's grid, from the check's own pass: its statistics, its
-    patterns, and the exported output's error per head against the reference."""
+    patterns and, with an exported output (``kept``), its error per head against the
+    reference and its largest error ÷ the allowance the verdict used, per head."""
     spec = gather.spec
-    error = None
-    if output is not None and "output" in reference:
-        values = split_heads_of_output(spec, output.values) if output.merged else output.values
-        error = error_by_head(spec, values, reference["output"])
-    return gather.heads(stats, thresholds or Thresholds(), error)
+    error = over = None
+    if kept is not None and "output" in kept.exports:
+        a = np.asarray(kept.exports["output"], dtype=np.float64)
+        r = np.asarray(kept.reference["output"], dtype=np.float64)
+        error = error_by_head(spec, a, r)
+        if kept.factor is not None:
+            plain = kept.plain.get("output")
+            judgement = Judgement(kept.export, kept.factor, kept.floor_ulps)
+            shape = (-1, spec.L, a.shape[-1])
+            p = None if plain is None else np.asarray(plain, dtype=np.float64).reshape(shape)
+            ratio = error_ratio(a.reshape(shape), r.reshape(shape), p, judgement, rows=True)
+            by_slice = np.nanmax(np.where(np.isnan(ratio), -np.inf, ratio), axis=(1, 2), initial=0)
+            over = np.max(by_slice.reshape(-1, spec.H), axis=0)
+    heads = gather.heads(stats, thresholds or Thresholds(), error)
+    return dataclasses.replace(heads, over_allowance=over)

@@ -118,6 +118,8 @@ class Evidence:
     tolerance."""
     floor_ulps: float = 0.0
     matched: Mapping[str, AttentionSpec] = field(default_factory=dict)
+    export: str = ""
+    """The format the rule judged the export in (its plain computation's)."""
 
 
 @dataclass(frozen=True)

@@ -262,12 +262,10 @@ def run_checks(
             checks, spec, settings, fitted, against.values, export, ref_format, matched
         )
         checks += _error_checks(checks, fitted, against, settings.max_error)
-        if evidence:
+        if evidence or gather is not None:
             kept = kept_for_pages(spec, fitted, against.values, against.plain, against.judgement)
             kept = dataclasses.replace(kept, matched=matched)
-    heads = None
-    if gather is not None:
-        heads = grid_row(gather, found.stats, fitted.get("output"), found.reference, thresholds)
+    heads = None if gather is None else grid_row(gather, found.stats, kept, thresholds)
     checks.extend(findings)
     return CheckReport(
         checks=tuple(checks),
@@ -278,7 +276,7 @@ def run_checks(
         fail_on_severity=settings.fail_on_severity,
         backend=found.backend.name,
         device=found.backend.device,
-        evidence=kept,
+        evidence=kept if evidence else None,
         heads=heads,
     )
 

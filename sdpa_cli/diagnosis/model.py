@@ -79,6 +79,9 @@ class CaseHeads:
     pool: int = 1
     lengths: tuple[int, int] = (0, 0)
     """(L, S): the queries and keys a pattern pools."""
+    over_allowance: F64 | None = None
+    """From a check (``check --manifest --html``): per head, its largest output error
+    ÷ the allowance the verdict used (above 1 fails)."""
 
     @property
     def heads(self) -> int:

@@ -154,6 +154,10 @@ def test_a_manifests_check_page_is_its_grid_from_the_checks_own_pass(workdir: Pa
     assert result.exit_code == 1  # layer 2's head 1 was exported with the scale 1/d_k
     data = page_data((workdir / "checks.html").read_text())
     assert data["measures"]["verdict"]["values"] == [[0.0] * 4, [0.0] * 4, [1.0] * 4]
+    # each head's largest error ÷ its allowance (log2): only layer 2's head 1 is over
+    over = np.exp2(np.array(data["measures"]["over_allowance"]["values"], dtype=float))
+    assert over[2, 1] > 1
+    assert (np.delete(over.ravel(), 2 * 4 + 1) < 1).all()
     assert len(data["patterns"]) == 12
     model = invoke("report", "model", MANIFEST, "--html", "model.html")
     assert model.exit_code == 0

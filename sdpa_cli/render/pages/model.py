@@ -44,7 +44,8 @@ function paint() {
   grid.querySelectorAll('td.cell').forEach(td => {
     const v = s.values[+td.dataset.case][+td.dataset.head];
     td.style.background = colour(m, v); td.style.color = ink(m, v);
-    td.querySelector('.v').textContent = v === null ? '' : (+v.toFixed(2)).toString();
+    const x = v !== null && s.log2 ? Math.pow(2, v) : v;
+    td.querySelector('.v').textContent = x === null ? '' : (s.log2 ? (+x.toPrecision(2)) : (+x.toFixed(2))).toString();
   });
   document.getElementById('measure-about').textContent = s.about;
   document.getElementById('legend-lo').textContent = s.lo_text;
@@ -57,7 +58,8 @@ function show(c, h) {
   const panel = document.getElementById('pattern'), key = c + ',' + h, pat = D.patterns[key];
   panel.querySelector('h3').textContent = D.rows[c] + ', head ' + h;
   const facts = Object.keys(D.measures).map(m => {
-    const v = D.measures[m].values[c][h]; return D.measures[m].label + ': ' + (v === null ? 'no value' : fmt(v)); });
+    const s = D.measures[m], v = s.values[c][h], x = v !== null && s.log2 ? Math.pow(2, v) : v;
+    return s.label + ': ' + (x === null ? 'no value' : fmt(x)); });
   panel.querySelector('.facts').textContent = facts.join(' · ');
   const notes = D.notable.filter(n => n.case === c && n.head === h).map(n =>
     D.marks[n.kind] + ' ' + D.one[n.kind] + ' (' + fmt(n.value) + '). The rule: ' + D.kinds[n.kind] + '.');
@@ -128,7 +130,11 @@ def model_page(
             ],
         }
     if checks is not None:
-        measures = {"verdict": _verdicts(grid, checks), **measures}
+        checked = {"verdict": _verdicts(grid, checks)}
+        over = _over_allowance(grid)
+        if over is not None:
+            checked["over_allowance"] = over
+        measures = {**checked, **measures}
     marks: dict[tuple[int, int], list[str]] = {}
     index = {r.name: i for i, r in enumerate(grid.rows)}
     for n in grid.notable:
@@ -195,6 +201,36 @@ def model_page(
         body.append(f"<h3>{esc(r.name)}</h3><p>{line}</p>{''.join(parts)}")
     body.append("</section>")
     return page(f"sdpa check: {title or manifest}", subtitle, body, SCRIPT, data)
+
+
+def _over_allowance(grid: ModelGrid) -> dict[str, object] | None:
+    """The ``over_allowance`` measure: each head's largest output error ÷ the allowance
+    the verdict used (above 1 fails; log scale, 1/16 to 16, as the check page draws it);
+    None when no case exported an output under the kernel-relative rule."""
+    values: list[list[float | None]] = []
+    found = False
+    for row in grid.rows:
+        over = None if row.heads is None else row.heads.over_allowance
+        line: list[float | None] = [None] * grid.heads
+        if over is not None:
+            found = True
+            for h, x in enumerate(over.tolist()):
+                # log2 for the colour (clamped to 1/16..16 there); 0 → 1/16, inf → 2^30
+                line[h] = math.log2(x) if x > 0 and math.isfinite(x) else (-4.0 if x == 0 else 30.0)
+        values.append(line)
+    if not found:
+        return None
+    return {
+        "label": "over allowance",
+        "about": "each head's largest output error ÷ the allowance sdpa check used: "
+        "above 1 fails (log scale: 1/16 dark, 16 light)",
+        "lo": -4.0,
+        "hi": 4.0,
+        "lo_text": "1/16",
+        "hi_text": "16×",
+        "log2": True,
+        "values": values,
+    }
 
 
 def _verdicts(grid: ModelGrid, checks: Sequence[CaseResult]) -> dict[str, object]:
