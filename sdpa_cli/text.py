@@ -219,3 +219,22 @@ def one_line(problem: object, limit: int = 200) -> str:
     a header of up to 10,000 characters)."""
     text = " ".join(str(problem).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shared_parts(names: Sequence[str], blank: str = "name") -> tuple[list[str], str | None]:
+    """``names`` less the dotted parts all of them share at either end, and the pattern
+    they share (``model.layers.‹name›.self_attn``, ``blank`` in the gap); the names and
+    None when there is nothing to leave out (one name, or none shared)."""
+    parts = [n.split(".") for n in names]
+    shortest = min((len(p) for p in parts), default=0)
+    head = tail = 0
+    if len(names) > 1:
+        while head < shortest - 1 and len({p[head] for p in parts}) == 1:
+            head += 1
+        while tail < shortest - 1 - head and len({p[-1 - tail] for p in parts}) == 1:
+            tail += 1
+    if not head and not tail:
+        return list(names), None
+    first = parts[0]
+    note = ".".join([*first[:head], f"‹{blank}›", *first[len(first) - tail :]])
+    return [".".join(p[head : len(p) - tail]) for p in parts], note

@@ -26,9 +26,9 @@ from sdpa_cli.cli.options import (
 from sdpa_cli.cli.run import (
     make_console,
     pictures,
-    plain_text,
     print_all,
     progress_bar,
+    slice_page,
     start_engine,
 )
 from sdpa_cli.errors import EXIT_CODES_HELP
@@ -149,24 +149,8 @@ def _page(
     ``--rows`` × ``--keys`` (default: all); nothing when not asked for."""
     if "page" not in outputs:
         return {}
-    # imported here: keeps sdpa --help fast
-    from sdpa_cli.api.outputs import text_file
-    from sdpa_cli.api.pages import slice_page_of
-
-    at = (view.batch or 0, view.head or 0)
-    page = slice_page_of(
-        run.spec,
-        run.diagnosis,
-        at,
-        rows=view.rows,
-        keys=view.keys,
-        title=f"sdpa compute: {' '.join(case.inputs)}",
-        about=f"batch {at[0]}, head {at[1]}",
-        text=plain_text(renderables),
-        tokens=tokens,
-        jobs=threads,
-    )
-    return {"page": text_file(page)}
+    args = (run.spec, run.diagnosis, view, case.inputs, renderables, tokens, threads)
+    return {"page": slice_page("compute", *args)}
 
 
 def _write_document(run: Computed, fmt: str, threads: int) -> None:

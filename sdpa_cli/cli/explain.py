@@ -30,9 +30,9 @@ from sdpa_cli.cli.options import (
 from sdpa_cli.cli.run import (
     make_console,
     pictures,
-    plain_text,
     print_all,
     progress_bar,
+    slice_page,
     start_engine,
 )
 from sdpa_cli.errors import EXIT_CODES_HELP, SpecError
@@ -200,27 +200,15 @@ def _drawn(
     """``--html`` and ``--plot``: the slice's page and figure, of its window ``--rows`` ×
     ``--keys`` (default: the whole slice); nothing when neither is asked for."""
     # imported here: keeps sdpa --help fast
-    from sdpa_cli.api.outputs import text_file
-    from sdpa_cli.api.pages import slice_page_of, window_pictures
+    from sdpa_cli.api.pages import window_pictures
     from sdpa_cli.render.common import slice_label
 
-    at = (view.batch or 0, view.head or 0)
     files: dict[str, Writer] = {}
     if "page" in outputs:
-        page = slice_page_of(
-            ex.spec,
-            ex.diagnosis,
-            at,
-            rows=view.rows,
-            keys=view.keys,
-            title=f"sdpa explain: {' '.join(case.inputs)}",
-            about=f"batch {at[0]}, head {at[1]}",
-            text=plain_text(renderables),
-            tokens=tokens,
-            jobs=threads,
-        )
-        files["page"] = text_file(page)
+        args = (ex.spec, ex.diagnosis, view, case.inputs, renderables, tokens, threads)
+        files["page"] = slice_page("explain", *args)
     if plotter is not None:
+        at = (view.batch or 0, view.head or 0)
         drawn = window_pictures(ex.spec, at, view.rows, view.keys, threads)
         files["plot"] = plotter(drawn, slice_label(ex.spec, ex.lead))
     return files

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.progress import Progress, ProgressColumn, Task
 
+    from sdpa_cli.cli.options import ViewFlags
+    from sdpa_cli.diagnosis.findings import Diagnosis
     from sdpa_cli.engine.arrays import Backend
     from sdpa_cli.engine.spec import AttentionSpec
     from sdpa_cli.files.writers import Writer
@@ -233,6 +235,39 @@ def pictures(
         "html": recorder.export_html(clear=False) if "html" in outputs else "",
     }
     return {kind: _writes_text(text) for kind, text in texts.items() if kind in outputs}
+
+
+def slice_page(
+    command: str,
+    spec: AttentionSpec,
+    diagnosis: Diagnosis,
+    view: ViewFlags,
+    inputs: Sequence[str],
+    renderables: Sequence[RenderableType],
+    tokens: str | None,
+    threads: int,
+) -> Writer:
+    """``--html`` of ``compute`` and ``explain``: the page of the slice ``--batch``,
+    ``--head`` (default the first), its window ``--rows`` × ``--keys`` (default: all),
+    with what the terminal shows."""
+    # imported here: keeps sdpa --help fast
+    from sdpa_cli.api.outputs import text_file
+    from sdpa_cli.api.pages import slice_page_of
+
+    at = (view.batch or 0, view.head or 0)
+    page = slice_page_of(
+        spec,
+        diagnosis,
+        at,
+        rows=view.rows,
+        keys=view.keys,
+        title=f"sdpa {command}: {' '.join(inputs)}",
+        about=f"batch {at[0]}, head {at[1]}",
+        text=plain_text(renderables),
+        tokens=tokens,
+        jobs=threads,
+    )
+    return text_file(page)
 
 
 def plain_text(renderables: Sequence[RenderableType], width: int = 100) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import FLAT_MAX_WEIGHT, SINK_MASS, ModelGrid
-from sdpa_cli.text import sig
+from sdpa_cli.text import shared_parts, sig
 
 LABEL_SHARE = 3
 """A row label may take a third of the width (at least :data:`LABEL_MIN` cells)
@@ -52,19 +52,7 @@ def row_labels(grid: ModelGrid, width: int) -> tuple[list[str], str, str | None]
     layers = [r.layer for r in rows]
     if rows and None not in layers and len(set(layers)) == len(rows):
         return [str(layer) for layer in layers], "layer", None
-    labels = [r.name for r in rows]
-    note = None
-    parts = [x.split(".") for x in labels]
-    shortest = min((len(p) for p in parts), default=0)
-    head = tail = 0
-    if len(rows) > 1:
-        while head < shortest - 1 and len({p[head] for p in parts}) == 1:
-            head += 1
-        while tail < shortest - 1 - head and len({p[-1 - tail] for p in parts}) == 1:
-            tail += 1
-    if head or tail:
-        first = parts[0]
-        note = "case: " + ".".join([*first[:head], "‹case›", *first[len(first) - tail :]])
-        labels = [".".join(p[head : len(p) - tail]) for p in parts]
+    labels, shared = shared_parts([r.name for r in rows], "case")
+    note = None if shared is None else f"case: {shared}"
     labels = [x if len(x) <= most else "…" + x[-(most - 1) :] for x in labels]
     return labels, "case", note

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from sdpa_cli.diagnosis.inspect import FileReport, Headroom, TensorStats
 from sdpa_cli.render.common import MUTED, SEVERITY_STYLE, THEME, headroom_text
-from sdpa_cli.text import compact, plural, printable, share
+from sdpa_cli.text import compact, plural, printable, share, shared_parts
 
 TITLE = THEME["title"]
 OVERFLOW = SEVERITY_STYLE["error"]
@@ -89,25 +89,6 @@ def _natural_width(rows: Sequence[Sequence[str | Text]], headers: Sequence[str])
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], cell_len(str(cell)))
     return sum(widths) + 3 * (len(widths) - 1)
-
-
-def shared_parts(names: Sequence[str]) -> tuple[list[str], str | None]:
-    """``names`` less the dotted parts all of them share at either end, and the pattern
-    they share (``model.layers.‹name›.self_attn``); the names and None when there is
-    nothing to leave out (one name, or none shared)."""
-    parts = [n.split(".") for n in names]
-    shortest = min((len(p) for p in parts), default=0)
-    head = tail = 0
-    if len(names) > 1:
-        while head < shortest - 1 and len({p[head] for p in parts}) == 1:
-            head += 1
-        while tail < shortest - 1 - head and len({p[-1 - tail] for p in parts}) == 1:
-            tail += 1
-    if not head and not tail:
-        return list(names), None
-    first = parts[0]
-    note = ".".join([*first[:head], "‹name›", *first[len(first) - tail :]])
-    return [".".join(p[head : len(p) - tail]) for p in parts], note
 
 
 def _fitted(
