@@ -74,7 +74,7 @@ def test_a_failing_check_draws_where_it_fails_and_the_masks(workdir: Path) -> No
     result = invoke("check", *write_case(workdir, flipped=True), "--html", "check.html")
     assert result.exit_code == 1
     text = (workdir / "check.html").read_text()
-    for figure in ("output-rows", "output-worst", "mask"):
+    for figure in ("output-rows", "output-worst", "output-mask"):
         assert f'<figure class="heat" id="{figure}"' in text, figure
     assert "64 × 64" not in text  # no pooling at this size
     assert re.search(r"the masks over b0 h\d: 4,032 \(query, key\) pairs differ", text)

@@ -253,22 +253,22 @@ def test_a_flipped_causal_mask_draws_the_two_triangles(
         assert "checks failed" in page.inner_text("header .fail")
         assert "output.close" in page.inner_text("header .fail")
         assert page.locator("table.lines td.fail").count() >= 1
-        for figure in ("#output-rows", "#output-worst", "#mask"):
+        for figure in ("#output-rows", "#output-worst", "#output-mask"):
             assert page.locator(f"figure.heat{figure}").count() == 1, figure
 
         differ = L * (L - 1)  # all but the diagonal
-        caption = page.inner_text("#mask figcaption")
+        caption = page.inner_text("#output-mask figcaption")
         assert re.search(rf"\b{differ:,} \(query, key\) pairs differ", caption), caption
-        assert f"{differ} query-key pairs" in (page.get_attribute("#mask img", "alt") or "")
+        assert f"{differ} query-key pairs" in (page.get_attribute("#output-mask img", "alt") or "")
 
         # The legend beside the masks: a colour for each kind of pair.
         legend = page.eval_on_selector_all(
-            "#mask .legend .swatch",
+            "#output-mask .legend .swatch",
             "swatches => Object.fromEntries(swatches.map(s =>"
             " [getComputedStyle(s).backgroundColor, s.nextSibling.textContent.trim()]))",
         )
-        below = page.eval_on_selector("#mask img", PIXEL_AT, [0.25, 0.75])
-        above = page.eval_on_selector("#mask img", PIXEL_AT, [0.75, 0.25])
+        below = page.eval_on_selector("#output-mask img", PIXEL_AT, [0.25, 0.75])
+        above = page.eval_on_selector("#output-mask img", PIXEL_AT, [0.75, 0.25])
         white = [255, 255, 255]
         assert below != white
         assert above != white
@@ -277,8 +277,8 @@ def test_a_flipped_causal_mask_draws_the_two_triangles(
         assert legend["rgb({}, {}, {})".format(*above)] == EXPORT_ONLY
 
         # Pointing inside each triangle names its pairs.
-        assert point_at(page, "#mask", 0.25, 0.75).endswith(ASKED_FOR_ONLY)
-        assert point_at(page, "#mask", 0.75, 0.25).endswith(EXPORT_ONLY)
+        assert point_at(page, "#output-mask", 0.25, 0.75).endswith(ASKED_FOR_ONLY)
+        assert point_at(page, "#output-mask", 0.75, 0.25).endswith(EXPORT_ONLY)
         keep_screenshot(visit, "check")
         visit.assert_clean()
 
@@ -299,7 +299,7 @@ def test_a_passing_check_shows_just_its_table(browser: Browser, check_folder: Pa
         assert page.locator("table.lines td.pass").count() >= 3
         assert page.locator("table.lines td.fail").count() == 0
         assert page.locator("figure").count() == 0
-        assert page.locator("#mask").count() == 0
+        assert page.locator("#output-mask").count() == 0
 
 
 # --- sdpa explain / compute --html: one slice, stage by stage ---------------------------

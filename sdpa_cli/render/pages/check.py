@@ -175,7 +175,7 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
         )
     matched = ev.matched.get(name)
     if matched is not None:
-        parts.append(_mask_panel(ev, matched, worst, slices[worst]))
+        parts.append(_mask_panel(ev, matched, name, worst, slices[worst]))
     parts.append("</div>")
     parts.append(_distribution(a, r, plain, export))
     lines = "\n".join(failure_lines(check))
@@ -183,7 +183,7 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     return "".join(parts)
 
 
-def _mask_panel(ev: Evidence, matched: AttentionSpec, k: int, label: str) -> str:
+def _mask_panel(ev: Evidence, matched: AttentionSpec, name: str, k: int, label: str) -> str:
     """Both computations' masks over one slice, where they differ: what each lets
     each query row see."""
     spec = ev.spec
@@ -200,7 +200,7 @@ def _mask_panel(ev: Evidence, matched: AttentionSpec, k: int, label: str) -> str
     shown, fr, fc = max_pool(code, ROWS_SHOWN, ROWS_SHOWN)
     differ = int(np.count_nonzero(asked != other))
     figure = heatmap(
-        "mask",
+        f"{name}-mask",
         shown,
         lo=0.0,
         hi=3.0,
