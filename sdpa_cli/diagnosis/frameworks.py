@@ -119,6 +119,20 @@ class Comparison:
     def agree(self) -> bool:
         return not self.disagreements
 
+    def differing(self, most: int | None = None) -> list[Index]:
+        """The (batch…, head, query) index of every row two frameworks differ on, in C
+        order (the first ``most``)."""
+        rows = sorted(set().union(*(d.rows for d in self.disagreements)))
+        return rows if most is None else rows[:most]
+
+    def side_by_side(self, most: int | None = None) -> list[tuple[Index, dict[str, F64]]]:
+        """Each differing row (the first ``most``) and every framework's output for it:
+        what each would hand back, side by side."""
+        return [
+            (row, {a.convention.name: a.output[row] for a in self.answers})
+            for row in self.differing(most)
+        ]
+
     @property
     def verdict(self) -> str:
         """``all five agree``, or how many rows they disagree on and why."""
@@ -230,8 +244,13 @@ def _groups(kind: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple((k, tuple(v)) for k, v in split.items())
 
 
+OUTPUT_ROWS = 256
+"""Differing rows whose outputs the JSON holds (each framework's): the first, in C order."""
+
+
 def frameworks_payload(comparison: Comparison) -> dict[str, Any]:
     """The ``frameworks`` key of ``sdpa compute --frameworks --format json``."""
+    differing = comparison.differing()
     return {
         "verdict": comparison.verdict,
         "agree": comparison.agree,
@@ -260,4 +279,14 @@ def frameworks_payload(comparison: Comparison) -> dict[str, Any]:
             }
             for d in comparison.disagreements
         ],
+        "outputs": [
+            {
+                "row": list(row),
+                "by_framework": {
+                    name: [json_number(float(x)) for x in values] for name, values in out.items()
+                },
+            }
+            for row, out in comparison.side_by_side(OUTPUT_ROWS)
+        ],
+        "outputs_rows": len(differing),
     }

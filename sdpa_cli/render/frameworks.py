@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from itertools import groupby
 
+import numpy as np
 from rich import box
 from rich.console import Group, RenderableType
 from rich.padding import Padding
@@ -18,10 +19,12 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import Index
 from sdpa_cli.render.common import THEME, note_text, rule, slice_label
 from sdpa_cli.render.header import header
-from sdpa_cli.text import plural, run_text, runs, sig
+from sdpa_cli.text import compact, plural, run_text, runs, sig
 
 SHOWN_SLICES = 6
 """(batch, head) slices whose rows a disagreement lists; the rest are counted."""
+SHOWN_OUTPUT_ROWS = 6
+"""Differing rows whose outputs the table shows side by side (the JSON holds more)."""
 SHOWN_RUNS = 8
 """Runs of consecutive rows listed per slice; the rows of the rest are counted."""
 PLAIN_SOFTMAX = (
@@ -45,6 +48,8 @@ def render_frameworks(spec: AttentionSpec, comparison: Comparison, width: int) -
             )
         )
     parts.append(_answers(comparison))
+    if not comparison.agree:
+        parts += [Text(""), *_outputs(spec, comparison, width)]
     for d in comparison.disagreements:
         parts += [Text(""), _disagreement(spec, d, comparison.n_rows, width)]
     parts += [Text(""), verdict_text(comparison)]
@@ -75,6 +80,67 @@ def _answers(comparison: Comparison) -> Table:
         window = c.window_label if a.window is None else f"{a.window[0]} left, {a.window[1]} right"
         table.add_row(c.name, c.causal_align, window, c.empty_row, rows, most)
     return table
+
+
+def _outputs(spec: AttentionSpec, comparison: Comparison, width: int) -> list[RenderableType]:
+    """The rows the frameworks differ on, each framework's output side by side: the
+    first :data:`SHOWN_OUTPUT_ROWS`, as many of a row's values as fit the width."""
+    shown = comparison.side_by_side(SHOWN_OUTPUT_ROWS)
+    # frameworks that answer these rows alike share a column: the distinct answers
+    columns: list[list[str]] = []
+    for a in comparison.answers:
+        name = a.convention.name
+        same = next(
+            (
+                c
+                for c in columns
+                if all(np.array_equal(out[c[0]], out[name], equal_nan=True) for _, out in shown)
+            ),
+            None,
+        )
+        if same is None:
+            columns.append([name])
+        else:
+            same.append(name)
+    names = [c[0] for c in columns]
+    labels = [_row_label(spec, row) for row, _ in shown]
+    label_width = max([3, *(len(x) for x in labels)])
+    room = (width - label_width) // len(names) - 3  # each column: its text and a gap
+    ev = len(next(iter(shown[0][1].values()))) if shown else 0
+    count = max(1, min(ev, (room + 1) // 8))  # about 7 characters a value and a space
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("row", style=THEME["label"], no_wrap=True)
+    for column in columns:
+        table.add_column(", ".join(column), no_wrap=True, justify="right")
+    for label, (_, out) in zip(labels, shown, strict=True):
+        cells = []
+        for name in names:
+            values = " ".join(compact(float(x), 3) for x in out[name][:count])
+            cells.append(values + (" …" if ev > count else ""))
+        table.add_row(label, *cells)
+    n = len(comparison.differing())
+    title = Text.assemble(
+        ("Each framework's output", THEME["title"]),
+        f" for the rows they differ on ({_first(len(shown), n)}",
+        f"{', the first ' + str(count) + ' of ' + str(ev) + ' values' if ev > count else ''})",
+    )
+    parts: list[RenderableType] = [title, Padding(table, (0, 0, 0, 2))]
+    if n > len(shown) or ev > count:
+        parts.append(note_text("--format json holds every value", width, indent=2))
+    return parts
+
+
+def _first(shown: int, total: int) -> str:
+    return plural(total, "row") if shown == total else f"the first {shown} of {total} rows"
+
+
+def _row_label(spec: AttentionSpec, row: Index) -> str:
+    """``b0 h1 q3``: a row's batch item, head and query."""
+    lead = row[:-1]
+    axes = (
+        ("b", "h")[-len(lead) :] if 0 < len(lead) <= 2 else tuple(f"d{i}" for i in range(len(lead)))
+    )
+    return " ".join([*(f"{a}{i}" for a, i in zip(axes, lead, strict=True)), f"q{row[-1]}"])
 
 
 def _disagreement(spec: AttentionSpec, d: Disagreement, n_rows: int, width: int) -> Group:

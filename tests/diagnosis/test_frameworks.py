@@ -109,3 +109,38 @@ def test_payload_names_every_answer_and_disagreement() -> None:
     [d] = payload["disagreements"]
     assert d["kind"] == "empty"
     assert d["rows"] == [[0, 0, 0], [0, 1, 0]]
+
+
+def test_each_frameworks_output_side_by_side_is_the_float64_loops_under_its_conventions() -> None:
+    """The rows the frameworks differ on, each framework's output for them: PyTorch's
+    upper-left diagonal, FlashAttention's lower-right, Hugging Face's window counting
+    the query, each equal to the float64 loop with those options."""
+    from reference import attention
+
+    q, k, v = random_qkv(5, 1, 1, 3, 6, 4, 2)
+    spec = build_spec(q, k, v, options=parse_options({"causal": True, "window": "2,0"}))
+    c = compare_frameworks(spec)
+    expected = {
+        "torch": attention(q, k, v, causal=True, window=(2, 0)).output,
+        "flash": attention(q, k, v, causal=True, causal_align="lower-right", window=(2, 0)).output,
+        "hf": attention(q, k, v, causal=True, causal_align="lower-right", window=(1, 0)).output,
+    }
+    shown = c.side_by_side()
+    assert [row for row, _ in shown] == c.differing()
+    assert len(shown) == 3  # every query row moves
+    for row, out in shown:
+        assert set(out) == set(FRAMEWORKS)
+        for name, want in expected.items():
+            np.testing.assert_allclose(out[name], want[row], rtol=1e-12, atol=1e-15)
+    payload = frameworks_payload(c)
+    assert payload["outputs_rows"] == 3
+    assert [o["row"] for o in payload["outputs"]] == [list(r) for r in c.differing()]
+    assert payload["outputs"][0]["by_framework"]["hf"] == pytest.approx(
+        expected["hf"][c.differing()[0]].tolist()
+    )
+
+
+def test_frameworks_that_agree_have_no_rows_side_by_side() -> None:
+    c = compare_frameworks(spec_of(5, 5, causal=True))
+    assert c.side_by_side() == []
+    assert frameworks_payload(c)["outputs"] == []
