@@ -38,6 +38,9 @@ from sdpa_cli.text import format_index, sig
 
 GRADIENT_FOUND = ", no vanishing gradients, no keys without gradient"
 
+GAIN_NOTE = "1−Σw²: how much gradient a row's softmax lets through: 0 one-hot, near 1 spread"
+"""What the dQ table's last column is, said under it (the glossary has it too)."""
+
 FORMULAS = {
     **{name: gradient_formula(name) for name in ("dq", "dk", "dv")},
     "dbias": gradient_formula("dbias") + " (the logits' gradient)",
@@ -104,6 +107,8 @@ def render_grad(
                 _row_columns(grads, lead, rows, health, view),
             )
         )
+        if lead == positions[0]:  # what the column is, where it is read (once)
+            parts.append(Text(GAIN_NOTE, THEME["muted"]))
         parts.append(Text(""))
         group = _group_note(spec.group, lead)
         for name, cols, prefix in (("dk", spec.E, "e"), ("dv", spec.Ev, "v")):
