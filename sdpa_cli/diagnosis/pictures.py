@@ -28,6 +28,10 @@ PICTURE_SIDE = 512
 """A picture's most cells along an axis: a window longer than this is pooled (by a
 power of two)."""
 
+BLOCK_SCORES = 1 << 19
+"""Scores a block of the pictures' pass holds per stage (4 MiB in float64): its rows see
+every key, so that at S = 8,192 a block is 64 rows, not 256 (the pass took 420 MiB)."""
+
 STAGES = ("scores", "masked", "weights", "output")
 """What a slice's pictures show, in order (``scores`` after the scale)."""
 
@@ -70,7 +74,8 @@ def slice_pictures(
     n_r, n_k = -(-len(rows) // pool), -(-len(keys) // pool)
     out = {s: np.full((n_r, n_k), math.nan) for s in STAGES[:3]}
     out["output"] = np.full((n_r, spec.Ev), math.nan)
-    step = pool * max(1, 256 // pool)
+    # rows a block: every key of them, all stages, within BLOCK_SCORES scores a stage
+    step = max(pool, min(256, BLOCK_SCORES // max(spec.S, 1)) // pool * pool)
     k0, k1 = keys.start, keys.stop
     lock = threading.Lock()  # a row group may span two blocks (a window not aligned)
 
@@ -90,12 +95,12 @@ def slice_pictures(
         g0 = r0 - (r0 - rows.start) % pool
         pad = ((r0 - g0, 0), (0, 0))
         pooled = {
-            name: _pooled(
+            name: largest(
                 np.pad(np.asarray(v, np.float64)[:, k0:k1], pad, constant_values=np.nan), pool, pool
             )
             for name, v in stages.items()
         }
-        pooled["output"] = _pooled(
+        pooled["output"] = largest(
             np.pad(np.asarray(block.output, np.float64), pad, constant_values=np.nan), pool, 1
         )
         with lock:
@@ -113,9 +118,19 @@ def _merge(into: F64, new: F64) -> None:
     into[take] = new[take]
 
 
-def _pooled(a: F64, fr: int, fc: int) -> F64:
-    """``a`` pooled ``fr`` × ``fc``: each cell its value of largest magnitude (NaN
-    where all are NaN)."""
+def pooled_to(a: F64, rows: int, cols: int) -> tuple[F64, int, int]:
+    """``a`` (2-D) pooled to at most ``rows`` × ``cols`` cells (:func:`largest`), and the
+    pooling factors used along each axis."""
+    fr = max(1, math.ceil(a.shape[0] / max(rows, 1)))
+    fc = max(1, math.ceil(a.shape[1] / max(cols, 1)))
+    return largest(np.asarray(a, dtype=np.float64), fr, fc), fr, fc
+
+
+def largest(a: F64, fr: int, fc: int) -> F64:
+    """``a`` pooled ``fr`` × ``fc``: each cell its value of largest magnitude, its sign
+    kept (of non-negative values, the largest: a pattern's, a ratio's); NaN where all
+    are NaN. The largest, not the mean: a sink's column, a diagonal one key wide and a
+    lone spike keep their height, where a mean over 16 × 16 would fade them to 1/16."""
     if fr == fc == 1:
         return a
     pr, pc = -a.shape[0] % fr, -a.shape[1] % fc

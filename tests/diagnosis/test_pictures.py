@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from reference import attention
 
-from sdpa_cli.diagnosis.pictures import PICTURE_SIDE, pooling, slice_pictures
+from sdpa_cli.diagnosis.pictures import PICTURE_SIDE, pooled_to, pooling, slice_pictures
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import build_spec
 from sdpa_cli.engine.types import F64
@@ -62,3 +62,29 @@ def test_a_long_slice_is_pooled_by_a_power_of_two_to_fit() -> None:
     assert pooling(PICTURE_SIDE, PICTURE_SIDE) == 1
     assert pooling(PICTURE_SIDE + 1, 3) == 2
     assert pooling(8192, 8192) == 16
+
+
+def test_pooling_keeps_a_sink_a_diagonal_and_a_lone_spike() -> None:
+    """A mean over 64 × 64 positions would fade a one-key column to 1/64 of its height;
+    the largest keeps it whole."""
+    n = 512
+    w = np.full((n, n), 1e-4)
+    w[:, 0] = 0.9  # a sink
+    w[np.arange(n), np.arange(n)] = 0.5  # a diagonal
+    w[300, 77] = 0.7  # one spike
+    pooled, fr, fc = pooled_to(w, 8, 8)
+    assert (fr, fc) == (64, 64)
+    assert pooled.shape == (8, 8)
+    assert np.all(pooled[:, 0] == 0.9)
+    assert np.all(np.diag(pooled)[1:] == 0.5)
+    assert pooled[300 // 64, 77 // 64] == 0.7
+    assert pooled[0, 5] == pytest.approx(1e-4)
+
+
+def test_pooling_pads_a_ragged_edge_and_keeps_no_value_blank() -> None:
+    a = np.arange(15.0).reshape(3, 5)
+    a[2, :] = np.nan
+    pooled, fr, fc = pooled_to(a, 2, 2)
+    assert (fr, fc) == (2, 3)
+    assert pooled.tolist()[0] == [7.0, 9.0]
+    assert np.isnan(pooled[1]).all()  # every position of those cells is NaN

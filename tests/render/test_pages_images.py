@@ -15,7 +15,6 @@ from sdpa_cli.render.pages.html import heatmap, page, ticks
 from sdpa_cli.render.pages.images import (
     MISSING,
     css_gradient,
-    max_pool,
     palette,
     png,
     quantize,
@@ -55,32 +54,6 @@ def test_the_maps_run_dark_to_light_and_blue_white_red() -> None:
         [0xBD, 0xBD, 0xBD],
     ]
     assert css_gradient("sequential").startswith("linear-gradient(to right, #440154 0%")
-
-
-def test_max_pooling_keeps_a_sink_a_diagonal_and_a_lone_spike() -> None:
-    """A mean over 64 × 64 positions would fade a one-key column to 1/64 of its height;
-    the largest keeps it whole."""
-    n = 512
-    w = np.full((n, n), 1e-4)
-    w[:, 0] = 0.9  # a sink
-    w[np.arange(n), np.arange(n)] = 0.5  # a diagonal
-    w[300, 77] = 0.7  # one spike
-    pooled, fr, fc = max_pool(w, 8, 8)
-    assert (fr, fc) == (64, 64)
-    assert pooled.shape == (8, 8)
-    assert np.all(pooled[:, 0] == 0.9)
-    assert np.all(np.diag(pooled)[1:] == 0.5)
-    assert pooled[300 // 64, 77 // 64] == 0.7
-    assert pooled[0, 5] == pytest.approx(1e-4)
-
-
-def test_max_pooling_pads_a_ragged_edge_and_keeps_no_value_blank() -> None:
-    a = np.arange(15.0).reshape(3, 5)
-    a[2, :] = np.nan
-    pooled, fr, fc = max_pool(a, 2, 2)
-    assert (fr, fc) == (2, 3)
-    assert pooled.tolist()[0] == [7.0, 9.0]
-    assert np.isnan(pooled[1]).all()  # every position of those cells is NaN
 
 
 def test_ticks_step_by_one_two_or_five() -> None:

@@ -24,11 +24,11 @@ import numpy as np
 
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, Evidence, failure_lines
 from sdpa_cli.check.relative import Judgement, error_ratio
+from sdpa_cli.diagnosis.pictures import pooled_to
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
 from sdpa_cli.engine.visible import visibility
 from sdpa_cli.render.pages.html import esc, heatmap, number, page
-from sdpa_cli.render.pages.images import max_pool
 
 SPAN = 4.0
 """The ratio maps run from 1/2^SPAN to 2^SPAN of the allowance (log scale)."""
@@ -132,7 +132,7 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     parts = [f"<section><h{level}>{esc(check.name)}: where the error sits</h{level}>"]
     parts.append(f'<p class="note">Each cell: the error ÷ {esc(allowance)}; above 1 fails.</p>')
     parts.append('<div class="row">')
-    shown, fr, fc = max_pool(per_row, ROWS_SHOWN, ROWS_SHOWN)
+    shown, fr, fc = pooled_to(per_row, ROWS_SHOWN, ROWS_SHOWN)
     parts.append(
         heatmap(
             f"{name}-rows",
@@ -154,7 +154,7 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     )
     worst = int(np.nanargmax(_nanmax(per_row.reshape(n, -1), axis=1))) if per_row.size else 0
     if rows_axis:
-        zoom, fr, fc = max_pool(ratio[worst], ROWS_SHOWN, ROWS_SHOWN)
+        zoom, fr, fc = pooled_to(ratio[worst], ROWS_SHOWN, ROWS_SHOWN)
         across = "key" if name == "weights" else "feature"
         parts.append(
             heatmap(
@@ -197,7 +197,7 @@ def _mask_panel(ev: Evidence, matched: AttentionSpec, name: str, k: int, label: 
     if np.array_equal(asked, other):
         return ""
     code = asked.astype(np.float64) + 2.0 * other.astype(np.float64)  # 0..3, MASK_LABELS
-    shown, fr, fc = max_pool(code, ROWS_SHOWN, ROWS_SHOWN)
+    shown, fr, fc = pooled_to(code, ROWS_SHOWN, ROWS_SHOWN)
     differ = int(np.count_nonzero(asked != other))
     figure = heatmap(
         f"{name}-mask",

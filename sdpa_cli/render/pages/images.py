@@ -1,4 +1,5 @@
-"""Pictures for the report pages: colour maps, max pooling and PNG encoding.
+"""Pictures for the report pages: colour maps and PNG encoding (their pooling is
+:mod:`~sdpa_cli.diagnosis.pictures`').
 
 A heat map is a PNG of one byte per cell, each byte an index into a colour map; the
 page keeps the same bytes for its hover read-out, so a picture and its numbers
@@ -7,10 +8,8 @@ cannot disagree. numpy and the standard library only (zlib): no imaging library.
 
 from __future__ import annotations
 
-import math
 import struct
 import zlib
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -101,27 +100,6 @@ def quantize(values: F64, lo: float, hi: float) -> NDArray[np.uint8]:
         scaled = np.clip((np.asarray(values, dtype=np.float64) - lo) / span, 0.0, 1.0)
     out = np.where(np.isnan(values), 255, np.rint(scaled * 254)).astype(np.uint8)
     return out
-
-
-def max_pool(values: NDArray[Any], rows: int, cols: int) -> tuple[F64, int, int]:
-    """``values`` (L, S) pooled to at most ``rows`` × ``cols`` cells by their largest
-    value, and the pooling factors (rows, columns) used.
-
-    Max, not mean: a sink column, a diagonal one key wide or a single spike keeps its
-    height in the pooled picture, where a mean would fade it by the factor. NaN cells
-    are skipped (a pool of NaN only stays NaN).
-    """
-    a = np.asarray(values, dtype=np.float64)
-    fr = max(1, math.ceil(a.shape[0] / max(rows, 1)))
-    fc = max(1, math.ceil(a.shape[1] / max(cols, 1)))
-    if fr == fc == 1:
-        return a, 1, 1
-    pr, pc = -a.shape[0] % fr, -a.shape[1] % fc
-    padded = np.pad(a, ((0, pr), (0, pc)), constant_values=np.nan)
-    blocks = padded.reshape(padded.shape[0] // fr, fr, padded.shape[1] // fc, fc)
-    with np.errstate(invalid="ignore"):
-        filled = np.where(np.isnan(blocks), -np.inf, blocks).max(axis=(1, 3))
-    return np.where(filled == -np.inf, np.nan, filled), fr, fc
 
 
 def steps(name: str) -> NDArray[np.uint8]:
