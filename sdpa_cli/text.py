@@ -238,3 +238,23 @@ def shared_parts(names: Sequence[str], blank: str = "name") -> tuple[list[str], 
     first = parts[0]
     note = ".".join([*first[:head], f"‹{blank}›", *first[len(first) - tail :]])
     return [".".join(p[head : len(p) - tail]) for p in parts], note
+
+
+def integer_ticks(first: int, count: int, most: int = 8) -> list[int]:
+    """Tick positions for the indices ``first .. first + count - 1``: whole numbers
+    only, every 1, 2 or 5 × 10ᵏ of them (the smallest step giving at most ``most``),
+    on multiples of the step. Eight at most by default: three- and four-digit indices
+    stay apart on a picture's axis (16 ran together: "90100110120")."""
+    if count <= 0:
+        return []
+    step = 1
+    while count > step * most:
+        step = _next_step(step)
+    start = -(-first // step) * step  # the first multiple of step at or after first
+    return list(range(start, first + count, step))
+
+
+def _next_step(step: int) -> int:
+    """1 → 2 → 5 → 10 → 20 → 50 → ..."""
+    digits = str(step)
+    return step * 5 // 2 if digits[0] == "2" else step * 2

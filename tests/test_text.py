@@ -14,6 +14,7 @@ from sdpa_cli.text import (
     finite_or_none,
     format_index,
     headroom_bits,
+    integer_ticks,
     json_number,
     percent,
     plural,
@@ -129,3 +130,37 @@ def test_runs_join_consecutive_integers() -> None:
     assert runs([0, 1, 2, 5, 7, 8]) == [(0, 2), (5, 5), (7, 8)]
     assert runs([]) == []
     assert [run_text(*r) for r in runs([3, 9, 10])] == ["3", "9–10"]
+
+
+# --- ticks: which positions an axis labels (explain --plot, the pages) ----------------
+
+
+@pytest.mark.parametrize(
+    ("first", "count", "ticks"),
+    [
+        (0, 3, [0, 1, 2]),
+        (5, 4, [5, 6, 7, 8]),
+        (0, 8, list(range(8))),
+        (0, 16, list(range(0, 16, 2))),
+        (0, 17, list(range(0, 17, 5))),
+        (3, 40, [5, 10, 15, 20, 25, 30, 35, 40]),
+        (0, 100, list(range(0, 100, 20))),
+        (100, 16, list(range(100, 116, 2))),
+        (0, 1000, list(range(0, 1000, 200))),
+        (0, 8192, [0, 2000, 4000, 6000, 8000]),  # a page's axis of 8,192 positions
+        (0, 0, []),
+    ],
+)
+def test_ticks_are_whole_indices_on_round_steps(first: int, count: int, ticks: list[int]) -> None:
+    assert integer_ticks(first, count) == ticks
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 16, 17, 33, 99, 101, 250, 4096])
+@pytest.mark.parametrize("first", [0, 3, 100])
+def test_ticks_stay_inside_the_axis_and_few(first: int, count: int) -> None:
+    ticks = integer_ticks(first, count)
+    assert ticks
+    assert all(isinstance(t, int) for t in ticks)
+    assert first <= ticks[0]
+    assert ticks[-1] <= first + count - 1
+    assert len(ticks) <= 8

@@ -18,10 +18,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from sdpa_cli.diagnosis.pictures import SlicePictures
+from sdpa_cli.text import integer_ticks
 
 COLUMNS = 2
-MOST_TICKS = 8
-"""Most tick labels on an axis: three- and four-digit indices stay apart."""
 
 TITLES = {
     "scores": "scores, Q·Kᵀ × scale",
@@ -29,25 +28,6 @@ TITLES = {
     "weights": "weights, softmax over the keys",
     "output": "output, weights · V",
 }
-
-
-def integer_ticks(first: int, count: int, most: int = MOST_TICKS) -> list[int]:
-    """Tick positions for the indices ``first .. first + count - 1``: whole numbers
-    only, every 1, 2 or 5 × 10ᵏ of them (the smallest step giving at most ``most``),
-    on multiples of the step."""
-    if count <= 0:
-        return []
-    step = 1
-    while count > step * most:
-        step = _next_step(step)
-    start = -(-first // step) * step  # the first multiple of step at or after first
-    return list(range(start, first + count, step))
-
-
-def _next_step(step: int) -> int:
-    """1 → 2 → 5 → 10 → 20 → 50 → ..."""
-    digits = str(step)
-    return step * 5 // 2 if digits[0] == "2" else step * 2
 
 
 def heatmaps(pictures: SlicePictures, where: str) -> Callable[[BinaryIO], None]:

@@ -11,7 +11,7 @@ import io
 import numpy as np
 import pytest
 
-from sdpa_cli.render.pages.html import heatmap, page, ticks
+from sdpa_cli.render.pages.html import heatmap, page
 from sdpa_cli.render.pages.images import (
     MISSING,
     css_gradient,
@@ -54,12 +54,6 @@ def test_the_maps_run_dark_to_light_and_blue_white_red() -> None:
         [0xBD, 0xBD, 0xBD],
     ]
     assert css_gradient("sequential").startswith("linear-gradient(to right, #440154 0%")
-
-
-def test_ticks_step_by_one_two_or_five() -> None:
-    assert [p for p, _ in ticks(8, 1)] == list(range(8))
-    assert [p for p, _ in ticks(100, 1)] == [0, 20, 40, 60, 80]
-    assert ticks(8192, 16) == [(0, 0), (2000, 125), (4000, 250), (6000, 375), (8000, 500)]
 
 
 def test_a_page_holds_everything_it_shows() -> None:

@@ -31,6 +31,7 @@ from sdpa_cli.render.pages.images import (
     quantize,
     steps,
 )
+from sdpa_cli.text import integer_ticks
 
 EXACT_CELLS = 1 << 16
 """A heat map of at most this many cells carries its values in float32 for the hover
@@ -146,15 +147,6 @@ def number(x: float) -> str:
     return f"{x:.3e}" if a and (a < 1e-3 or a >= 1e5) else f"{x:.4g}"
 
 
-def ticks(n: int, factor: int, most: int = 8) -> list[tuple[int, int]]:
-    """Tick positions along an axis of ``n`` positions shown ``factor`` to a cell:
-    (the position, its cell), every 1, 2 or 5 × 10^k positions, at most ``most``."""
-    step = 1
-    while math.ceil(n / step) > most:
-        step = step * 5 // 2 if str(step)[0] == "2" else step * 2
-    return [(p, p // factor) for p in range(0, max(n, 0), step)]
-
-
 def heatmap(
     ident: str,
     values: F64,
@@ -232,14 +224,16 @@ def heatmap(
     tick_html = []
     named = x_names is not None and len(x_names) <= 32  # every position labelled
     x_room = 16
-    for pos, at in ticks(n_cols, fc):
+    for pos in integer_ticks(0, n_cols):
+        at = pos // fc
         label = x_names[pos] if named and x_names is not None else str(pos)
         kind = "tick x name" if named else "tick x"
         x_room = max(x_room, 8 + 7 * min(len(label), 12) if named else 16)
         tick_html.append(
             f'<span class="{kind}" style="left:{(at + 0.5) * cell_w}px">{esc(label[:12])}</span>'
         )
-    for pos, at in ticks(n_rows, fr):
+    for pos in integer_ticks(0, n_rows):
+        at = pos // fr
         label = y_names[pos] if y_names is not None and len(y_names) <= 32 else str(pos)
         tick_html.append(
             f'<span class="tick y" style="top:{(at + 0.5) * cell_h}px">{esc(label)}</span>'
