@@ -296,14 +296,15 @@ def _grid_table(
     corner = f'<th class="corner">{esc(kind)} ╲ head</th>'
     lines = [f'<table class="grid" id="grid"><thead><tr>{corner}{head}</tr></thead><tbody>']
     colours = palette("sequential")
+    figures = {m: (grid.values(m), grid.present(m)) for m in grid.metrics}  # once, not a cell
     for c, label in enumerate(rows):
         cells = [f'<th scope="row" title="{esc(label)}">{esc(short[c])}</th>']
         for h in range(grid.heads):
             kinds = marks.get((c, h), ())
             facts = [
-                f"{m.replace('_', ' ')} {number(float(grid.values(m)[c, h]))}"
-                for m in grid.metrics
-                if grid.present(m)[c, h]
+                f"{m.replace('_', ' ')} {number(float(values[c, h]))}"
+                for m, (values, present) in figures.items()
+                if present[c, h]
             ]
             title = f"{label}, head {h}: " + (", ".join(facts) or "no value")
             if kinds:
@@ -312,8 +313,9 @@ def _grid_table(
             if measure is not None:
                 value = measure["values"][c][h]  # type: ignore[index]
             style = ""
-            if isinstance(value, float):
-                t = min(1.0, max(0.0, value))
+            if isinstance(value, float) and measure is not None:  # as the script paints it
+                lo, hi = float(measure["lo"]), float(measure["hi"])  # type: ignore[arg-type]
+                t = min(1.0, max(0.0, (value - lo) / ((hi - lo) or 1.0)))
                 r, g, b = colours[round(t * 255)]
                 style = f' style="background:rgb({r},{g},{b})"'
             mark = "".join(MARKS[k] for k in kinds)
