@@ -14,13 +14,12 @@ from sdpa_cli.api.manifest import load_manifest
 from sdpa_cli.check.exports import fit_expected, load_expected
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.diagnosis.findings import Thresholds
-from sdpa_cli.diagnosis.findings import Thresholds as _Thresholds
 from sdpa_cli.diagnosis.model import GridRow, ModelGrid, head_metrics, model_grid, pattern_pool
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import split_heads_of_output
 from sdpa_cli.errors import InputError, SdpaError, SpecError
 from sdpa_cli.files.structured import parse_text
-from sdpa_cli.files.tokens import TOKENS_FILE, Tokens, read_tokens
+from sdpa_cli.files.tokens import TOKENS_FILE, read_tokens
 from sdpa_cli.render.pages.model import model_page
 
 
@@ -62,12 +61,7 @@ def model_page_of(grid: ModelGrid, manifest: str, tokens: str | None = None) -> 
     Raises:
         InputError: a tokens file that cannot be read, or does not fit a case.
     """
-    if tokens is None:
-        beside = Path(manifest).parent / TOKENS_FILE
-        tokens = str(beside) if beside.is_file() else None
-    label = f"--tokens {tokens}"
-    named = {} if tokens is None else _case_tokens(grid, read_tokens(tokens), label)
-    return model_page(grid, manifest, named)
+    return model_page(grid, manifest, _labels(grid, manifest, tokens))
 
 
 def manifest_page(results: list[CaseResult], manifest: str, title: str) -> str:
@@ -84,28 +78,33 @@ def manifest_page(results: list[CaseResult], manifest: str, title: str) -> str:
         )
         for r in results
     ]
-    th = next((r.report.diagnosis.thresholds for r in results if r.report), _Thresholds())
+    th = next((r.report.diagnosis.thresholds for r in results if r.report), Thresholds())
     grid = model_grid(rows, th)
-    beside = Path(manifest).parent / TOKENS_FILE
-    named = {}
-    if beside.is_file():
-        named = _case_tokens(grid, read_tokens(str(beside)), str(beside))
-    return model_page(grid, manifest, named, checks=results, title=title)
+    return model_page(grid, manifest, _labels(grid, manifest), checks=results, title=title)
 
 
-def _case_tokens(grid: ModelGrid, tokens: Tokens, label: str) -> dict[str, list[str]]:
-    """Each read case's key labels, from ``tokens`` fitted to its lengths.
+def _labels(grid: ModelGrid, manifest: str, tokens: str | None = None) -> dict[str, list[str]]:
+    """Each read case's key labels: from the ``tokens`` file (``--tokens``), else from
+    a capture's ``tokens.json`` beside the manifest, else none; each fitted to its case.
 
     Raises:
-        InputError: a case whose lengths the labels do not fit, naming it.
+        InputError: a labels file that cannot be read, or does not fit a case, naming it
+            (as ``--tokens FILE``, or the file beside the manifest).
     """
+    label = f"--tokens {tokens}"
+    if tokens is None:
+        beside = Path(manifest).parent / TOKENS_FILE
+        if not beside.is_file():
+            return {}
+        tokens = label = str(beside)
+    labels = read_tokens(tokens, label)
     out = {}
     for row in grid.rows:
         if row.heads is None or row.heads.patterns is None:
             continue
         L, S = row.heads.lengths
         try:
-            out[row.name] = list(tokens.fit(L, S, label).keys)
+            out[row.name] = list(labels.fit(L, S, label).keys)
         except InputError as exc:
             raise InputError(label, f"{exc.problem} (case {row.name})") from None
     return out

@@ -47,13 +47,14 @@ class Tokens:
         return Tokens(queries, self.keys)
 
 
-def read_tokens(path: str) -> Tokens:
-    """The labels in ``path`` (see the module's docstring).
+def read_tokens(path: str, label: str | None = None) -> Tokens:
+    """The labels in ``path`` (see the module's docstring), named ``label`` in messages
+    (default ``--tokens PATH``).
 
     Raises:
         InputError: naming the file: not UTF-8, bad JSON, a label that is not a string.
     """
-    label = f"--tokens {path}"
+    label = label or f"--tokens {path}"
     text = read_text(Path(path), "json", label)
     if path.endswith(".json") or text.lstrip().startswith(("[", "{")):
         return _from_json(parse_json(text, label), label)

@@ -169,3 +169,18 @@ def test_a_manifests_check_page_is_its_grid_from_the_checks_own_pass(workdir: Pa
             rtol=1e-6,  # the check's reference in float32 (a float16 export's), the grid's float64
             err_msg=metric,
         )
+
+
+def test_labels_beside_a_manifest_that_do_not_fit_name_their_own_file(workdir: Path) -> None:
+    """A capture's tokens.json is read without --tokens: an error names it, not a flag
+    the user never gave."""
+    import shutil
+
+    shutil.copytree(ROOT / "samples/model", workdir / "run")
+    (workdir / "run/tokens.json").write_text('["a", "b"]')
+    line = assert_one_error_line(invoke("report", "model", "run/manifest.yaml", "--html", "m.html"))
+    assert line == (
+        "sdpa: error: run/tokens.json: labels 2 queries and 2 keys; the computation has "
+        "8 and 8 (case model.layers.0.self_attn)"
+    )
+    assert not (workdir / "m.html").exists()
