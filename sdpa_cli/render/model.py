@@ -53,11 +53,9 @@ def cell_text(x: float, metric: str) -> str:
 
 def _no_leading_zero(text: str) -> str:
     """``0.84`` → ``.84``; ``1.00`` → ``1``; ``0.00`` → ``0``."""
-    if text.startswith("0.") and text.strip("0.") == "":
-        return "0"
-    if text.startswith("1.") and text.strip("1.0") == "" and set(text[2:]) <= {"0"}:
-        return "1"
-    return text[1:] if text.startswith("0.") else text
+    if float(text) in (0.0, 1.0):
+        return str(int(float(text)))
+    return text.removeprefix("0")
 
 
 RAMP = palette("sequential")
@@ -128,12 +126,13 @@ def grid_tables(grid: ModelGrid, metric: str, width: int) -> list[RenderableType
 
 
 def _legend(top: float, metric: str) -> Text:
-    """The ramp in ten steps, its ends named: ``0 ██████████ 1`` (the shading's key;
-    without color the numbers say it all)."""
+    """The ramp in eight steps, its ends named: ``0 ▁▂▃▄▅▆▇█ 1``, each step in its
+    colour and its height (without color, in a pipe, the heights still read low to
+    high)."""
     legend = Text("  0 ", MUTED)
-    for i in range(10):
-        r, g, b = (int(c) for c in RAMP[round(i * 255 / 9)])
-        legend.append("██", Style(color=Color.from_rgb(r, g, b)))
+    for i, glyph in enumerate("▁▂▃▄▅▆▇█"):
+        r, g, b = (int(c) for c in RAMP[round(i * 255 / 7)])
+        legend.append(glyph, Style(color=Color.from_rgb(r, g, b)))
     end = cell_text(top, metric) if metric == "error" else "1"
     legend.append(f" {end}", MUTED)
     return legend
