@@ -303,3 +303,21 @@ def test_report_into_a_fifo_without_a_reader(qkv: dict[str, bytes], workdir: Pat
         b"sdpa: error: rep: is a FIFO that no process reads within 3 s; start its reader first\n"
     )
     assert snapshot(workdir) == qkv
+
+
+def test_the_grid_and_its_key_read_on_an_ascii_only_stdout(workdir: Path) -> None:
+    """report model's grid (its key ▁…█, the shared name ‹case›, ÷): every character
+    has a stand-in; none is a "?"."""
+    manifest = Path(__file__).parents[2] / "samples" / "model" / "manifest.yaml"
+    proc = run(
+        ["report", "model", str(manifest)],
+        workdir,
+        capture_output=True,
+        env={"PYTHONIOENCODING": "ascii", "COLUMNS": "80"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout.decode("ascii")
+    assert "?" not in text
+    assert "  0 _.:-=+*# 1" in text
+    assert "case: model.layers.<case>.self_attn" in text
+    assert "mean entropy / log(visible keys)" in text
