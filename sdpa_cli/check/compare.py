@@ -247,6 +247,15 @@ def _compare_chunk(a: F64, r: F64, rtol: float, atol: float, equal_nan: bool) ->
     )
 
 
+def tolerance_ratio(a: F64, r: F64, rtol: float, atol: float) -> F64:
+    """|a − r| ÷ (atol + rtol·|r|), element by element: above 1 fails (the picture of a
+    fixed tolerance, as :func:`~sdpa_cli.check.relative.error_ratio` is of the
+    kernel-relative rule); NaN where a side is not finite."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        ratio = np.abs(a - r) / (atol + rtol * np.abs(r))
+    return np.where(np.isfinite(a) & np.isfinite(r), ratio, np.nan)
+
+
 def relative_error(diff: F64, mag: F64) -> F64:
     """|a − r| / |r| from ``diff`` = |a − r| and ``mag`` = |r| (finite pairs): inf where
     a zero reference is missed by anything, 0 where it is met."""

@@ -184,3 +184,15 @@ def test_labels_beside_a_manifest_that_do_not_fit_name_their_own_file(workdir: P
         "8 and 8 (case model.layers.0.self_attn)"
     )
     assert not (workdir / "m.html").exists()
+
+
+def test_an_export_of_nothing_but_nan_still_gets_its_page(workdir: Path) -> None:
+    """Regression: no finite error leaves no worst slice by its ratio (np.nanargmax
+    raised, an internal error); the page still draws the rows and a slice."""
+    args = write_case(workdir, flipped=False)
+    np.save(workdir / "out.npy", np.full((1, 2, 64, 16), np.nan, dtype=np.float16))
+    result = invoke("check", *args, "--html", "nan.html")
+    assert result.exit_code == 1, result.stderr
+    text = (workdir / "nan.html").read_text()
+    assert 'id="output-rows"' in text
+    assert 'id="output-worst"' in text

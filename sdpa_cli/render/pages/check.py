@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sdpa_cli.check.compare import tolerance_ratio
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, Evidence, failure_lines
 from sdpa_cli.check.relative import Judgement, error_ratio
 from sdpa_cli.diagnosis.pictures import pooled_to
@@ -123,8 +124,7 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     else:
         tol = check.tolerance
         rtol, atol = (tol.rtol, tol.atol) if tol is not None else (0.0, 0.0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.abs(a - r) / (atol + rtol * np.abs(r))
+        ratio = tolerance_ratio(a, r, rtol, atol)
         allowance = f"atol + rtol·|reference| (rtol {number(rtol)}, atol {number(atol)})"
     with np.errstate(invalid="ignore"):
         per_row = ratio if not rows_axis else _nanmax(ratio, axis=-1)
@@ -132,45 +132,26 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     parts = [f"<section><h{level}>{esc(check.name)}: where the error sits</h{level}>"]
     parts.append(f'<p class="note">Each cell: the error ÷ {esc(allowance)}; above 1 fails.</p>')
     parts.append('<div class="row">')
-    shown, fr, fc = pooled_to(per_row, ROWS_SHOWN, ROWS_SHOWN)
     parts.append(
-        heatmap(
+        _ratio_map(
             f"{name}-rows",
-            _log2(shown),
-            lo=-SPAN,
-            hi=SPAN,
-            cmap="diverging",
-            scale="log2",
-            caption=f"{name}: error ÷ allowance, the largest of each row",
-            unit="× allowance",
-            x_label="query row",
-            y_label="slice",
-            pooled=(fr, fc),
-            shape=per_row.shape,
-            y_names=slices if fr == 1 else None,
+            per_row,
+            f"{name}: error ÷ allowance, the largest of each row",
+            ("query row", "slice"),
+            y_names=slices,
             alt=_where_text(per_row, slices),
-            square=False,
         )
     )
-    worst = int(np.nanargmax(_nanmax(per_row.reshape(n, -1), axis=1))) if per_row.size else 0
+    by_slice = _nanmax(per_row.reshape(n, -1), axis=1)
+    worst = int(np.argmax(np.where(np.isnan(by_slice), -np.inf, by_slice))) if n else 0
     if rows_axis:
-        zoom, fr, fc = pooled_to(ratio[worst], ROWS_SHOWN, ROWS_SHOWN)
         across = "key" if name == "weights" else "feature"
         parts.append(
-            heatmap(
+            _ratio_map(
                 f"{name}-worst",
-                _log2(zoom),
-                lo=-SPAN,
-                hi=SPAN,
-                cmap="diverging",
-                scale="log2",
-                caption=f"the worst slice, {slices[worst]}: every element",
-                unit="× allowance",
-                x_label=across,
-                y_label="query row",
-                pooled=(fr, fc),
-                shape=ratio[worst].shape,
-                square=False,
+                ratio[worst],
+                f"the worst slice, {slices[worst]}: every element",
+                (across, "query row"),
             )
         )
     matched = ev.matched.get(name)
@@ -181,6 +162,36 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     lines = "\n".join(failure_lines(check))
     parts.append(f"<h3>The report</h3><pre>{esc(lines)}</pre></section>")
     return "".join(parts)
+
+
+def _ratio_map(
+    ident: str,
+    ratio: F64,
+    caption: str,
+    labels: tuple[str, str],
+    y_names: Sequence[str] | None = None,
+    alt: str = "",
+) -> str:
+    """A map of error ÷ allowance (2-D), pooled past :data:`ROWS_SHOWN` a side, on the
+    diverging log scale from 1/2^SPAN to 2^SPAN (white at the allowance)."""
+    shown, fr, fc = pooled_to(ratio, ROWS_SHOWN, ROWS_SHOWN)
+    return heatmap(
+        ident,
+        _log2(shown),
+        lo=-SPAN,
+        hi=SPAN,
+        cmap="diverging",
+        scale="log2",
+        caption=caption,
+        unit="× allowance",
+        x_label=labels[0],
+        y_label=labels[1],
+        pooled=(fr, fc),
+        shape=ratio.shape,
+        y_names=y_names if fr == 1 else None,
+        alt=alt or caption,
+        square=False,
+    )
 
 
 def _mask_panel(ev: Evidence, matched: AttentionSpec, name: str, k: int, label: str) -> str:
