@@ -10,7 +10,6 @@ every example it shows in an empty folder.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -138,10 +137,3 @@ def short_help_text(text: str) -> str:
         if lines and lines[0].strip() == "\b" and len(lines) > 1 and "Example" in lines[1]:
             out.append("\n".join(lines[: 2 + SHOWN_EXAMPLES]))
     return "\n\n".join(out)
-
-
-def examples(text: str, everything: bool = False) -> Sequence[str]:
-    """The example command lines of a docstring (those a default help shows, or with
-    ``everything`` all of them)."""
-    shown = text if everything else short_help_text(text)
-    return [line.strip() for line in shown.splitlines() if line.strip().startswith("sdpa ")]

@@ -14,7 +14,7 @@ import pytest
 from clirunner import clean_environ, invoke, sdpa_executable
 
 from sdpa_cli.cli import cli
-from sdpa_cli.cli.helps import COMMON, MOST_LINES, examples
+from sdpa_cli.cli.helps import COMMON, MOST_LINES, short_help_text
 
 COMMANDS = [
     *(name for name in cli.commands if name != "report"),
@@ -27,6 +27,12 @@ TEMPLATES = {
     "completion": "its example writes into the user's shell configuration",
 }
 """Commands whose examples are templates to fill in, not runs."""
+
+
+def examples(text: str) -> list[str]:
+    """The example command lines a default help shows, from its command's docstring."""
+    shown = short_help_text(text)
+    return [line.strip() for line in shown.splitlines() if line.strip().startswith("sdpa ")]
 
 
 def command(path: str) -> click.Command:

@@ -77,7 +77,8 @@ def test_a_failing_check_draws_where_it_fails_and_the_masks(workdir: Path) -> No
     for figure in ("output-rows", "output-worst", "output-mask"):
         assert f'<figure class="heat" id="{figure}"' in text, figure
     assert "64 × 64" not in text  # no pooling at this size
-    assert re.search(r"the masks over b0 h\d: 4,032 \(query, key\) pairs differ", text)
+    differ = 64 * 63  # tril against triu: every pair off the diagonal
+    assert re.search(rf"the masks over b0 h\d: {differ:,} \(query, key\) pairs differ", text)
     assert "causal mask transposed" in text  # the hint, as the report says it
 
 

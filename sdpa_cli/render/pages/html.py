@@ -31,7 +31,7 @@ from sdpa_cli.render.pages.images import (
     quantize,
     steps,
 )
-from sdpa_cli.text import integer_ticks
+from sdpa_cli.text import compact, integer_ticks, prose
 
 EXACT_CELLS = 1 << 16
 """A heat map of at most this many cells carries its values in float32 for the hover
@@ -138,13 +138,11 @@ def esc(text: object) -> str:
 
 
 def number(x: float) -> str:
-    """A figure as the pages print it: 4 significant digits, NaN as ``no value``."""
+    """A figure as the pages print it: four significant digits with a short exponent, as
+    the tables (:func:`~sdpa_cli.text.compact`); NaN as ``no value``, ∞ as itself."""
     if math.isnan(x):
         return "no value"
-    if math.isinf(x):
-        return "∞" if x > 0 else "−∞"
-    a = abs(x)
-    return f"{x:.3e}" if a and (a < 1e-3 or a >= 1e5) else f"{x:.4g}"
+    return prose(x) if math.isinf(x) else compact(x)
 
 
 def heatmap(
