@@ -20,7 +20,6 @@ from sdpa_cli.engine.trace import split_heads_of_output
 from sdpa_cli.errors import InputError, SdpaError, SpecError
 from sdpa_cli.files.structured import parse_text
 from sdpa_cli.files.tokens import TOKENS_FILE, read_tokens
-from sdpa_cli.render.pages.model import model_page
 
 
 def model_report(
@@ -61,6 +60,9 @@ def model_page_of(grid: ModelGrid, manifest: str, tokens: str | None = None) -> 
     Raises:
         InputError: a tokens file that cannot be read, or does not fit a case.
     """
+    # imported here: only --html draws a page
+    from sdpa_cli.render.pages.model import model_page
+
     return model_page(grid, manifest, _labels(grid, manifest, tokens))
 
 
@@ -80,6 +82,9 @@ def manifest_page(results: list[CaseResult], manifest: str, title: str) -> str:
     ]
     th = next((r.report.diagnosis.thresholds for r in results if r.report), Thresholds())
     grid = model_grid(rows, th)
+    # imported here: only --html draws a page
+    from sdpa_cli.render.pages.model import model_page
+
     return model_page(grid, manifest, _labels(grid, manifest), checks=results, title=title)
 
 
