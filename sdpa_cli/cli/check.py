@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -198,7 +197,6 @@ def check(
     from sdpa_cli.check.settings import Overrides
 
     over = Overrides.given(thresholds, settings, case.options)
-    over = dataclasses.replace(over, evidence="page" in outputs)
     run = run_check(
         case, over, manifest=manifest, outputs=outputs, jobs=computing.jobs, watch=progress_bar
     )
