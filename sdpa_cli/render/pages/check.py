@@ -25,7 +25,7 @@ import numpy as np
 from sdpa_cli.check.compare import tolerance_ratio
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, Evidence, failure_lines
 from sdpa_cli.check.relative import Judgement, error_ratio
-from sdpa_cli.diagnosis.pictures import pooled_to
+from sdpa_cli.diagnosis.pictures import largest, pooled_to
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
 from sdpa_cli.engine.visible import visibility
@@ -36,6 +36,10 @@ SPAN = 4.0
 
 ROWS_SHOWN = 512
 """Query rows (and features, keys) a map shows before pooling them by max."""
+
+MASK_ROWS = 256
+"""Query rows of both masks made at once: (256, S) arrays, never (L, S)."""
+
 
 MASK_LABELS = (
     "neither sees it",
@@ -199,17 +203,22 @@ def _mask_panel(ev: Evidence, matched: AttentionSpec, name: str, k: int, label: 
     each query row see."""
     spec = ev.spec
     lead = tuple(int(i) for i in np.unravel_index(k, spec.lead)) if spec.lead else ()
-    everything = np.ones((spec.L, spec.S), dtype=np.bool_)
-    rows = slice(0, spec.L)
-    asked = visibility(spec, lead, rows)
-    other = visibility(matched, lead, rows)
-    asked = everything if asked is None else np.asarray(asked)
-    other = everything if other is None else np.asarray(other)
-    if np.array_equal(asked, other):
+    fr = max(1, math.ceil(spec.L / ROWS_SHOWN))
+    fc = max(1, math.ceil(spec.S / ROWS_SHOWN))
+    step = fr * max(1, MASK_ROWS // fr)  # whole pooled rows a block: no (L, S) array
+    pooled, differ = [], 0
+    for r0 in range(0, spec.L, step):
+        rows = slice(r0, min(r0 + step, spec.L))
+        asked, other = (
+            np.broadcast_to(True if v is None else np.asarray(v), (rows.stop - r0, spec.S))
+            for v in (visibility(spec, lead, rows), visibility(matched, lead, rows))
+        )
+        differ += int(np.count_nonzero(asked != other))
+        code = asked.astype(np.float64) + 2.0 * other  # 0..3, MASK_LABELS
+        pooled.append(largest(code, fr, fc))
+    if not differ:
         return ""
-    code = asked.astype(np.float64) + 2.0 * other.astype(np.float64)  # 0..3, MASK_LABELS
-    shown, fr, fc = pooled_to(code, ROWS_SHOWN, ROWS_SHOWN)
-    differ = int(np.count_nonzero(asked != other))
+    shown = np.concatenate(pooled) if pooled else np.zeros((0, 0))
     figure = heatmap(
         f"{name}-mask",
         shown,
@@ -220,7 +229,7 @@ def _mask_panel(ev: Evidence, matched: AttentionSpec, name: str, k: int, label: 
         x_label="key",
         y_label="query row",
         pooled=(fr, fc),
-        shape=code.shape,
+        shape=(spec.L, spec.S),
         alt=f"{differ} query-key pairs one computation sees and the other does not",
         categories=MASK_LABELS,
         exact=False,  # four categories, told apart by their colours
