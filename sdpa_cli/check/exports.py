@@ -27,6 +27,9 @@ from sdpa_cli.text import printable
 RUN_STAGES = ("masked", "weights", "output")
 """The stages a check compares against: the LSE comes from the masked logits."""
 
+EXPORT_STAGES = {"output": ("output",), "weights": ("weights",), "lse": ("masked", "weights")}
+"""The stages :func:`tensor_values` reads for each export."""
+
 
 # --- files and layouts ------------------------------------------------------------------
 

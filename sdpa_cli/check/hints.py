@@ -26,7 +26,7 @@ from sdpa_cli.check.compare import (
     measured_tolerance,
 )
 from sdpa_cli.check.error_stats import by_slice, pairs
-from sdpa_cli.check.exports import RUN_STAGES, Fitted, as_naive, tensor_values
+from sdpa_cli.check.exports import EXPORT_STAGES, Fitted, as_naive, tensor_values
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.engine import precision
@@ -244,15 +244,19 @@ def _tolerance_hints(
     tolerance came from the defaults (its source ends with ``defaults``) gets one: a
     given or measured tolerance, or a kernel-relative one, is left as judged."""
     hints: dict[str, str] = {}
-    narrow = export not in ("float64", "float32")
+    if export in ("float64", "float32"):
+        return hints
+    judged = {
+        name: c
+        for name, c in failing.items()
+        if c.tolerance is not None and c.tolerance.source.endswith("defaults")
+    }
+    # the stages those exports read, not every score-sized one
+    stages = tuple(dict.fromkeys(s for name in judged for s in EXPORT_STAGES[name]))
     naive: Trace | None = None
-    for name, c in failing.items():
-        if not narrow or c.tolerance is None:
-            continue
-        if not c.tolerance.source.endswith("defaults"):
-            continue
+    for name in judged:
         if naive is None:
-            naive = trace(as_naive(spec, export), RUN_STAGES, gather_stats=False)
+            naive = trace(as_naive(spec, export), stages, gather_stats=False)
         naive_values = tensor_values(naive, name, fitted[name].merged)
         tol = measured_tolerance(ref[name], naive_values, export, settings.fudge)
         if not compare(fitted[name].values, ref[name], tol.rtol, tol.atol).mismatched:

@@ -593,3 +593,25 @@ def test_a_large_case_is_hinted_from_its_worst_slices(monkeypatch: pytest.Monkey
     assert "--causal" in close.hint
     assert traced
     assert all(leads == [(2, 1)] for leads in traced)
+
+
+def test_an_outputs_alternatives_trace_no_score_sized_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: each alternative traced the masked scores and the weights, (L, S)
+    arrays, to compare an output: a failing (1, 2, 8192, 64) check held 2.4 GiB. An
+    output's alternatives trace the output alone, and still name the slip."""
+    traced: list[tuple[str, ...]] = []
+
+    def spy(spec: AttentionSpec, stages: tuple[str, ...], **kw: Any) -> Trace:
+        traced.append(tuple(stages))
+        return trace(spec, stages, **kw)
+
+    monkeypatch.setattr(alternatives_module, "trace", spy)
+    q, k, v = normal(1, 2, 16, 4), normal(2, 2, 16, 4), normal(3, 2, 16, 4)
+    exported = attention(q, k, v, causal=False).output
+    close = close_check(spec_of(q, k, v, causal=True), exported)
+    assert close.hint is not None
+    assert "--no-causal" in close.hint
+    assert traced
+    assert set(traced) == {("output",)}
