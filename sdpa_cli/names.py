@@ -206,8 +206,12 @@ with no visible key, the causal diagonal, the window's counting."""
 SCALE_NAMES = ("sqrt-dk", "dk", "none")
 """``--scale``'s words (besides a number)."""
 
-ALIGNMENTS = ("upper-left", "lower-right")
-"""``--causal-align``: where the causal diagonal and the window sit when L ≠ S."""
+ALIGNMENTS = ("upper-left", "lower-right", "lower-right-per-item")
+"""``--causal-align``: where the causal diagonal and the window sit when L ≠ S: at the
+top left (j ≤ i), at the bottom right of the padded shapes (j ≤ i + S − L, every item),
+or at the bottom right of each item's own lengths (j ≤ i + S_b − L_b, S_b and L_b its
+``--key-lengths`` and ``--query-lengths``: FlashAttention's ``seqused_k`` and
+``cache_seqlens``, ONNX's ``nonpad_kv_seqlen``)."""
 
 MASK_TRUE_MEANS = ("attend", "masked")
 """What True means in a boolean mask (``--mask-true-means``)."""

@@ -60,8 +60,7 @@ def document_head() -> dict[str, Any]:
 
 
 def _typed_value(value: Any, for_json: bool) -> Any:
-    """An option as typed, as JSON and YAML hold it: tuples as lists, a mask value's
-    infinity as JSON's number text."""
+    """An option as typed, as JSON and YAML hold it (tuples as lists, JSON's infinity)."""
     if isinstance(value, tuple):
         return list(value)
     if isinstance(value, float) and for_json:
@@ -96,6 +95,7 @@ def setup_payload(
             "score_mod": o.score_mod,
             "key_lengths": list(o.key_lengths) if o.key_lengths else None,
             "query_offset": list(o.query_offset) if o.query_offset else None,
+            "attention_chunk": o.attention_chunk,
             "query_lengths": list(o.query_lengths) if o.query_lengths else None,
             "cu_seqlens": list(o.cu_seqlens) if o.cu_seqlens else None,
             "cu_seqlens_k": list(o.cu_seqlens_k) if o.cu_seqlens_k else None,

@@ -168,6 +168,52 @@ CASES: dict[str, dict[str, Any]] = {
         "query_offset": (22,),
         "query_lengths": (9,),
     },
+    # each item's own diagonal (FlashAttention's seqused_k): item 1 has more queries
+    # than keys, so its offset is negative and its first rows see no key
+    "per-item-lower-right": {
+        "L": 13,
+        "S": 30,
+        "causal": True,
+        "causal_align": "lower-right-per-item",
+        "key_lengths": (30, 8),
+        "query_lengths": (13, 11),
+    },
+    "negative-query-offset-window": {
+        "L": 13,
+        "S": 30,
+        "window": (3, 1),
+        "query_offset": (-4, 6),
+    },
+    # chunked attention (Llama 4): chunks of 8 positions, across key blocks
+    "chunks-causal": {"L": 30, "S": 30, "causal": True, "attention_chunk": 8},
+    "chunks-kv-cache": {
+        "L": 9,
+        "S": 30,
+        "causal": True,
+        "attention_chunk": 7,
+        "query_offset": (21, 3),
+        "key_lengths": (30, 12),
+    },
+    "chunks-cu-seqlens-seqused-k": {
+        "B": 1,
+        "L": 13,
+        "S": 30,
+        "causal": True,
+        "causal_align": "lower-right",
+        "attention_chunk": 4,
+        "cu_seqlens": (0, 5, 5, 13),
+        "cu_seqlens_k": (0, 9, 12, 30),
+        "key_lengths": (7, 3, 15),
+    },
+    "cu-seqlens-query-offsets": {
+        "B": 1,
+        "L": 13,
+        "S": 30,
+        "causal": True,
+        "cu_seqlens": (0, 5, 6, 13),
+        "cu_seqlens_k": (0, 9, 12, 30),
+        "query_offset": (4, 2, -1),
+    },
 }
 
 

@@ -118,10 +118,13 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
             f"--temperature {sig(1.0 / o.temperature, 6)} (the scores multiplied by {t}, not divided)",
             alt(temperature=1.0 / o.temperature),
         )
-    if (o.causal or o.window is not None) and spec.L != spec.S and o.query_offset is None:
-        other = "lower-right" if o.causal_align == "upper-left" else "upper-left"
-        yield f"--causal-align {other}", alt(causal_align=other)
+    if o.placed and o.query_offset is None:
+        for other in ("upper-left", "lower-right"):
+            if other != o.causal_align and _offsets(spec, other) != _offsets(spec, o.causal_align):
+                yield f"--causal-align {other}", alt(causal_align=other)
     yield from _offset_alternatives(spec, alt)
+    if o.attention_chunk is not None:
+        yield "no --attention-chunk (every chunk's keys seen)", alt(attention_chunk=None)
     if spec.mask_is_bool:
         other = "masked" if o.mask_true_means == "attend" else "attend"
         yield f"--mask-true-means {other}", alt(mask_true_means=other)
@@ -177,10 +180,10 @@ def _flipped_causal(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
     o = spec.options
     if not o.causal or spec.mask is not None or o.window is not None:
         return
-    if o.query_offset is not None:
+    if o.query_offset is not None or len(set(_offsets(spec, o.causal_align))) > 1:
         return
     L, S = spec.L, spec.S
-    diagonal = S - L if o.causal_align == "lower-right" else 0
+    diagonal = _offsets(spec, o.causal_align)[0]
     rows, keys = np.arange(L)[:, None], np.arange(S)[None, :]
     slips = (
         (
@@ -205,23 +208,31 @@ def _offset_alternatives(
 ) -> Iterator[tuple[str, AttentionSpec]]:
     """A KV-cache step placed by the global alignment instead of each item's cache
     length, or the other way: with padded keys, each item's new queries most often
-    end at its key length (offset = key length − L)."""
+    end at its key length (offset = key length − L: ``lower-right-per-item``)."""
     o = spec.options
-    if not (o.causal or o.window is not None or o.alibi):
+    if not (o.placed or o.alibi):
         return
     if o.query_offset is not None:
         yield (
             "no --query-offset (--causal-align lower-right: offset S − L for every item)",
             alt(query_offset=None, causal_align="lower-right"),
         )
-    elif o.key_lengths is not None and all(n >= spec.L for n in o.key_lengths):
-        offsets = tuple(n - spec.L for n in o.key_lengths)
-        if offsets != (spec.S - spec.L,) * len(offsets):
-            shown_offsets = ",".join(str(n) for n in offsets)
-            yield (
-                f"--query-offset {shown_offsets} (each item's queries end at its key length)",
-                alt(query_offset=offsets, causal_align="upper-left"),
-            )
+        return
+    per_item = "lower-right-per-item"
+    if o.causal_align == per_item or (o.key_lengths is None and o.query_lengths is None):
+        return
+    offsets = _offsets(spec, per_item)
+    if offsets != _offsets(spec, o.causal_align):
+        shown_offsets = ",".join(str(n) for n in offsets)
+        yield (
+            f"--causal-align {per_item} (each item's queries end at its key length: "
+            f"--query-offset {shown_offsets})",
+            alt(causal_align=per_item),
+        )
+
+
+def _offsets(spec: AttentionSpec, align: str) -> tuple[int, ...]:
+    return positions.item_offsets(spec, align)
 
 
 def _windows(left: int, right: int) -> Iterator[tuple[tuple[int, int], str]]:

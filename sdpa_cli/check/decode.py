@@ -26,6 +26,7 @@ from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance
 from sdpa_cli.check.elements import close_check
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
+from sdpa_cli.engine.positions import item_offsets
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.engine.types import F64
@@ -99,8 +100,11 @@ def step_spec(spec: AttentionSpec, i: int) -> AttentionSpec:
     """Decode step ``i``: query i alone at position p_b = N_b + i of each batch item,
     over keys 0 .. max_b p_b (each item's beyond its p_b hidden by the causal mask)."""
     o = spec.options
-    positions = [n + i for n in _per_item(spec, o.query_offset, spec.S - spec.L)]
-    n = min(spec.S, max(positions) + 1)
+    # decoding appends each token after the cache: the items' own lengths place it
+    # (--query-offset, or lower-right, per item when the prefill's alignment is)
+    per_item = o.query_offset is not None or o.causal_align == "lower-right-per-item"
+    positions = [n + i for n in item_offsets(spec, None if per_item else "lower-right")]
+    n = max(1, min(spec.S, max(positions) + 1))
     key_lengths = None
     if o.key_lengths is not None:
         key_lengths = tuple(min(k, n) for k in _per_item(spec, o.key_lengths, spec.S))

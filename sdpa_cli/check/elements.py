@@ -17,7 +17,7 @@ from sdpa_cli.check.exports import merged_index
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.residual import Readable
 from sdpa_cli.engine.block import Block
-from sdpa_cli.engine.masks import document_of
+from sdpa_cli.engine.masks import Documents, document_of
 from sdpa_cli.engine.records import argmax_index
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
@@ -79,15 +79,14 @@ def weights_rows(
     support: NDArray[np.bool_],
     tol: Tolerance,
     label: str,
-    documents: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    documents: Documents | None = None,
 ) -> Check:
     """Rows sum to 1 over the keys they may attend to, the others get nothing; a row
     with nothing to attend to sums to 0.
 
     ``support`` is where the computation can put weight: the visible keys, and the
     hidden ones a finite mask value still weighs (a row with no visible key is
-    spread over every key under -1e9). With packed ``documents`` (cumulative lengths
-    along L and S), weight on another document's key is named as leakage between
+    spread over every key under -1e9). With packed ``documents``, weight on another document's key is named as leakage between
     the two documents.
     """
     any_support = np.asarray(support.any(axis=-1))
@@ -143,13 +142,13 @@ def _crossing(
     w: F64,
     support: NDArray[np.bool_],
     tol: Tolerance,
-    documents: tuple[tuple[int, ...], tuple[int, ...]],
+    documents: Documents,
 ) -> tuple[Index, float, int, int] | None:
     """The first row's largest weight on another document's key, above ``tol.atol``:
     its element index, the weight, the query's document and the key's (None: none)."""
     L, S = w.shape[-2:]
-    dq = document_of(documents[0], np.arange(L, dtype=np.int64))
-    dk = document_of(documents[1], np.arange(S, dtype=np.int64))
+    dq = document_of(documents.cu_q, np.arange(L, dtype=np.int64))
+    dk = document_of(documents.cu_k, np.arange(S, dtype=np.int64))
     across = (dq[:, None] != dk[None, :]) & ~support
     with np.errstate(invalid="ignore"):
         leaked = np.where(across, np.abs(w), 0.0)

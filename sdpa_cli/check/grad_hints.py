@@ -144,7 +144,7 @@ def _once(compute: Callable[[], Gradient]) -> Callable[[], Gradient]:
 
 def _masked(spec: AttentionSpec) -> bool:
     o = spec.options
-    return bool(o.causal or o.window is not None or spec.mask is not None or o.key_lengths)
+    return o.hides_by_position or spec.mask is not None
 
 
 def _variant(spec: AttentionSpec, dout: F64, slip: str) -> Gradient:

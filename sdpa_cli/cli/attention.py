@@ -90,7 +90,7 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--causal-align",
         type=click.Choice(ALIGNMENTS),
-        help="Diagonal of the causal mask and window when L ≠ S (default upper-left, as PyTorch is_causal; lower-right as FlashAttention).",
+        help="Diagonal of the causal mask, window and chunks when L ≠ S: upper-left (default, as PyTorch is_causal), lower-right (j ≤ i + S − L, every item) or lower-right-per-item (each item's own --key-lengths less --query-lengths, as FlashAttention's seqused_k and ONNX's nonpad_kv_seqlen).",
     ),
     click.option(
         "--mask",
@@ -112,7 +112,7 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--query-offset",
         metavar="N[,N...]",
-        help="KV-cache step: position of query 0 per batch item (the cache length before the new tokens); causal, window and ALiBi see query i at N + i. One number for all.",
+        help="KV-cache step: position of query 0 per batch item (the cache length before the new tokens), or per packed document; causal, window, chunks and ALiBi see query i at N + i. Negative when an item has more queries than keys. One number for all.",
     ),
     click.option(
         "--query-lengths",
@@ -138,6 +138,11 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         "--mask-mod",
         metavar="EXPR",
         help='FlexAttention\'s mask_mod: an expression over b, h, q_idx, kv_idx; where it is false the key is hidden, e.g. "q_idx >= kv_idx and q_idx - kv_idx < 256".',
+    ),
+    click.option(
+        "--attention-chunk",
+        metavar="C",
+        help="Chunked attention (Llama 4's attention_chunk_size, FlashAttention's attention_chunk): a query sees only the keys of its own chunk of C positions.",
     ),
     click.option(
         "--score-mod",

@@ -41,9 +41,7 @@ def explain_name(stage: str) -> str:
 def explained_stages(spec: AttentionSpec) -> tuple[str, ...]:
     """The engine's stages that apply, without ``masked`` when nothing masks."""
     o = spec.options
-    masks = o.causal or o.window is not None or o.key_lengths is not None
-    masks = masks or o.query_lengths is not None or o.cu_seqlens is not None
-    masks = masks or spec.mask is not None or o.mask_mod is not None
+    masks = o.hides_by_position or spec.mask is not None or o.mask_mod is not None
     return tuple(s for s in applicable_stages(spec) if s != "masked" or masks)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,8 @@ import numpy as np
 
 from sdpa_cli.engine.conventions import CONVENTIONS, Convention
 from sdpa_cli.engine.options import Options, parse_mask_value
+from sdpa_cli.engine.masks import document_of
+from sdpa_cli.engine.positions import documents, item_offsets
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import trace
 from sdpa_cli.engine.types import F64, Index
@@ -76,6 +79,8 @@ class Answer:
         max_diff: the largest |difference| from the first framework's output.
         window: the window as this framework reads the numbers given (keys left
             and right of the query, the query itself not counted), or None.
+        align: the alignment it gives this case (FlashAttention's per-item diagonals
+            read ``lower-right`` where every item has the padded lengths).
     """
 
     convention: Convention
@@ -84,6 +89,7 @@ class Answer:
     rows: int
     max_diff: float
     window: tuple[int, int] | None = None
+    align: str = "upper-left"
 
 
 @dataclass(frozen=True)
@@ -152,14 +158,18 @@ def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
     outputs: dict[str, F64] = {}
     empties: dict[str, np.ndarray] = {}
     # The alignment moves the diagonal only when L ≠ S and no --query-offset places it.
-    placed = spec.L == spec.S or spec.options.query_offset is not None
+    aligns = {name: _alignment(spec, CONVENTIONS[name]) for name in FRAMEWORKS}
+    # The alignments move the diagonal only when they place some item's differently
+    # and no --query-offset places them.
+    placed = spec.options.query_offset is not None
+    placed = placed or len({item_offsets(spec, a) for a in aligns.values()}) == 1
     runs: dict[tuple[Any, ...], tuple[F64, np.ndarray]] = {}
     windows: dict[str, tuple[int, int] | None] = {}
     for name in FRAMEWORKS:
         o = options_as(spec.options, CONVENTIONS[name])
         windows[name] = o.window
         # frameworks whose conventions compute the same numbers here share one run
-        same = (o.mask_value, o.window, None if placed else o.causal_align)
+        same = (o.mask_value, o.window, None if placed else aligns[name])
         if same not in runs:
             run = trace(dataclasses.replace(spec, options=o), stages=("output",), jobs=jobs)
             assert run.output is not None
@@ -172,7 +182,8 @@ def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
         diff = _row_diff(outputs[a], outputs[b])
         differs = diff > AGREE * scale
         a_b = (CONVENTIONS[a], CONVENTIONS[b])
-        for kind, rows in _by_kind(*a_b, differs, empties[a] & empties[b], placed):
+        moves = None if placed else _moving_rows(spec, aligns[a], aligns[b])
+        for kind, rows in _by_kind(*a_b, differs, empties[a] & empties[b], moves):
             if rows.any():
                 moved[kind] = moved.get(kind, np.zeros_like(rows)) | rows
                 largest[kind] = max(largest.get(kind, 0.0), float(diff[rows].max()))
@@ -188,12 +199,13 @@ def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
                 int(np.count_nonzero(diff > AGREE * scale)),
                 float(diff.max(initial=0.0)),
                 windows[name],
+                aligns[name],
             )
         )
     disagreements = tuple(
         Disagreement(
             kind,
-            _groups(kind),
+            _groups(kind, aligns),
             tuple(tuple(int(i) for i in at) for at in np.argwhere(moved[kind])),
             largest[kind],
         )
@@ -212,22 +224,56 @@ def _row_diff(a: F64, b: F64) -> F64:
     return np.asarray(d.max(axis=-1, initial=0.0), dtype=np.float64)
 
 
+def _alignment(spec: AttentionSpec, conv: Convention) -> str:
+    """The alignment ``conv`` gives this case, named as the simplest alignment that
+    places every item's diagonal where it does: FlashAttention's per-item diagonals are
+    ``lower-right`` when every item has the padded lengths."""
+    align = conv.causal_align
+    if align == "lower-right-per-item" and item_offsets(spec, align) == item_offsets(
+        spec, "lower-right"
+    ):
+        return "lower-right"
+    return align
+
+
+def _moving_rows(spec: AttentionSpec, a: str, b: str) -> np.ndarray:
+    """The rows whose diagonal the alignments ``a`` and ``b`` place differently: those
+    of the batch items (packed documents) whose offsets differ, ``(*lead, L)``."""
+    shape = (*spec.lead, spec.L)
+    differs = np.array([x != y for x, y in zip(item_offsets(spec, a), item_offsets(spec, b))])
+    docs = documents(spec)
+    if docs is not None:  # one offset per document along L
+        return np.broadcast_to(differs[document_of(docs.cu_q, np.arange(spec.L))], shape)
+    if len(differs) == 1:
+        return np.broadcast_to(differs[0], shape)
+    items = [1] * len(shape)
+    items[len(spec.lead) - 2] = len(differs)  # the batch axis of (..., B, H, L)
+    return np.broadcast_to(differs.reshape(items), shape)
+
+
 def _by_kind(
-    a: Convention, b: Convention, differs: np.ndarray, both_empty: np.ndarray, placed: bool
+    a: Convention,
+    b: Convention,
+    differs: np.ndarray,
+    both_empty: np.ndarray,
+    moves: np.ndarray | None,
 ) -> list[tuple[str, np.ndarray]]:
     """The rows two frameworks differ on, put down to the first convention that explains
-    them (``placed``: the diagonal is where every alignment puts it)."""
+    them (``moves``: the rows whose diagonal their alignments place differently; None
+    where no alignment moves any)."""
     out = [("empty", differs & both_empty)]
     rest = differs & ~both_empty
-    if a.causal_align != b.causal_align and not placed:
-        return [*out, ("alignment", rest)]
+    if moves is not None and moves.any():
+        out.append(("alignment", rest & moves))
+        rest = rest & ~moves
     if a.window_counts_query != b.window_counts_query:
         return [*out, ("window", rest)]
     return [*out, (OTHER, rest)]
 
 
-def _groups(kind: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """How the frameworks split on the convention behind ``kind``."""
+def _groups(kind: str, aligns: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """How the frameworks split on the convention behind ``kind`` (``aligns``: the
+    alignment each gives the case)."""
     if kind == OTHER:
         return ()
 
@@ -235,7 +281,7 @@ def _groups(kind: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
         if kind == "empty":
             return c.empty_row
         if kind == "alignment":
-            return c.causal_align
+            return aligns[c.name]
         return c.window_label
 
     split: dict[str, list[str]] = {}
@@ -259,7 +305,7 @@ def frameworks_payload(comparison: Comparison) -> dict[str, Any]:
             {
                 "as": a.convention.name,
                 "function": a.convention.title,
-                "causal_align": a.convention.causal_align,
+                "causal_align": a.align,
                 "mask_value": a.convention.mask_value,
                 "window": a.convention.window_label,
                 "window_keys": None if a.window is None else list(a.window),

@@ -251,6 +251,8 @@ def _mask_rules(spec: AttentionSpec, lead: Index) -> list[str]:
         rules.append(f"{len(o.cu_seqlens) - 1} packed documents")
     if o.window is not None:
         rules.append(f"a window of {o.window[0]} left, {o.window[1]} right")
+    if o.attention_chunk is not None:
+        rules.append(f"chunks of {o.attention_chunk} positions")
     if o.key_lengths is not None:
         if len(o.key_lengths) > 1:  # one per batch item: this slice's
             b = lead[-2]
@@ -295,8 +297,7 @@ def _mask_note(spec: AttentionSpec, gathered: SlicePass, lead: Index) -> str:
         # A sentinel hides its key for the findings, but is added, not substituted.
         o = spec.options
         sentinel = f"the float mask's sentinel {sentinels.label()} added to their logits"
-        replaced = o.causal or o.window is not None or o.key_lengths is not None
-        replaced = replaced or o.cu_seqlens is not None
+        replaced = o.hides_by_position
         fate = f"set to {o.mask_value_label} or {sentinel}" if replaced else sentinel
     note = (
         f"{_first_upper(' + '.join(rules)) or 'The mask'} hid {gathered.hidden:,} of "

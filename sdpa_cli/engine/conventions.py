@@ -13,15 +13,18 @@ What each record says, checked against the framework's own code:
   top left (``tril`` over (L, S)); hidden logits are −inf; PyTorch ≥ 2.5 gives a row
   with no visible key zeros (its safe softmax). No window argument: a window is a
   mask, read as the engine's ``--window``.
-- ``flash``: FlashAttention ≥ 2.1 puts it at the bottom right (the queries are the
-  last L of the S keys); ``window_size=(left, right)`` leaves the query itself out
-  (key j visible when i + S − L − left ≤ j ≤ i + S − L + right); −inf; zeros.
+- ``flash``: FlashAttention ≥ 2.1 puts it at the bottom right of each item's own
+  lengths (the queries are the last of the item's keys: ``seqused_k``,
+  ``cache_seqlens``, varlen's lengths; S − L without them); ``window_size=(left,
+  right)`` leaves the query itself out (key j visible when i + S_b − L_b − left ≤ j ≤
+  i + S_b − L_b + right); −inf; zeros.
 - ``jax``: ``jax.nn.dot_product_attention`` masks with ``tril`` (top left) and
   ``local_window_size=(left, right)`` counted as FlashAttention's; hidden logits take
   −0.7·finfo(float32).max (``_get_large_negative``, capped at float32's range), so a
   row with no visible key is uniform: the mean of V.
 - ``onnx``: ONNX ``Attention`` places the diagonal at the past length (the keys read
-  as ``past_key`` followed by the new keys: S − L, bottom right);
+  as ``past_key`` followed by the new keys: S − L, bottom right; with opset 24's
+  ``nonpad_kv_seqlen`` each item's own, its valid keys less L);
   ``left_window_size`` leaves the query out; −inf; zeros (its reference softmax).
 - ``hf``: Hugging Face's ``eager_attention_forward`` with the masks of
   ``masking_utils``: causal through the cache positions (bottom right);
@@ -56,7 +59,8 @@ class Convention:
     Attributes:
         name: the ``--as`` value (``flash``).
         title: the framework and function, as its users call it.
-        causal_align: ``upper-left`` or ``lower-right`` (``--causal-align``).
+        causal_align: ``upper-left``, ``lower-right`` or ``lower-right-per-item``
+            (``--causal-align``).
         mask_value: the hidden logits' value, as ``--mask-value`` takes it
             (``-inf``, ``finfo-min`` or a number).
         window_counts_query: whether the framework's window size counts the query
@@ -115,7 +119,7 @@ CONVENTIONS: Mapping[str, Convention] = {
     c.name: c
     for c in (
         Convention("torch", "PyTorch scaled_dot_product_attention", "upper-left", "-inf"),
-        Convention("flash", "FlashAttention ≥ 2.1 flash_attn_func", "lower-right", "-inf"),
+        Convention("flash", "FlashAttention ≥ 2.1 flash_attn_func", "lower-right-per-item", "-inf"),
         Convention(
             "jax",
             "JAX nn.dot_product_attention",
@@ -123,7 +127,7 @@ CONVENTIONS: Mapping[str, Convention] = {
             repr(JAX_MASK_VALUE),
             float32_logits=True,
         ),
-        Convention("onnx", "ONNX Attention (past cache)", "lower-right", "-inf"),
+        Convention("onnx", "ONNX Attention (past cache)", "lower-right-per-item", "-inf"),
         Convention(
             "hf",
             "Hugging Face eager_attention_forward",

@@ -8,8 +8,12 @@ Alignment of a causal mask or window when L ≠ S (the query rows are a suffix o
 keys for ``lower-right``) is an offset added to the query index::
 
     upper-left  (PyTorch ``is_causal``):            offset = 0
-    lower-right (FlashAttention, ``causal_lower_right``): offset = S − L
-    --query-offset N (a KV-cache step, per batch item):  offset = N
+    lower-right (``causal_lower_right``):            offset = S − L
+    lower-right-per-item (FlashAttention, ONNX's nonpad_kv_seqlen): offset = S_b − L_b
+    --query-offset N (a KV-cache step, per batch item; may be negative):  offset = N
+
+Chunked attention (``--attention-chunk C``) places chunks by the same positions: the
+query at position p = i + offset sees the keys p − p mod C ≤ j < p − p mod C + C.
 
 Each builder takes the offset itself (``offset``) in place of an alignment's name.
 
@@ -162,6 +166,31 @@ def window(
     return (d >= -left) & (d <= right)
 
 
+def chunk(
+    i0: int,
+    i1: int,
+    size: int,
+    keys: slice,
+    *,
+    offset: int = 0,
+    xp: Any = np,
+) -> NDArray[np.bool_]:
+    """Chunked attention: the query at position p = i + offset sees the keys of its
+    own chunk of ``size`` positions, p − p mod C ≤ j < p − p mod C + C (the floor
+    remainder, so a negative position's chunk is the one below it, as FlashAttention's
+    reference subtracts the remainder)."""
+    p = xp.arange(i0, i1, dtype=np.int64) + offset
+    start = (p - p % size)[:, None]
+    j = xp.arange(keys.start, keys.stop, dtype=np.int64)[None, :]
+    visible: NDArray[np.bool_] = (j >= start) & (j < start + size)
+    return visible
+
+
+def chunk_start(position: int, size: int) -> int:
+    """The first position of the chunk that ``position`` sits in."""
+    return position - position % size
+
+
 def key_padding(
     n_valid: int, rows: int, S: int, keys: slice | None = None, xp: Any = np
 ) -> NDArray[np.bool_]:
@@ -182,9 +211,11 @@ def key_range(
     align: str = "upper-left",
     n_valid: int | None = None,
     offset: int | None = None,
+    chunk: int | None = None,
 ) -> slice:
     """The keys that any of the query rows i0..i1 may see under a causal mask, a
-    window and key padding: every key outside it is hidden from every one of them."""
+    window, chunks and key padding: every key outside it is hidden from every one of
+    them."""
     offset = align_offset(align, L, S) if offset is None else offset
     j0, j1 = 0, S
     if causal:
@@ -193,6 +224,9 @@ def key_range(
         left, right = window
         j0 = max(j0, i0 + offset - left)
         j1 = min(j1, i1 - 1 + offset + right + 1)
+    if chunk is not None:
+        j0 = max(j0, chunk_start(i0 + offset, chunk))
+        j1 = min(j1, chunk_start(i1 - 1 + offset, chunk) + chunk)
     if n_valid is not None:
         j1 = min(j1, n_valid)
     j0 = min(max(j0, 0), S)
@@ -206,60 +240,90 @@ def document_of(cu: tuple[int, ...], at: NDArray[np.int64]) -> NDArray[np.int64]
     return found.astype(np.int64)
 
 
+@dataclass(frozen=True)
+class Documents:
+    """Packed documents (FlashAttention's varlen): document d holds the queries
+    ``cu_q[d] .. cu_q[d+1]`` and the keys ``cu_k[d] .. cu_k[d+1]``, of which its first
+    ``used[d]`` are attended (``seqused_k``; the rest hidden), and its query i sits at
+    local position i − cu_q[d] + ``offsets[d]`` (its key j at j − cu_k[d])."""
+
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]
+    used: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.cu_q) - 1
+
+    def queries(self, d: int) -> int:
+        return self.cu_q[d + 1] - self.cu_q[d]
+
+
 def packed(
     i0: int,
     i1: int,
     keys: slice,
-    cu_q: tuple[int, ...],
-    cu_k: tuple[int, ...],
+    docs: Documents,
     *,
     causal: bool = False,
     window: tuple[int, int] | None = None,
-    align: str = "upper-left",
+    chunk: int | None = None,
 ) -> NDArray[np.bool_]:
-    """Packed documents (FlashAttention's varlen): query i of document d sees key j
-    only when j is in document d too, and a causal mask or window applies within the
+    """Packed documents: query i of document d sees key j only when j is one of
+    document d's used keys, and a causal mask, window or chunks apply within the
     document, query i at local position i − cu_q[d] + offset_d and key j at
-    j − cu_k[d], offset_d the alignment's for the document's own lengths (lower-right:
-    S_d − L_d, FlashAttention's). Shape (rows, keys)."""
+    j − cu_k[d]. Shape (rows, keys)."""
     i = np.arange(i0, i1, dtype=np.int64)
     j = np.arange(keys.start, keys.stop, dtype=np.int64)
-    cq, ck = np.asarray(cu_q, dtype=np.int64), np.asarray(cu_k, dtype=np.int64)
-    dq, dk = document_of(cu_q, i), document_of(cu_k, j)
-    visible = dq[:, None] == dk[None, :]
-    if causal or window is not None:
-        L_d, S_d = cq[dq + 1] - cq[dq], ck[dq + 1] - ck[dq]
-        offset = S_d - L_d if align == "lower-right" else np.zeros_like(L_d)
-        d = (j[None, :] - ck[dq][:, None]) - (i - cq[dq] + offset)[:, None]
-        if causal:
-            visible &= d <= 0
-        if window is not None:
-            visible &= (d >= -window[0]) & (d <= window[1])
+    cq, ck = np.asarray(docs.cu_q, dtype=np.int64), np.asarray(docs.cu_k, dtype=np.int64)
+    used, offsets = np.asarray(docs.used, np.int64), np.asarray(docs.offsets, np.int64)
+    dq, dk = document_of(docs.cu_q, i), document_of(docs.cu_k, j)
+    local_j = j[None, :] - ck[dq][:, None]
+    visible = (dq[:, None] == dk[None, :]) & (local_j < used[dq][:, None])
+    p = (i - cq[dq] + offsets[dq])[:, None]
+    d = local_j - p
+    if causal:
+        visible &= d <= 0
+    if window is not None:
+        visible &= (d >= -window[0]) & (d <= window[1])
+    if chunk is not None:
+        start = p - p % chunk
+        visible &= (local_j >= start) & (local_j < start + chunk)
     return np.asarray(visible, dtype=np.bool_)
 
 
 def packed_key_range(
     i0: int,
     i1: int,
-    cu_q: tuple[int, ...],
-    cu_k: tuple[int, ...],
+    docs: Documents,
     *,
     causal: bool = False,
     window: tuple[int, int] | None = None,
-    align: str = "upper-left",
+    chunk: int | None = None,
 ) -> slice:
     """The keys any of the query rows i0..i1 may see among packed documents: the span
-    of each of their documents' keys that a causal mask and window leave (the keys of
-    other documents between them stay inside, hidden by :func:`packed`)."""
+    of each of their documents' keys that a causal mask, window, chunks and its used
+    length leave (the keys of other documents between them stay inside, hidden by
+    :func:`packed`)."""
     if i1 <= i0:
         return slice(0, 0)
+    cu_q, cu_k = docs.cu_q, docs.cu_k
     ends = document_of(cu_q, np.array([i0, i1 - 1], dtype=np.int64))
     lo, hi = cu_k[-1], 0
     for d in range(int(ends[0]), int(ends[1]) + 1):
         r0, r1 = max(i0, cu_q[d]), min(i1, cu_q[d + 1])
         L_d, S_d = cu_q[d + 1] - cu_q[d], cu_k[d + 1] - cu_k[d]
         local = key_range(
-            r0 - cu_q[d], r1 - cu_q[d], L_d, S_d, causal=causal, window=window, align=align
+            r0 - cu_q[d],
+            r1 - cu_q[d],
+            L_d,
+            S_d,
+            causal=causal,
+            window=window,
+            n_valid=docs.used[d],
+            offset=docs.offsets[d],
+            chunk=chunk,
         )
         if r1 > r0 and local.stop > local.start:
             lo, hi = min(lo, cu_k[d] + local.start), max(hi, cu_k[d] + local.stop)

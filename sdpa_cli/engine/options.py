@@ -54,7 +54,9 @@ class Options:
     key_lengths: tuple[int, ...] | None = None
     query_offset: tuple[int, ...] | None = None
     """KV-cache steps: the absolute position of query 0 in each batch item (the cache
-    length before the new tokens); replaces ``causal_align`` for causal, window, ALiBi."""
+    length before the new tokens), or in each packed document; replaces ``causal_align``
+    for causal, window, chunks, ALiBi. Negative when an item has more queries than keys
+    (its first queries then see no key)."""
     query_lengths: tuple[int, ...] | None = None
     """Valid queries per batch item: later rows are absent (zero output, not judged)."""
     cu_seqlens: tuple[int, ...] | None = None
@@ -63,6 +65,10 @@ class Options:
     cu_seqlens_k: tuple[int, ...] | None = None
     """The documents' cumulative lengths along S (default: ``cu_seqlens``)."""
     window: tuple[int, int] | None = None
+    attention_chunk: int | None = None
+    """Chunked attention (Llama 4's ``attention_chunk_size``, FlashAttention's
+    ``attention_chunk``): the query at position p sees only the keys of its own chunk of
+    that many positions, p − p mod C ≤ j < p − p mod C + C."""
     mask_mod: str | None = None
     """FlexAttention's mask_mod over b, h, q_idx, kv_idx: False hides the key."""
     score_mod: str | None = None
@@ -114,6 +120,19 @@ class Options:
             return None
         typed = self.typed.get("window")
         return (typed[0], typed[1]) if typed is not None else self.typed_window(self.window)
+
+    @property
+    def placed(self) -> bool:
+        """Whether a mask is placed by the queries' positions (a causal mask, a window,
+        chunks): what ``--causal-align`` and ``--query-offset`` move."""
+        return self.causal or self.window is not None or self.attention_chunk is not None
+
+    @property
+    def hides_by_position(self) -> bool:
+        """Whether an option hides keys by position: a placed mask, key or query
+        lengths, packed documents (the masks that take the mask value, no file's)."""
+        lengths = self.key_lengths is not None or self.query_lengths is not None
+        return self.placed or lengths or self.cu_seqlens is not None
 
     @property
     def emulated(self) -> bool:
@@ -203,7 +222,9 @@ float64 (past 2**63 positions wrapped, and rows that see every key were judged f
 masked; past 2**53 they round)."""
 
 
-def _int_list(value: Any, where: str, *, maximum: int = MAX_POSITION) -> tuple[int, ...]:
+def _int_list(
+    value: Any, where: str, *, minimum: int = 0, maximum: int = MAX_POSITION
+) -> tuple[int, ...]:
     if isinstance(value, str):
         parts: list[Any] = [p for p in value.split(",")]
         if any(not p.strip() for p in parts):
@@ -214,7 +235,7 @@ def _int_list(value: Any, where: str, *, maximum: int = MAX_POSITION) -> tuple[i
         parts = [value]
     if not parts:
         raise SpecError(where, "expected at least one integer")
-    return tuple(_int(p, where, maximum=maximum) for p in parts)
+    return tuple(_int(p, where, minimum=minimum, maximum=maximum) for p in parts)
 
 
 def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
@@ -304,11 +325,12 @@ _PARSERS: dict[str, Any] = {
     "causal_align": lambda v, w: _choice(v, w, ALIGNMENTS),
     "mask_true_means": lambda v, w: _choice(v, w, MASK_TRUE_MEANS),
     "key_lengths": _int_list,
-    "query_offset": _int_list,
+    "query_offset": lambda v, w: _int_list(v, w, minimum=-MAX_POSITION),
     "query_lengths": _int_list,
     "cu_seqlens": _int_list,
     "cu_seqlens_k": _int_list,
     "window": parse_window,
+    "attention_chunk": lambda v, w: _int(v, w, minimum=1, maximum=MAX_POSITION),
     "mask_mod": parse_mask_mod,
     "score_mod": parse_score_mod,
     "mask_value": parse_mask_value,

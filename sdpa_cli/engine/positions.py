@@ -4,7 +4,8 @@ dropout's keep-mask, drawn by element position.
 
 Query i of batch item b sits at position offset_b + i, and key j at position j:
 
-    no --query-offset:  offset_b = 0 (upper-left) or S − L (lower-right), every item
+    no --query-offset:  offset_b = 0 (upper-left) or S − L (lower-right), every item,
+                        or S_b − L_b (lower-right-per-item), the item's own lengths
     --query-offset N_b: offset_b = N_b, the cache length before the new tokens
 
 ALiBi measures from the bottom-right diagonal (S − L) unless ``--query-offset`` says
@@ -12,12 +13,15 @@ where the queries are. ``--key-lengths`` leaves item b its first keys;
 ``--query-lengths`` its first queries: the rows after them are *absent* (hidden from
 every key, zero weights and output, whatever the mask value; not judged).
 ``--cu-seqlens`` packs documents along L (and S): a query sees its own document's
-keys only, the causal mask and window placed within the document. ``--segment-ids``
+keys only, the causal mask, window and chunks placed within the document
+(``--key-lengths`` and ``--query-offset`` then count per document: chunked prefill's
+sequences, each with its own cache). ``--segment-ids``
 (JAX's segment ids) lets a query see only the keys of its own id, beside every other mask.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -33,17 +37,39 @@ def _item(values: tuple[int, ...], lead_index: tuple[int, ...]) -> int:
 
 
 def diagonal_offset(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
-    """The causal mask's and the window's offset for this slice: j ≤ i + offset."""
+    """The causal mask's, the window's and the chunks' offset for this slice:
+    j ≤ i + offset. ``lower-right-per-item`` counts the item's own lengths, its
+    ``--key-lengths`` less its ``--query-lengths`` (negative when it has more queries
+    than keys, as FlashAttention's ``seqlen_k − seqlen_q``)."""
     o = spec.options
     if o.query_offset is not None:
         return _item(o.query_offset, lead_index)
+    if o.causal_align == "lower-right-per-item":
+        keys = valid_keys(spec, lead_index)
+        return (spec.S if keys is None else keys) - valid_queries(spec, lead_index)
     return masks.align_offset(o.causal_align, spec.L, spec.S)
 
 
+def item_offsets(spec: AttentionSpec, align: str | None = None) -> tuple[int, ...]:
+    """Each batch item's diagonal offset (one, without a batch axis; each packed
+    document's, with ``--cu-seqlens``); under the alignment ``align`` in place of the
+    spec's and its query offsets, when given."""
+    if align is not None:
+        placed = dataclasses.replace(spec.options, causal_align=align, query_offset=None)
+        spec = dataclasses.replace(spec, options=placed)
+    if (docs := documents(spec)) is not None:
+        return docs.offsets
+    items = spec.lead[-2] if len(spec.lead) >= 2 else 1
+    return tuple(diagonal_offset(spec, (b, 0)) for b in range(items))
+
+
 def alibi_offset(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
-    """ALiBi's distance |i + offset − j|: S − L, or the item's ``--query-offset``."""
+    """ALiBi's distance |i + offset − j|: S − L, or the item's own (``--query-offset``,
+    ``lower-right-per-item``)."""
     o = spec.options
-    return spec.S - spec.L if o.query_offset is None else _item(o.query_offset, lead_index)
+    if o.query_offset is None and o.causal_align != "lower-right-per-item":
+        return spec.S - spec.L
+    return diagonal_offset(spec, lead_index)
 
 
 def valid_queries(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
@@ -53,18 +79,37 @@ def valid_queries(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int:
 
 
 def valid_keys(spec: AttentionSpec, lead_index: tuple[int, ...]) -> int | None:
-    """How many of this slice's keys are valid (``--key-lengths``; None: all)."""
+    """How many of this slice's keys are valid (``--key-lengths``; None: all, and for
+    packed documents, whose key lengths are each document's, :func:`documents`)."""
     o = spec.options
-    return None if o.key_lengths is None else _item(o.key_lengths, lead_index)
+    if o.key_lengths is None or o.cu_seqlens is not None:
+        return None
+    return _item(o.key_lengths, lead_index)
 
 
-def documents(spec: AttentionSpec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Packed documents' cumulative lengths along L and S (``--cu-seqlens``,
-    ``--cu-seqlens-k``, the keys' the queries' by default), or None."""
+def documents(spec: AttentionSpec) -> masks.Documents | None:
+    """Packed documents (``--cu-seqlens``, ``--cu-seqlens-k``, the keys' the queries'
+    by default), each with its used keys (``--key-lengths`` per document: FlashAttention's
+    ``seqused_k``; all by default) and the position of its first query: its
+    ``--query-offset``, or the alignment's for its own lengths (lower-right: its used
+    keys less its queries, as FlashAttention's varlen kernels), or None."""
     o = spec.options
     if o.cu_seqlens is None:
         return None
-    return o.cu_seqlens, o.cu_seqlens if o.cu_seqlens_k is None else o.cu_seqlens_k
+    cu_q = o.cu_seqlens
+    cu_k = cu_q if o.cu_seqlens_k is None else o.cu_seqlens_k
+    n = len(cu_q) - 1
+    sizes = [cu_k[d + 1] - cu_k[d] for d in range(n)]
+    given = o.key_lengths
+    used = tuple(sizes if given is None else (given[d if len(given) > 1 else 0] for d in range(n)))
+    if o.query_offset is not None:
+        per = o.query_offset
+        offsets = tuple(per[d if len(per) > 1 else 0] for d in range(n))
+    elif o.causal_align == "upper-left":
+        offsets = (0,) * n
+    else:
+        offsets = tuple(used[d] - (cu_q[d + 1] - cu_q[d]) for d in range(n))
+    return masks.Documents(cu_q, cu_k, used, offsets)
 
 
 def same_segment(
@@ -124,7 +169,7 @@ def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -
         return slice(0, 0)
     docs = documents(spec)
     if docs is not None:  # rows of two documents share no key
-        ends = masks.document_of(docs[0], np.array([rows.start, rows.stop - 1]))
+        ends = masks.document_of(docs.cu_q, np.array([rows.start, rows.stop - 1]))
         if ends[0] != ends[1]:
             return slice(0, 0)
     first = _seen_by_any(spec, lead_index, rows.start, rows.start + 1)
@@ -133,13 +178,13 @@ def common_keys(spec: AttentionSpec, lead_index: tuple[int, ...], rows: slice) -
 
 
 def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: int) -> slice:
-    """The keys a causal mask, a window, padding and packed documents leave to any of
-    rows i0..i1."""
+    """The keys a causal mask, a window, chunks, padding and packed documents leave
+    to any of rows i0..i1."""
     o = spec.options
     docs = documents(spec)
     if docs is not None:
         return masks.packed_key_range(
-            i0, i1, *docs, causal=o.causal, window=o.window, align=o.causal_align
+            i0, i1, docs, causal=o.causal, window=o.window, chunk=o.attention_chunk
         )
     return masks.key_range(
         i0,
@@ -150,6 +195,7 @@ def _seen_by_any(spec: AttentionSpec, lead_index: tuple[int, ...], i0: int, i1: 
         window=o.window,
         n_valid=valid_keys(spec, lead_index),
         offset=diagonal_offset(spec, lead_index),
+        chunk=o.attention_chunk,
     )
 
 

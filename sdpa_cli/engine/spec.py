@@ -58,8 +58,6 @@ class AttentionSpec:
         group: query heads per key/value head (1 without grouped-query attention).
         names: tensor name → the file (or case-file entry) it came from, for messages.
         shapes: tensor name → the shape as loaded.
-        sinks: a learned logit per query head that joins every row's softmax as an
-            extra column (dropped before the product with V), or None.
     """
 
     q: NDArray[Any]
@@ -78,7 +76,7 @@ class AttentionSpec:
     names: Mapping[str, str] = field(default_factory=dict)
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     sinks: NDArray[Any] | None = None
-    """gpt-oss attention sinks: one logit per query head, ``(H,)`` or ``(1,)``."""
+    """gpt-oss sinks: a logit per query head, (H,) or (1,), a softmax column V does not read."""
     segment_ids: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
     """Segment ids of the queries ``(1 or B, L)`` and keys ``(1 or B, S)``: a query sees
     only keys of its own segment (JAX's ``q_segment_ids``, ``kv_segment_ids``)."""
@@ -323,7 +321,8 @@ def build_spec(
         ("--query-lengths", opts.query_lengths, ("queries", L)),
         ("--query-offset", opts.query_offset, None),
     ):
-        if values is not None:
+        packed = opts.cu_seqlens is not None and flag != "--query-lengths"
+        if values is not None and not packed:  # packed: per document (check_documents)
             check_per_item(flag, values, lead, scores_shape, most)
     check_query_offset(opts)
     check_documents(opts, tuple(lead), int(L), int(S))

@@ -44,15 +44,18 @@ def check_per_item(
 
 
 def check_query_offset(opts: Options) -> None:
-    """An offset places queries for causal, window, ALiBi: alone or with lower-right, a slip."""
-    if opts.query_offset is not None and not (opts.causal or opts.window or opts.alibi):
-        raise SpecError(
-            "--query-offset", "places the queries for --causal, --window or --alibi; none given"
-        )
-    if opts.query_offset is not None and opts.causal_align != "upper-left":
+    """An offset places queries for causal, window, chunks, ALiBi: alone or with an
+    alignment, a slip."""
+    if opts.query_offset is not None and not (opts.placed or opts.alibi):
         raise SpecError(
             "--query-offset",
-            "replaces --causal-align lower-right (the offset S − L for every item); give one",
+            "places the queries for --causal, --window, --attention-chunk or --alibi; none given",
+        )
+    if opts.query_offset is not None and opts.causal_align != "upper-left":
+        offset = "S − L for every item" if opts.causal_align == "lower-right" else "S_b − L_b"
+        raise SpecError(
+            "--query-offset",
+            f"replaces --causal-align {opts.causal_align} (the offset {offset}); give one",
         )
 
 
@@ -94,15 +97,34 @@ def check_documents(opts: Options, lead: tuple[int, ...], L: int, S: int) -> Non
             "--cu-seqlens-k",
             f"{len(cu_k) - 1} documents, but --cu-seqlens has {len(cu_q) - 1}",
         )
-    for flag, value in (
+    if opts.query_lengths is not None:
+        raise SpecError(
+            "--query-lengths", "is per batch item; packed documents (--cu-seqlens) have none"
+        )
+    sizes = [b - a for a, b in itertools.pairwise(cu_k if cu_k is not None else cu_q)]
+    for flag, values in (
         ("--key-lengths", opts.key_lengths),
-        ("--query-lengths", opts.query_lengths),
         ("--query-offset", opts.query_offset),
     ):
-        if value is not None:
-            raise SpecError(flag, "is per batch item; packed documents (--cu-seqlens) have none")
-    if opts.alibi and cu_k is not None and cu_k != cu_q:
-        raise SpecError("--alibi", "with --cu-seqlens-k other than --cu-seqlens is not supported")
+        if values is None:
+            continue
+        if len(values) not in (1, len(sizes)):
+            raise SpecError(
+                flag,
+                f"{len(values)} values given but --cu-seqlens packs {len(sizes)} documents; "
+                "give one or one per document",
+            )
+        if flag == "--key-lengths":
+            for d, (n, size) in enumerate(zip(itertools.cycle(values), sizes, strict=False)):
+                if n > size:
+                    raise SpecError(flag, f"{n} exceeds document {d}'s {size} keys")
+    per_document = opts.key_lengths is not None or opts.query_offset is not None
+    if opts.alibi and ((cu_k is not None and cu_k != cu_q) or per_document):
+        raise SpecError(
+            "--alibi",
+            "with --cu-seqlens-k other than --cu-seqlens, or per-document --key-lengths "
+            "or --query-offset, is not supported",
+        )
 
 
 def _check_cumulative(flag: str, cu: tuple[int, ...]) -> None:

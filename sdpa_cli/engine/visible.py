@@ -1,7 +1,7 @@
 """Which keys each query row of a block may attend to: every mask combined.
 
 :func:`visibility` is the keys whose logits the mask value replaces (the causal mask,
-a window, key padding, absent rows, a boolean mask, a mask-mod, documents, segments);
+a window, chunks, key padding, absent rows, a boolean mask, a mask-mod, documents, segments);
 :func:`sentinel_keys` the keys a float mask's sentinels hide, which are added;
 :func:`visible_keys` what the findings and tables count. Masks made of positions are
 made in the namespace asked for (numpy, or on a torch device: :mod:`~sdpa_cli.engine.arrays`).
@@ -51,13 +51,19 @@ def visibility(
 
     offset = positions.diagonal_offset(spec, lead_index)
     docs = positions.documents(spec)
-    if docs is not None:  # the causal mask and window within each document
-        w, align = o.window, o.causal_align
-        visible = moved(masks.packed(i0, i1, keys, *docs, causal=o.causal, window=w, align=align))
+    if docs is not None:  # the causal mask, window and chunks within each document
+        visible = moved(
+            masks.packed(
+                i0, i1, keys, docs, causal=o.causal, window=o.window, chunk=o.attention_chunk
+            )
+        )
     elif o.causal:
         visible = both(masks.causal(i0, i1, L, S, keys=keys, offset=offset, xp=xp))
     if docs is None and o.window is not None:
         visible = both(masks.window(i0, i1, L, S, *o.window, keys=keys, offset=offset, xp=xp))
+    if docs is None and o.attention_chunk is not None:
+        chunks = masks.chunk(i0, i1, o.attention_chunk, keys, offset=offset, xp=xp)
+        visible = both(chunks)
     n_valid = positions.valid_keys(spec, lead_index)
     if n_valid is not None:
         visible = both(masks.key_padding(n_valid, n_rows, S, keys, xp))

@@ -48,12 +48,19 @@ def render_frameworks(spec: AttentionSpec, comparison: Comparison, width: int) -
             )
         )
     parts.append(_answers(comparison))
+    if any(a.align == PER_ITEM for a in comparison.answers):
+        parts.append(Text(f"{PER_ITEM_SHORT}: {PER_ITEM}, j ≤ i + S_b − L_b", THEME["muted"]))
     if not comparison.agree:
         parts += [Text(""), *_outputs(spec, comparison, width)]
     for d in comparison.disagreements:
         parts += [Text(""), _disagreement(spec, d, comparison.n_rows, width)]
     parts += [Text(""), verdict_text(comparison)]
     return Group(*parts)
+
+
+PER_ITEM = "lower-right-per-item"
+PER_ITEM_SHORT = "per item"
+"""How the table names each item's own diagonal, said in full under it."""
 
 
 def verdict_text(comparison: Comparison) -> Text:
@@ -78,7 +85,8 @@ def _answers(comparison: Comparison) -> Table:
         else:
             rows, most = Text(str(a.rows)), Text(sig(a.max_diff))
         window = c.window_label if a.window is None else f"{a.window[0]} left, {a.window[1]} right"
-        table.add_row(c.name, c.causal_align, window, c.empty_row, rows, most)
+        align = PER_ITEM_SHORT if a.align == PER_ITEM else a.align
+        table.add_row(c.name, align, window, c.empty_row, rows, most)
     return table
 
 

@@ -11,9 +11,10 @@ from rich.text import Text
 
 from sdpa_cli.engine.conventions import convention
 from sdpa_cli.engine.masks import HIDES
+from sdpa_cli.engine.positions import item_offsets
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.render.common import THEME
-from sdpa_cli.text import shape, sig
+from sdpa_cli.text import plural, shape, sig
 
 
 def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
@@ -96,13 +97,20 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     return Panel(grid, title=title, title_align="left", box=box.ROUNDED, expand=False)
 
 
+_RULES = {
+    "upper-left": "j ≤ i",
+    "lower-right": "j ≤ i + S − L",
+    "lower-right-per-item": "j ≤ i + S_b − L_b",
+}
+
+
 def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
     """One line per mask, plus the alignment and mask value when they matter."""
     o = spec.options
     lines: list[tuple[str, str]] = []
-    aligned = o.causal or o.window is not None
+    aligned = o.placed
     if o.causal:
-        rule = "j ≤ i" if o.causal_align == "upper-left" else "j ≤ i + S − L"
+        rule = _RULES[o.causal_align]
         if o.query_offset is not None:
             lines.append(("causal", "j ≤ i + N (N: the query offset)"))
         elif o.cu_seqlens is not None:
@@ -122,9 +130,18 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         per = "per batch item" if len(o.query_offset) > 1 else "every item"
         offsets = ", ".join(str(n) for n in o.query_offset)
         lines.append(("query offset", f"query 0 at position {offsets} ({per}; query i at N + i)"))
-    elif aligned and spec.L != spec.S and o.cu_seqlens is None:
-        off = spec.S - spec.L if o.causal_align == "lower-right" else 0
-        lines.append(("alignment", f"L ≠ S: {o.causal_align}, diagonal offset {off}"))
+    elif aligned and o.cu_seqlens is None and (spec.L != spec.S or any(item_offsets(spec))):
+        placed = item_offsets(spec)
+        one = len(set(placed)) == 1
+        shown_offsets = str(placed[0]) if one else ", ".join(str(n) for n in placed)
+        where = "L ≠ S: " if spec.L != spec.S else ""
+        offset = "diagonal offset" if one else "offsets per item"
+        lines.append(("alignment", f"{where}{o.causal_align}, {offset} {shown_offsets}"))
+    if o.attention_chunk is not None:
+        size = o.attention_chunk
+        lines.append(
+            ("chunks", f"{size} positions (a query sees its own chunk: p − p mod {size} ≤ j)")
+        )
     if o.cu_seqlens is not None:
         cu = ",".join(str(n) for n in o.cu_seqlens)
         docs = f"{len(o.cu_seqlens) - 1} packed, cu_seqlens {cu}"

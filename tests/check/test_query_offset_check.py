@@ -96,7 +96,10 @@ def test_the_cli_checks_an_export_with_offsets(tmp_path: Path) -> None:
             ["--query-offset", "1,2"],
             "sdpa: error: --query-offset: 2 offsets given but the batch axis has 3 items; give one offset or one per item\n",
         ),
-        (["--query-offset=-1"], "sdpa: error: --query-offset: must be ≥ 0, got -1\n"),
+        (
+            ["--query-offset=-1.5"],
+            "sdpa: error: --query-offset: expected an integer, got '-1.5'\n",
+        ),
         (
             ["--query-lengths", "9"],
             "sdpa: error: --query-lengths: 9 exceeds the number of queries, L = 4\n",

@@ -78,7 +78,7 @@ def test_every_file_parameter_completes_paths() -> None:
         ("sdpa compute q.npy --mask-value f", ["finfo-min"]),
         ("sdpa compute q.npy --layout ", ["bhsd", "bshd"]),
         ("sdpa compute q.npy --as f", ["flash"]),
-        ("sdpa compute q.npy --causal-align l", ["lower-right"]),
+        ("sdpa compute q.npy --causal-align l", ["lower-right", "lower-right-per-item"]),
         ("sdpa compute q.npy --format y", ["yaml"]),
         ("sdpa check q.npy --format ", ["table", "json"]),
         ("sdpa check q.npy --tolerance m", ["measured"]),

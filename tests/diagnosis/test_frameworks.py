@@ -92,7 +92,7 @@ def test_options_as_reads_the_window_as_typed_under_each_framework() -> None:
     assert back == {"torch": (3, 0), "flash": (3, 0), "jax": (3, 0), "onnx": (3, 0), "hf": (2, 0)}
     flash = options_as(given, CONVENTIONS["flash"])
     assert (flash.causal_align, flash.mask_value, flash.framework) == (
-        "lower-right",
+        "lower-right-per-item",
         -np.inf,
         "flash",
     )

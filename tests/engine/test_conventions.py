@@ -62,9 +62,9 @@ def test_table_names_each_framework_once_with_its_conventions() -> None:
     aligns = {n: c.causal_align for n, c in CONVENTIONS.items()}
     assert aligns == {
         "torch": "upper-left",
-        "flash": "lower-right",
+        "flash": "lower-right-per-item",
         "jax": "upper-left",
-        "onnx": "lower-right",
+        "onnx": "lower-right-per-item",
         "hf": "lower-right",
     }
     empty = {n: c.empty_row for n, c in CONVENTIONS.items()}

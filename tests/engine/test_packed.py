@@ -222,8 +222,16 @@ def test_the_same_documents_for_keys_are_the_default() -> None:
         ),
         ({"cu_seqlens_k": (0, 20)}, "--cu-seqlens-k: needs --cu-seqlens"),
         (
-            {"cu_seqlens": (0, 5, 20), "key_lengths": (4,)},
-            "--key-lengths: is per batch item; packed documents (--cu-seqlens) have none",
+            {"cu_seqlens": (0, 5, 20), "query_lengths": (4,)},
+            "--query-lengths: is per batch item; packed documents (--cu-seqlens) have none",
+        ),
+        (
+            {"cu_seqlens": (0, 5, 20), "key_lengths": (4, 3, 2)},
+            "--key-lengths: 3 values given but --cu-seqlens packs 2 documents",
+        ),
+        (
+            {"cu_seqlens": (0, 5, 20), "key_lengths": (4, 16)},
+            "--key-lengths: 16 exceeds document 1's 15 keys",
         ),
     ],
 )

@@ -221,7 +221,7 @@ def test_onnx_attention_24_nonpad_kv_seqlen_agrees() -> None:
         ),
         (
             {"query_offset": (1,)},
-            "--query-offset: places the queries for --causal, --window or --alibi",
+            "--query-offset: places the queries for --causal, --window, --attention-chunk or --alibi",
         ),
         (
             {"causal": True, "causal_align": "lower-right", "query_offset": (1,)},
