@@ -16,6 +16,7 @@ from __future__ import annotations
 
 KINDS = (
     "nonfinite",
+    "page_shared",
     "overflow",
     "fully_masked",
     "mask_suspect",
@@ -125,11 +126,13 @@ INPUT_TENSORS = (
     "segment_ids",
     "segment_ids_kv",
     "dropout_mask",
+    "block_table",
 )
 """The tensors a computation reads (a case file's keys, a manifest's, a flag's name)."""
 
-TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask")
-"""Tensors given by a flag ``--NAME FILE`` besides Q, K, V, ``--bias`` and ``--mask``."""
+TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask", "block_table")
+"""Tensors given by a flag ``--NAME FILE`` besides Q, K, V, ``--bias`` and ``--mask``
+(``block_table``: K and V are a paged cache, :mod:`sdpa_cli.engine.paged`)."""
 
 FORWARD_EXPORTS = ("output", "weights", "lse")
 """A forward kernel's exports: the output, the attention weights, the logsumexp per row."""

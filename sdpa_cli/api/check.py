@@ -131,7 +131,7 @@ def run_check(
         raise SpecError(
             "--manifest",
             "the manifest lists inputs and expectations; give no Q K V, --bias, --mask, --sinks, "
-            "--segment-ids, --dropout-mask or --expect-* beside it",
+            "--segment-ids, --dropout-mask, --block-table or --expect-* beside it",
         )
     if manifest.cluster is not None and jobs is not None:
         raise SpecError("--jobs", "the cluster's workers run the cases; give --jobs or --cluster")

@@ -89,7 +89,7 @@ def _entries(
             raise InputError(
                 f"{where}: {printable(str(raw_key))}",
                 "unknown key; expected name, case or q/k/v, bias, mask, sinks, segment-ids, "
-                "segment-ids-kv, dropout-mask, expect-output, expect-weights, expect-lse, "
+                "segment-ids-kv, dropout-mask, block-table, expect-output, expect-weights, expect-lse, "
                 "expect-dq, expect-dk, expect-dv, expect-dbias, expect-dsinks, dout, "
                 "expect-partials, decode, an option of compute or a setting of check",
             )

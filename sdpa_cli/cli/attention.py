@@ -107,7 +107,14 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
     click.option(
         "--key-lengths",
         metavar="N[,N...]",
-        help="Valid keys per batch item (the rest is padding); one number for all.",
+        help="Valid keys per batch item (the rest is padding), or per packed document (FlashAttention's seqused_k); one number for all.",
+    ),
+    click.option(
+        "--block-table",
+        "block_table_path",
+        metavar="FILE",
+        shell_complete=files,
+        help="K and V are a paged cache (vLLM, FlashAttention's flash_attn_with_kvcache): pages (num_pages, page_size, G, E) and this block table (B, max_pages) of page indices; key j of item b is page table[b, j // page_size], slot j % page_size. --key-lengths are the cache_seqlens (default: every page of the table).",
     ),
     click.option(
         "--query-offset",
@@ -135,14 +142,14 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Sliding window: key j visible to query i when −LEFT ≤ j − i − offset ≤ RIGHT.",
     ),
     click.option(
-        "--mask-mod",
-        metavar="EXPR",
-        help='FlexAttention\'s mask_mod: an expression over b, h, q_idx, kv_idx; where it is false the key is hidden, e.g. "q_idx >= kv_idx and q_idx - kv_idx < 256".',
-    ),
-    click.option(
         "--attention-chunk",
         metavar="C",
         help="Chunked attention (Llama 4's attention_chunk_size, FlashAttention's attention_chunk): a query sees only the keys of its own chunk of C positions.",
+    ),
+    click.option(
+        "--mask-mod",
+        metavar="EXPR",
+        help='FlexAttention\'s mask_mod: an expression over b, h, q_idx, kv_idx; where it is false the key is hidden, e.g. "q_idx >= kv_idx and q_idx - kv_idx < 256".',
     ),
     click.option(
         "--score-mod",

@@ -24,6 +24,7 @@ from sdpa_cli.diagnosis.causes import (
 )
 from sdpa_cli.diagnosis.findings import Diagnosis, Finding, Tally, Thresholds
 from sdpa_cli.diagnosis.formats import emulation, headroom, overflow
+from sdpa_cli.diagnosis.pages import input_page, page_sharing, score_page
 from sdpa_cli.diagnosis.rows import classify_rows, head_findings, head_summaries, row_findings
 from sdpa_cli.diagnosis.sentinels import sentinel_fully_masked, sentinel_overflow, weak_sentinels
 from sdpa_cli.engine import precision
@@ -44,6 +45,7 @@ def diagnose(source: Trace | Stats, thresholds: Thresholds | None = None) -> Dia
     working = working_formats(spec)
     tally = Tally(KINDS)
     tally.add(_nonfinite(spec, stats))
+    tally.add(page_sharing(spec))
     tally.add(overflow(spec, stats, working))
     tally.add(sentinel_overflow(spec, stats, working))
     classes = classify_rows(stats, th)  # once: its chance test reads every row
@@ -102,15 +104,17 @@ def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
             if part
         )
         first = argmax_index(bad)
+        page, at_page = input_page(spec, name, first)  # a paged cache: the key's page
         yield Finding(
             "nonfinite",
             "error",
-            f"{label} ({spec.names.get(name, name)}) holds {what}; the first at {format_index(first)}",
+            f"{label} ({spec.names.get(name, name)}) holds {what}; the first at "
+            f"{format_index(first)}{page}",
             hint="every score computed from it is NaN or inf; fix the export, or mask those keys",
             index=first,
             stage="input",
             count=n,
-            details={"tensor": name},
+            details={"tensor": name, **at_page},
         )
 
 
@@ -125,6 +129,7 @@ def _nonfinite_stages(stats: Stats, *, bad_input: bool) -> Iterator[Finding]:
         if first_stage is None:
             first_stage = stage
             cause = " (from the non-finite input)" if bad_input else ""
+            page, at_page = score_page(stats.spec, record.first) if stage != "output" else ("", {})
             hint = None
             if stage in ("raw", "scaled", "capped") and not bad_input:
                 hint = "the inputs' products exceed the format's range; check their magnitudes"
@@ -134,11 +139,12 @@ def _nonfinite_stages(stats: Stats, *, bad_input: bool) -> Iterator[Finding]:
                 "nonfinite",
                 "error",
                 f"non-finite values first appear at {titles.get(stage, stage)}{cause}: "
-                f"{record.count}, the first at {format_index(record.first)}",
+                f"{record.count}, the first at {format_index(record.first)}{page}",
                 hint=hint,
                 index=record.first,
                 stage=stage,
                 count=record.count,
+                details=at_page,
             )
         elif stage == "output":
             yield Finding(
@@ -311,6 +317,7 @@ def _hidden_nonfinite(stats: Stats) -> Iterator[Finding]:
     for name, rec in stats.records.hidden_bad.items():
         if not rec.count:
             continue
+        page, at_page = score_page(stats.spec, rec.first)  # a paged cache: the key's page
         label = name.upper()
         effect = (
             "sdpa's weights ignore it, but kernels that add the mask (−inf + NaN) return NaN"
@@ -321,10 +328,10 @@ def _hidden_nonfinite(stats: Stats) -> Iterator[Finding]:
             "mask_suspect",
             "warning",
             f"{label} holds NaN or inf at keys hidden from {rec.count} (row, key) pairs, the "
-            f"first at {format_index(rec.first)}: {effect}",
+            f"first at {format_index(rec.first)}{page}: {effect}",
             hint=f"zero the padded rows of {label} before export",
             index=rec.first,
             stage="input",
             count=rec.count,
-            details={"tensor": name},
+            details={"tensor": name, **at_page},
         )

@@ -4,6 +4,7 @@ gradient dO (:func:`load_dout`); shared by commands."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine.grad import make_dout
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
+from sdpa_cli.engine.paged import gather_pages
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.cases import is_case_file, load_case
@@ -68,8 +70,9 @@ def load_spec(
     for key in ("bias", "mask", *TENSOR_FLAGS):
         if (given := tensor_paths.get(key)) is not None:
             loaded[key] = load_array(given, name=key)
-            # bias and mask by their file; the others by their flag (--sinks)
-            names[key] = printable(given) if key in ("bias", "mask") else _flag(key)
+            # bias, mask and the block table by their file; the others by their flag (--sinks)
+            by_file = key in ("bias", "mask", "block_table")
+            names[key] = printable(given) if by_file else _flag(key)
     for name, value in flags.items():
         if value is not None:
             raw[name] = value
@@ -77,6 +80,12 @@ def load_spec(
             if flag_where and name in flag_where:
                 where[name] = flag_where[name]
     options = parse_options(raw, where)
+    paging = None
+    if (table := loaded.get("block_table")) is not None:  # a paged cache: K, V gathered once
+        q_shape = tuple(loaded["q"].shape)
+        loaded["k"], loaded["v"], paging = gather_pages(
+            loaded["k"], loaded["v"], table, options, names, q_shape
+        )
     spec = build_spec(
         loaded["q"],
         loaded["k"],
@@ -90,6 +99,8 @@ def load_spec(
         segment_ids_kv=loaded.get("segment_ids_kv"),
         dropout_mask=loaded.get("dropout_mask"),
     )
+    if paging is not None:
+        spec = dataclasses.replace(spec, paging=paging)
     return spec, description
 
 

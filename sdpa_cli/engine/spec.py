@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
 from sdpa_cli.engine.options import Options, scale_factor
+from sdpa_cli.engine.paged import Paging
 from sdpa_cli.engine.spec_checks import (
     check_documents,
     check_dropout_mask,
@@ -82,6 +83,7 @@ class AttentionSpec:
     only keys of its own segment (JAX's ``q_segment_ids``, ``kv_segment_ids``)."""
     dropout_mask: NDArray[np.bool_] | None = None
     """``--dropout-mask``: the keep mask replayed in place of the drawn one, (..., L, S)."""
+    paging: Paging | None = None  # K and V gathered from a paged cache's pages (--block-table)
 
     @property
     def mask_is_bool(self) -> bool:

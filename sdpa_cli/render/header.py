@@ -40,6 +40,16 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     if spec.group > 1:
         dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
     grid.add_row("dims", Text(dims))
+    if (paging := spec.paging) is not None:
+        pages = f"{plural(paging.num_pages, 'page')} of {plural(paging.page_size, 'key')}"
+        shared = f"; {plural(paging.prefix_pages, 'page')} shared as a prefix"
+        grid.add_row(
+            "paged",
+            Text(
+                f"K and V gathered from {pages} by the block table {paging.label} "
+                f"{shape(paging.table.shape)}" + (shared if paging.prefix_pages else "")
+            ),
+        )
     if o.framework is not None:
         grid.add_row("as", Text(f"{o.framework} ({convention(o.framework).title})"))
     if o.layout == "bshd":
