@@ -127,10 +127,11 @@ INPUT_TENSORS = (
     "segment_ids_kv",
     "dropout_mask",
     "block_table",
+    "qv",
 )
 """The tensors a computation reads (a case file's keys, a manifest's, a flag's name)."""
 
-TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask", "block_table")
+TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask", "block_table", "qv")
 """Tensors given by a flag ``--NAME FILE`` besides Q, K, V, ``--bias`` and ``--mask``
 (``block_table``: K and V are a paged cache, :mod:`sdpa_cli.engine.paged`)."""
 

@@ -23,6 +23,7 @@ from sdpa_cli.check.settings import Overrides
 from sdpa_cli.errors import ExitCode, SpecError
 from sdpa_cli.files.limits import cores
 from sdpa_cli.files.writers import Writer
+from sdpa_cli.names import INPUT_TENSORS
 from sdpa_cli.report import check_document, check_exit_code, junit_xml, to_json
 
 
@@ -130,8 +131,9 @@ def run_check(
     if case.inputs or case.tensors or case.expect or case.partials:
         raise SpecError(
             "--manifest",
-            "the manifest lists inputs and expectations; give no Q K V, --bias, --mask, --sinks, "
-            "--segment-ids, --dropout-mask, --block-table or --expect-* beside it",
+            "the manifest lists inputs and expectations; give no Q K V, "
+            + ", ".join(f"--{n.replace('_', '-')}" for n in INPUT_TENSORS[3:])
+            + " or --expect-* beside it",
         )
     if manifest.cluster is not None and jobs is not None:
         raise SpecError("--jobs", "the cluster's workers run the cases; give --jobs or --cluster")

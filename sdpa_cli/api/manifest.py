@@ -88,8 +88,9 @@ def _entries(
         if key not in known:
             raise InputError(
                 f"{where}: {printable(str(raw_key))}",
-                "unknown key; expected name, case or q/k/v, bias, mask, sinks, segment-ids, "
-                "segment-ids-kv, dropout-mask, block-table, expect-output, expect-weights, expect-lse, "
+                "unknown key; expected name, case or q/k/v, "
+                + ", ".join(n.replace("_", "-") for n in INPUT_TENSORS[3:])
+                + ", expect-output, expect-weights, expect-lse, "
                 "expect-dq, expect-dk, expect-dv, expect-dbias, expect-dsinks, dout, "
                 "expect-partials, decode, an option of compute or a setting of check",
             )

@@ -72,6 +72,13 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Attention sinks (gpt-oss): one logit per query head, (H,) or (1,), joining every row's softmax as an extra column that V does not read.",
     ),
     click.option(
+        "--qv",
+        "qv_path",
+        metavar="FILE",
+        shell_complete=files,
+        help="FlashAttention's qv term (absorbed MLA): Q's shape with V's width; qv·Vᵀ joins the scores, and the default scale is 1/√(E + Ev).",
+    ),
+    click.option(
         "--segment-ids",
         "segment_ids_path",
         metavar="FILE",

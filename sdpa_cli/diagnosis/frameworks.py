@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from sdpa_cli.engine.conventions import CONVENTIONS, Convention
-from sdpa_cli.engine.options import Options, parse_mask_value
 from sdpa_cli.engine.masks import document_of
+from sdpa_cli.engine.options import Options, parse_mask_value
 from sdpa_cli.engine.positions import documents, item_offsets
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import trace
@@ -240,7 +240,8 @@ def _moving_rows(spec: AttentionSpec, a: str, b: str) -> np.ndarray:
     """The rows whose diagonal the alignments ``a`` and ``b`` place differently: those
     of the batch items (packed documents) whose offsets differ, ``(*lead, L)``."""
     shape = (*spec.lead, spec.L)
-    differs = np.array([x != y for x, y in zip(item_offsets(spec, a), item_offsets(spec, b))])
+    pairs = zip(item_offsets(spec, a), item_offsets(spec, b), strict=True)
+    differs = np.array([x != y for x, y in pairs])
     docs = documents(spec)
     if docs is not None:  # one offset per document along L
         return np.broadcast_to(differs[document_of(docs.cu_q, np.arange(spec.L))], shape)

@@ -89,6 +89,11 @@ def make_dout(
     Raises:
         SpecError: when the array's shape is not the output's, or its values not numbers.
     """
+    if spec.qv_width:  # dK would hold V's gradient through the scores: not split back
+        raise SpecError(
+            "--qv",
+            "the backward pass of the qv term is not supported (nor is it in FlashAttention-3)",
+        )
     shape = spec.merged_output_shape
     if isinstance(given, str):
         if given == "ones":

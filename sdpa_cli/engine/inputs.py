@@ -70,8 +70,8 @@ def load_spec(
     for key in ("bias", "mask", *TENSOR_FLAGS):
         if (given := tensor_paths.get(key)) is not None:
             loaded[key] = load_array(given, name=key)
-            # bias, mask and the block table by their file; the others by their flag (--sinks)
-            by_file = key in ("bias", "mask", "block_table")
+            # bias, mask, the block table and qv by their file; the others by their flag (--sinks)
+            by_file = key in ("bias", "mask", "block_table", "qv")
             names[key] = printable(given) if by_file else _flag(key)
     for name, value in flags.items():
         if value is not None:
@@ -98,6 +98,7 @@ def load_spec(
         segment_ids=loaded.get("segment_ids"),
         segment_ids_kv=loaded.get("segment_ids_kv"),
         dropout_mask=loaded.get("dropout_mask"),
+        qv=loaded.get("qv"),
     )
     if paging is not None:
         spec = dataclasses.replace(spec, paging=paging)

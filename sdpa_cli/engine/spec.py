@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
+from sdpa_cli.engine.matrices import matrices, with_qv
 from sdpa_cli.engine.options import Options, scale_factor
 from sdpa_cli.engine.paged import Paging
 from sdpa_cli.engine.spec_checks import (
@@ -41,7 +42,6 @@ from sdpa_cli.engine.spec_checks import (
     check_sinks,
 )
 from sdpa_cli.errors import SpecError
-from sdpa_cli.text import shown
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ class AttentionSpec:
     only keys of its own segment (JAX's ``q_segment_ids``, ``kv_segment_ids``)."""
     dropout_mask: NDArray[np.bool_] | None = None
     """``--dropout-mask``: the keep mask replayed in place of the drawn one, (..., L, S)."""
+    qv_width: int = 0
+    """The width Ev of FlashAttention's ``qv`` term, folded into Q and K (0: none)."""
     paging: Paging | None = None  # K and V gathered from a paged cache's pages (--block-table)
 
     @property
@@ -218,43 +220,6 @@ def _check_numeric(name: str, label: str, a: NDArray[Any]) -> None:
         raise SpecError(label, f"{name} has dtype {a.dtype}; expected numbers (float, int or bool)")
 
 
-def _split_heads(
-    a: NDArray[Any], n: int, name: str, label: str, option: str = "--heads"
-) -> NDArray[Any]:
-    """(..., L, D) → (..., n, L, D/n), as a view."""
-    D = a.shape[-1]
-    if D % n:
-        raise SpecError(
-            option, f"{name}'s last axis ({D}, from {label}) is not divisible by {shown(n)}"
-        )
-    parts = a.reshape(*a.shape[:-1], n, D // n)
-    return np.moveaxis(parts, -2, -3)
-
-
-def _kv_width_error(E: int, Dk: int, heads: int, kv_heads: int | None, label: str) -> None:
-    """K's heads are not as wide as Q's after the split: say how many K/V heads K's
-    model dimension holds at Q's head width, when it holds a whole number of them."""
-    if kv_heads is not None:
-        raise SpecError(
-            "--kv-heads",
-            f"K's last axis ({Dk}, from {label}) holds {kv_heads} heads of {Dk // kv_heads}, "
-            f"but Q's heads are {E} wide; K should hold {kv_heads}·{E} = {kv_heads * E}",
-        )
-    G = Dk // E if E and Dk % E == 0 else 0
-    if G and heads % G == 0:
-        raise SpecError(
-            label,
-            f"K's last axis ({Dk}) is not {heads} heads of Q's width {E}, but {G} of them: "
-            f"give --kv-heads {G} (grouped-query attention)",
-        )
-
-
-def _from_bshd(a: NDArray[Any]) -> NDArray[Any]:
-    """(..., L, H, E) → (..., H, L, E), as a view; a tensor of fewer than three axes
-    has no head axis and is read as it is."""
-    return np.swapaxes(a, -3, -2) if a.ndim >= 3 else a
-
-
 def _pad(a: NDArray[Any], lead_len: int) -> NDArray[Any]:
     """Add leading axes of size 1 so that ``a`` has ``lead_len + 2`` dimensions."""
     return a.reshape((1,) * (lead_len + 2 - a.ndim) + a.shape)
@@ -273,6 +238,7 @@ def build_spec(
     segment_ids: NDArray[Any] | None = None,
     segment_ids_kv: NDArray[Any] | None = None,
     dropout_mask: NDArray[Any] | None = None,
+    qv: NDArray[Any] | None = None,
 ) -> AttentionSpec:
     """Check shapes and options once and return the frozen spec.
 
@@ -287,6 +253,8 @@ def build_spec(
         segment_ids, segment_ids_kv: integer ids per query ``(L,)``/``(B, L)`` and per
             key ``(S,)``/``(B, S)``; the queries' serve the keys by default.
         dropout_mask: a keep mask (bool or 0/1) broadcastable to ``(..., L, S)``.
+        qv: FlashAttention's ``qv`` term, Q's shape with V's width: ``qv · vᵀ`` joins
+            the scores (:func:`~sdpa_cli.engine.matrices.with_qv`).
 
     Raises:
         SpecError: naming the tensor or option, with what was expected and what came.
@@ -294,7 +262,7 @@ def build_spec(
     opts = options or Options()
     labels = {
         n: (names or {}).get(n, n.upper() if n in "qkv" else f"--{n}")
-        for n in ("q", "k", "v", "bias", "mask", "sinks")
+        for n in ("q", "k", "v", "bias", "mask", "sinks", "qv")
     }
     tensors = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask, "sinks": sinks}
     shapes = {n: tuple(a.shape) for n, a in tensors.items() if a is not None}
@@ -302,10 +270,13 @@ def build_spec(
         if a is not None:
             _check_numeric(n.upper() if n in "qkv" else n, labels[n], a)
 
-    q, k, v = _matrices(q, k, v, opts, labels)
+    q, k, v = matrices(q, k, v, opts, labels)
+    _check_dims(q, k, v, labels, shapes)
+    if qv is not None:
+        _check_numeric("qv", labels["qv"], qv)
+        q, k = with_qv(q, k, v, qv, opts, labels["qv"])
     L, E = q.shape[-2:]
     S, Ev = k.shape[-2], v.shape[-1]
-    _check_dims(q, k, v, labels, shapes)
     head_axis = -2 if opts.layout == "bshd" else -3  # in the tensors as loaded
     group = _group(q.shape[:-2], k.shape[:-2], v.shape[:-2], labels, shapes, head_axis)
     lead = _lead(q.shape[:-2], k.shape[:-2], v.shape[:-2], group, labels, shapes)
@@ -355,52 +326,11 @@ def build_spec(
         sinks=sinks,
         segment_ids=segments,
         dropout_mask=keep,
+        qv_width=0 if qv is None else int(Ev),
     )
 
 
 Shapes = Mapping[str, tuple[int, ...]]
-
-
-def _matrices(
-    q: NDArray[Any], k: NDArray[Any], v: NDArray[Any], opts: Options, labels: Mapping[str, str]
-) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
-    """Q, K and V as stacks of matrices: a 1-D tensor is one row (one query, one key,
-    one value); with ``--heads`` the model dimension splits into heads (K and V into
-    ``--kv-heads`` of them); under ``--layout bshd`` the head axis moves before L."""
-    q, k, v = (a.reshape(1, -1) if a.ndim == 1 else a for a in (q, k, v))
-    for n, a in (("Q", q), ("K", k), ("V", v)):
-        if a.ndim == 0:
-            raise SpecError(
-                labels[n.lower()], f"{n} is a scalar; expected a matrix ({n}: (..., rows, dim))"
-            )
-    heads, kv_heads = opts.heads, opts.kv_heads
-    if kv_heads is not None and heads is None:
-        raise SpecError(
-            "--kv-heads",
-            "needs --heads: it splits K and V of (..., S, d_model_kv) into G heads, "
-            "as --heads splits Q",
-        )
-    if opts.layout == "bshd" and heads is not None:
-        raise SpecError(
-            "--layout",
-            "bshd reads (B, L, H, E) tensors, --heads splits (..., L, d_model) ones; give one",
-        )
-    if opts.layout == "bshd":
-        return _from_bshd(q), _from_bshd(k), _from_bshd(v)
-    if heads is not None:
-        G = heads if kv_heads is None else kv_heads
-        if heads % G:
-            raise SpecError(
-                "--kv-heads",
-                f"{G} key/value heads do not divide the {heads} query heads (--heads)",
-            )
-        q = _split_heads(q, heads, "Q", labels["q"])
-        k = _split_heads(k, G, "K", labels["k"], "--heads" if kv_heads is None else "--kv-heads")
-        v = _split_heads(v, G, "V", labels["v"], "--heads" if kv_heads is None else "--kv-heads")
-        E, Ek = q.shape[-1], k.shape[-1]
-        if Ek != E:
-            _kv_width_error(E, Ek * G, heads, kv_heads, labels["k"])
-    return q, k, v
 
 
 def _check_dims(

@@ -40,6 +40,10 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
     if spec.group > 1:
         dims += f", grouped-query: {spec.H} query heads share {spec.H // spec.group} kv heads"
     grid.add_row("dims", Text(dims))
+    if spec.qv_width:
+        width = spec.E - spec.qv_width
+        rule = f"scores Q·Kᵀ + qv·Vᵀ (E = {width} + {spec.qv_width})"
+        grid.add_row("qv", Text(f"{spec.names.get('qv', '--qv')}: {rule}"))
     if (paging := spec.paging) is not None:
         pages = f"{plural(paging.num_pages, 'page')} of {plural(paging.page_size, 'key')}"
         shared = f"; {plural(paging.prefix_pages, 'page')} shared as a prefix"
