@@ -261,3 +261,18 @@ MODEL_METRICS = (
 
 NOTABLE_HEADS = ("sink", "dead", "saturated")
 """What a notable head of the grid is, in the order listed."""
+
+# --- sdpa diff --------------------------------------------------------------------------
+
+PAIRINGS = ("name", "layer", "order")
+"""How ``sdpa diff`` pairs two runs' calls, in the order it tries them."""
+
+COMPARED = ("q", "k", "v", "output")
+"""What ``sdpa diff`` compares of each pair of calls: the inputs, then the output."""
+
+DIVERGENCES = ("upstream", "kernel")
+"""Where a call of run B parts from run A's: upstream of attention (Q, K, V, the mask,
+a shape, the scale), or in the kernel (an output that fails against its own inputs)."""
+
+DIFF_RUNS = ("a", "b")
+"""The two runs ``sdpa diff`` compares: A, the reference, and B, judged against it."""

@@ -73,6 +73,7 @@ DOCUMENTS = {
     "inspect": "inspect",
     "samples": "samples",
     "report": "report",
+    "diff": "diff",
 }
 """Command → the schema of its document (``report``'s depends on its subcommand)."""
 

@@ -41,6 +41,10 @@ JARGON = (
     "not rounding",
     "RMS error",
     "mismatched elements",
+    "unit roundoff",
+    "first divergence",
+    "upstream of attention",
+    "in the kernel",
 )
 
 

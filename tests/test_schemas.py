@@ -142,6 +142,14 @@ ENUMS: dict[tuple[str, str], tuple[Any, ...]] = {
     ("grad", "/properties/dout/properties/source"): (*names.DOUT_SOURCES, "file"),
     ("report-model", "/properties/metrics/propertyNames"): names.MODEL_METRICS,
     ("report-model", "/properties/notable/items/properties/kind"): names.NOTABLE_HEADS,
+    ("diff", "/properties/pairing/properties/by"): names.PAIRINGS,
+    ("diff", "/properties/calls/items/properties/differences/propertyNames"): names.COMPARED,
+    ("diff", "/properties/calls/items/properties/differ/items"): (*names.COMPARED[:3], "mask"),
+    ("diff", "/properties/calls/items/properties/kernel/anyOf/0/properties/run"): names.DIFF_RUNS,
+    ("diff", "/properties/calls/items/properties/kernel_a/anyOf/0/properties/run"): names.DIFF_RUNS,
+    ("diff", "/properties/calls/items/properties/where/anyOf/0"): names.DIVERGENCES,
+    ("diff", "/properties/first/anyOf/0/properties/where"): names.DIVERGENCES,
+    ("diff", "/properties/exit_code"): (ExitCode.OK, ExitCode.CHECK_FAILED, ExitCode.BAD_INPUT),
 }
 """Every enum of every schema file (its file and JSON pointer) → the list of names it
 must equal: the schemas cannot drift from :mod:`sdpa_cli.names`."""
@@ -284,6 +292,21 @@ def test_samples_and_report_model(jsonschema: Any) -> None:
     assert_valid(jsonschema, doc, "report-model")
 
 
+@pytest.mark.parametrize(
+    ("run", "code"),
+    [
+        ("bfloat16", ExitCode.OK),
+        ("rotary_bug", ExitCode.CHECK_FAILED),
+        ("kernel_bug", ExitCode.CHECK_FAILED),
+    ],
+)
+def test_diff(jsonschema: Any, run: str, code: int) -> None:
+    a, b = (str(SAMPLES / "diff" / f"{name}.yaml") for name in ("float32", run))
+    doc = run_json("diff", a, b, code=code)
+    assert_valid(jsonschema, doc, "diff")
+    assert doc["exit_code"] == code
+
+
 # --- check: one shape for one case, a manifest, shards and their merge -----------------------
 
 
@@ -407,6 +430,7 @@ def test_the_hook_knows_each_command_s_schema() -> None:
     assert schema_name(["compute", "x.yaml", "--frameworks"]) == "frameworks"
     assert schema_name(["report", "merge", "a.json"]) == "check"
     assert schema_name(["report", "model", "m.yaml"]) == "report-model"
+    assert schema_name(["diff", "runs/a", "runs/b"]) == "diff"
     assert schema_name(["--debug", "inspect", "a.npz"]) == "inspect"
     assert schema_name(["capture", "script.py"]) is None
 

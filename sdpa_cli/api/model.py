@@ -147,7 +147,7 @@ def _grid_row(
     try:
         spec, _ = case.load()
         with case.reading():
-            expected = _expected_output(spec, case)
+            expected = expected_output(spec, case)
         with watch(spec, name) as progress:
             pool = pattern_pool(spec.L, spec.S, share * spec.H) if share else 0
             heads = head_metrics(spec, th, expected, jobs=jobs, progress=progress, pool=pool)
@@ -156,7 +156,7 @@ def _grid_row(
     return GridRow(name, layer, heads)
 
 
-def _expected_output(spec: AttentionSpec, case: Case) -> NDArray[Any] | None:
+def expected_output(spec: AttentionSpec, case: Case) -> NDArray[Any] | None:
     """The case's expect-output in the computation's layout ``(*lead, L, Ev)`` (heads
     split under ``heads``), fitted as sdpa check fits it; None without one."""
     path = case.expect.get("output")

@@ -199,6 +199,7 @@ COMMANDS = {
     "completion": "Print the script that completes sdpa's commands, options and files in SHELL.",
     "compute": "Compute attention and show every stage: raw, scaled and masked scores, "
     "weights, output.",
+    "diff": "Compare two runs of a model call by call, and name the first call that diverges.",
     "explain": "Walk one (batch, head) slice through every stage, saying what each did.",
     "grad": "Compute dQ, dK, dV (and d(bias)) of the loss Σ O ⊙ dO, and judge the "
     "gradients' health.",

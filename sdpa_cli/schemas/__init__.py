@@ -18,7 +18,17 @@ from typing import Any
 SCHEMA_VERSION = 1
 """The version of every document's shape, written as each document's first key."""
 
-NAMES = ("compute", "explain", "grad", "frameworks", "check", "inspect", "report-model", "samples")
+NAMES = (
+    "compute",
+    "explain",
+    "grad",
+    "frameworks",
+    "check",
+    "inspect",
+    "report-model",
+    "samples",
+    "diff",
+)
 """One schema per kind of document; ``defs`` holds the parts they share."""
 
 
