@@ -31,6 +31,7 @@ from typing import Any
 from sdpa_cli.capture.backward import Gradients
 from sdpa_cli.capture.calls import GRADIENTS, Call, layer_of
 from sdpa_cli.capture.hooks import Interceptor
+from sdpa_cli.capture.layers import case_description, describe_layer
 from sdpa_cli.capture.writer import (
     add_safetensors,
     file_stem,
@@ -252,6 +253,7 @@ class Capture:
             if not self._wanted(name):
                 return
             call = build()
+            describe_layer(call, module, self.torch)
             problem = unwritable(call.tensors)
             if problem is not None:
                 call.tensors = {}
@@ -310,12 +312,7 @@ class Capture:
             self.skipped += 1
             entry["skipped"] = call.skip
         else:
-            where = f", layer {layer}" if layer is not None else ""
-            kind = call.info["mask"].split(" ")[0]
-            description = (
-                f"call {number}{where}: {call.source} on {call.info['device']}, "
-                f"{call.info['dtype']}, {'no' if kind == 'none' else kind} mask"
-            )
+            description = case_description(call, number, layer)
             self.cases.append(manifest_case(name, file, call.tensors, call.options, description))
         self.calls.append(entry)
         # On disk at once: a program that ends without unwinding (os._exit, a crash in
