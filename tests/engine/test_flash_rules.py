@@ -266,3 +266,36 @@ def test_a_query_offset_with_the_per_item_alignment_is_refused() -> None:
     )
     with pytest.raises(SpecError, match="replaces --causal-align lower-right-per-item"):
         build_spec(q, k, v, options=options)
+
+
+# --- what sdpa check says of a kernel that slips ---------------------------------------------
+
+
+def hint_for(export_options: dict[str, Any], options: dict[str, Any]) -> tuple[str, str | None]:
+    from sdpa_cli.check.records import Expected
+    from sdpa_cli.check.run import run_checks
+
+    q, k, v = (np.swapaxes(a, 1, 2) for a in flash_inputs(9, 16, seed=8))
+    spec = build_spec(q, k, v, options=Options(**export_options))
+    export = trace(spec, stages=("output",)).output
+    report = run_checks(
+        build_spec(q, k, v, options=Options(**options)), [Expected("output", export, "o.npy")]
+    )
+    close = next(c for c in report.checks if c.name == "output.close")
+    return close.status, close.hint
+
+
+def test_a_kernel_that_ignores_the_chunks_is_named() -> None:
+    status, hint = hint_for({"causal": True}, {"causal": True, "attention_chunk": 4})
+    assert status == "fail"
+    assert hint is not None and "no --attention-chunk" in hint
+
+
+def test_a_kernel_with_each_items_own_diagonal_is_named() -> None:
+    lengths = {"key_lengths": (16, 11, 9)}
+    status, hint = hint_for(
+        {"causal": True, "causal_align": "lower-right-per-item", **lengths},
+        {"causal": True, "causal_align": "lower-right", **lengths},
+    )
+    assert status == "fail"
+    assert hint is not None and "--causal-align lower-right-per-item" in hint
