@@ -25,8 +25,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine.options import Options
 from sdpa_cli.errors import SpecError
-from sdpa_cli.files import limits
-from sdpa_cli.text import sig
+from sdpa_cli.files.opening import check_fits
 
 KEPT_SHARED = 8
 """Pages shared amiss kept as examples (all are counted)."""
@@ -152,13 +151,7 @@ def gather_pages(
     S = int(lengths.max(initial=0)) if options.key_lengths is not None else max_pages * page_size
     E, Ev = int(k.shape[-1]), int(v.shape[-1])
     need = B * S * G * (E * k.dtype.itemsize + Ev * v.dtype.itemsize)
-    available = limits.available_memory()
-    if available is not None and need > available:
-        raise SpecError(
-            label,
-            f"K and V gathered from the pages need {_size(need)}, but {_size(available)} of "
-            "memory is available",
-        )
+    check_fits(need, label, "for K and V gathered from the pages")
     keys, values = (np.zeros((B, S, G, a.shape[-1]), dtype=a.dtype) for a in (k, v))
     for b in range(B):
         used = -(-int(lengths[b]) // page_size)
@@ -180,11 +173,6 @@ def gather_pages(
     if options.layout != "bshd":  # Q is (B, H, L, E): K and V come as (B, G, S, ·)
         keys, values = np.swapaxes(keys, 1, 2), np.swapaxes(values, 1, 2)
     return keys, values, paging
-
-
-def _size(n: int) -> str:
-    """Bytes as people read them: ``14.9 GiB``, ``10.5 MiB``."""
-    return f"{sig(n / 2**30, 3)} GiB" if n >= 2**30 else f"{sig(n / 2**20, 3)} MiB"
 
 
 def _lengths(options: Options, B: int, most: int, page_size: int, label: str) -> NDArray[np.int64]:

@@ -152,14 +152,14 @@ def _gib(n: int) -> str:
     return f"{n / 2.0**30:.1f}"
 
 
-def check_fits(nbytes: int, label: str) -> None:
-    """Refuse, before allocating, ``nbytes`` that the machine's memory cannot hold."""
+def check_fits(nbytes: int, label: str, doing: str = "to be read") -> None:
+    """Refuse, before allocating, ``nbytes`` that the machine's memory cannot hold
+    (``doing``: what they are for, as the message says it)."""
     available = limits.available_memory()
     if available is not None and nbytes > available:
         raise InputError(
             label,
-            f"needs {_gib(nbytes)} GiB of memory to be read, but {_gib(available)} GiB "
-            "is available",
+            f"needs {_gib(nbytes)} GiB of memory {doing}, but {_gib(available)} GiB is available",
         )
 
 

@@ -24,7 +24,7 @@ from sdpa_cli.engine.options import Options
 from sdpa_cli.engine.paged import gather_pages
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import trace
-from sdpa_cli.errors import SpecError
+from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.files import limits
 
 TOL = 1e-9
@@ -272,5 +272,5 @@ def test_the_gathered_cache_must_fit_in_memory(
 ) -> None:
     paths = saved(tmp_path, paged_cache(np.random.default_rng(13)))
     monkeypatch.setattr(limits, "available_memory", lambda: 2**13)
-    with pytest.raises(SpecError, match=r"need 0\.0103 MiB, but 0\.00781 MiB of memory"):
+    with pytest.raises(InputError, match=r"needs 0\.0 GiB of memory for K and V gathered"):
         paged_spec(paths)
