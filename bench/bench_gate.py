@@ -4,8 +4,10 @@ every real bug, by default, and names the bug.
 
 A benchmark of verdicts, not of time. Every export of bench/gate_kernels.py (PyTorch's CPU
 SDPA fused and math, Hugging Face eager attention in tiny random Llama, Mistral, Gemma 2,
-BERT and ModernBERT models, JAX's XLA attention; float16, bfloat16 and float32) is checked
-as a user would check it, with no tolerance flag:
+BERT and ModernBERT models, JAX's XLA attention; float16, bfloat16 and float32; and
+FlashAttention-3's FP8 forward emulated in bench/gate_fp8.py, e4m3 with descales, whose
+bugs are the descales misapplied) is checked as a user would check it, with no tolerance
+flag:
 
     sdpa check q.npy k.npy v.npy --expect-output out.npy [--expect-weights w.npy]
         [--expect-lse lse.npy] [--mask mask.npy] [--segment-ids ids.npy] FLAGS --format json

@@ -144,6 +144,7 @@ class Reference:
     sinks: F64 | None = None  # (H,): a logit per head that takes weight and gives no value
     keep: Bool | None = None  # dropout's keep mask (B, H, L, S), replayed
     dropout: float = 0.0  # its probability: kept weights are divided by 1 − p
+    descale: tuple[F64, F64, F64] | None = None  # FP8 descales of Q, K, V (B, G): values × them
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,9 @@ def attention64(export: Export) -> F64:
     ref = export.reference
     q, k, v = (np.asarray(export.arrays[n], np.float64) for n in "qkv")
     group = q.shape[-3] // k.shape[-3]  # query head h reads kv head h // (H / G)
+    if ref.descale is not None:  # FP8 values: the real values are them × their descales
+        qd, kd, vd = (d[..., None, None] for d in ref.descale)
+        q, k, v = q * np.repeat(qd, group, axis=-3), k * kd, v * vd
     k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
     s = np.einsum("BHLE,BHSE->BHLS", q, k) * ref.scale
     if ref.softcap is not None:
@@ -341,9 +345,13 @@ FILE_OPTIONS = {
     "dq": "--expect-dq",
     "dk": "--expect-dk",
     "dv": "--expect-dv",
+    "q_descale": "--q-descale",
+    "k_descale": "--k-descale",
+    "v_descale": "--v-descale",
 }
+DESCALE_ARRAYS = ("q_descale", "k_descale", "v_descale")  # FP8 descales (B, G), per head
 FILE_ARRAYS = frozenset(
-    {"mask", "segments", "sinks", "dropout_mask"}
+    {"mask", "segments", "sinks", "dropout_mask", *DESCALE_ARRAYS}
 )  # arrays that describe the computation
 
 
@@ -1265,6 +1273,7 @@ FAMILIES: dict[str, tuple[tuple[str, ...], Callable[[], list[Case]]]] = {
     "torch": (("torch",), torch_cases),
     "hf": (("torch", "transformers"), hf_cases),
     "jax": (("jax",), jax_cases),
+    "fp8": ((), lambda: importlib.import_module("gate_fp8").cases()),  # FlashAttention-3's FP8
 }
 
 

@@ -128,8 +128,16 @@ INPUT_TENSORS = (
     "dropout_mask",
     "block_table",
     "qv",
+    "q_descale",
+    "k_descale",
+    "v_descale",
 )
 """The tensors a computation reads (a case file's keys, a manifest's, a flag's name)."""
+
+DESCALES = ("q_descale", "k_descale", "v_descale")
+"""FP8 descale factors of Q, K and V (FlashAttention-3's ``q_descale``, ...): each a
+positive number, or a tensor ``(B, G)``; a number is a tensor of its own here
+(``--q-descale 0.02``), so these are the tensors that may be given as one."""
 
 TENSOR_FLAGS = ("sinks", "segment_ids", "segment_ids_kv", "dropout_mask", "block_table", "qv")
 """Tensors given by a flag ``--NAME FILE`` besides Q, K, V, ``--bias`` and ``--mask``

@@ -1,6 +1,5 @@
-"""Machine-readable payloads: a trace as JSON, YAML and .npz; what ``inspect`` read as
-JSON; check reports as JSON, JUnit XML and GitHub Actions annotations; the exit status
-of ``check``.
+"""Machine-readable payloads: a trace as JSON, YAML and .npz; what ``inspect`` read as JSON;
+check reports as JSON, JUnit XML and GitHub Actions annotations; the exit status of ``check``.
 
 JSON has no infinities or NaN, so non-finite numbers are written as the strings
 ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` (the convention of Protocol Buffers'
@@ -100,6 +99,7 @@ def setup_payload(
             "cu_seqlens": list(o.cu_seqlens) if o.cu_seqlens else None,
             "cu_seqlens_k": list(o.cu_seqlens_k) if o.cu_seqlens_k else None,
             "sinks": None if spec.sinks is None else [float(x) for x in spec.sinks],
+            "descale": None if spec.descale is None else spec.descale.payload(),
             "mask_true_means": o.mask_true_means,
             "mask_value": json_number(o.mask_value) if for_json else o.mask_value,
             "dropout": o.dropout,

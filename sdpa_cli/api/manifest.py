@@ -61,7 +61,7 @@ from sdpa_cli.files.confine import confine
 from sdpa_cli.files.loaders import Source
 from sdpa_cli.files.remote import is_url
 from sdpa_cli.files.structured import TEXT_SUFFIXES, parse_text
-from sdpa_cli.names import EXPORTS, INPUT_TENSORS
+from sdpa_cli.names import DESCALES, EXPORTS, INPUT_TENSORS
 from sdpa_cli.text import as_typed, printable, shown
 
 INPUT_KEYS = ("case", *INPUT_TENSORS)
@@ -94,7 +94,9 @@ def _entries(
                 "expect-dq, expect-dk, expect-dv, expect-dbias, expect-dsinks, dout, "
                 "expect-partials, decode, an option of compute or a setting of check",
             )
-        if key in PATH_KEYS:
+        if key in DESCALES and isinstance(value, (int, float)) and not isinstance(value, bool):
+            paths[key] = repr(float(value))  # a descale given as a number, not a file
+        elif key in PATH_KEYS:
             if not isinstance(value, str):
                 raise InputError(f"{where}: {raw_key}", f"expected a file path, got {shown(value)}")
             if is_url(value) and key in ("case", "expect_partials"):

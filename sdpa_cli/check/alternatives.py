@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from sdpa_cli.check.exports import EXPORT_STAGES, as_reference, tensor_values
 from sdpa_cli.engine import masks, positions
 from sdpa_cli.engine.block import dropout_keep, softmax, softmax_lse, visibility
+from sdpa_cli.engine.fp8 import descale_slips
 from sdpa_cli.engine.options import scale_factor
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.engine.trace import Trace, merge_heads, trace
@@ -147,6 +148,7 @@ def _kernel_slips(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
     """Computations no option asks for, which a kernel's bug makes: the causal mask
     built the wrong way round, the packed documents' boundaries ignored."""
     yield from _flipped_causal(spec)
+    yield from descale_slips(spec)  # an FP8 kernel's descales misapplied
     mask = spec.mask
     if (
         mask is not None

@@ -186,6 +186,8 @@ def export_dtype(spec: AttentionSpec, expected: list[Expected]) -> str:
     if spec.options.emulated:
         return spec.options.dtype
     names = {str(e.values.dtype) for e in expected} | set(input_dtypes(spec))
+    if spec.descale is not None:  # Q, K, V are FP8 values, held dequantized in float64
+        names.add(spec.descale.fmt)
     return next((d for d in reversed(precision.FORMATS) if d in names), "float64")
 
 
@@ -203,6 +205,8 @@ def as_seen_by_kernel(spec: AttentionSpec, export: str) -> AttentionSpec:
     from the unrounded ones would charge it with their rounding (PyTorch's kernel
     tests build the reference from the low-precision inputs too). A bias and a
     mask keep their own dtype."""
+    if spec.descale is not None:  # FP8 values with descales: rounded at the entry already
+        return spec
     target = precision.numpy_dtype(export)
     order = precision.FORMATS.index
 

@@ -30,6 +30,7 @@ from sdpa_cli.check.exports import EXPORT_STAGES, Fitted, as_naive, tensor_value
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.fp8 import judged_in
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import Trace, trace
 from sdpa_cli.engine.types import F64, Index
@@ -200,7 +201,7 @@ def _option_hints(
         for name in pending:
             got = alt.values(name, fitted[name].merged)
             if got is not None and export_matches(
-                pick(fitted[name].values), pick(got), pick(ref[name]), export
+                pick(fitted[name].values), pick(got), pick(ref[name]), judged_in(spec, export)
             ):
                 hints[name] = alt.hint
                 if matched is not None and alt.spec is not None:

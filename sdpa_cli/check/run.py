@@ -59,6 +59,7 @@ from sdpa_cli.engine.arrays import NUMPY, Backend
 from sdpa_cli.engine.block import block_lse, native_dtype
 from sdpa_cli.engine.driver import Place, Progress, sweep
 from sdpa_cli.engine.forward import first_moments, forward, lean_backend, query_block
+from sdpa_cli.engine.fp8 import judged_in
 from sdpa_cli.engine.online import weighed_keys
 from sdpa_cli.engine.positions import documents
 from sdpa_cli.engine.records import Moments, Records
@@ -411,7 +412,7 @@ def _compared_with(
         tols[name] = _tolerance(settings, export, ref[name], naive)
     judgement = plain = None
     if settings.tolerance == "kernel" and naive_spec is not None:
-        judgement = Judgement(export, factor=factor_for(export, settings.fudge))
+        judgement = Judgement(judged_in(spec, export), factor=factor_for(export, settings.fudge))
         need = needed_rows(spec, fitted, found.reference, judgement)
         plain = plain_values(naive_spec, fitted, need, jobs)
     support = None

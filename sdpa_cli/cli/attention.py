@@ -207,6 +207,27 @@ ATTENTION_OPTIONS: list[Callable[[F], F]] = [
         help="Run as a kernel in FORMAT: float64 (default, exact), float32, float16, bfloat16, float8_e4m3fn, float8_e5m2; reports the error against float64.",
     ),
     click.option(
+        "--q-descale",
+        "q_descale_path",
+        metavar="X|FILE",
+        shell_complete=files,
+        help="FP8 inputs with descales (FlashAttention-3's q_descale): Q holds FP8 values whose real values are Q · X; X a positive number, or a file of shape (B, G) (batch, kv heads; each group's query heads read theirs). With an FP8 --dtype the run is FlashAttention-3's FP8 kernel: P rounded to FP8 before P·V, the output in bfloat16.",
+    ),
+    click.option(
+        "--k-descale",
+        "k_descale_path",
+        metavar="X|FILE",
+        shell_complete=files,
+        help="K's descale (FlashAttention-3's k_descale): a positive number or a file (B, G), as --q-descale.",
+    ),
+    click.option(
+        "--v-descale",
+        "v_descale_path",
+        metavar="X|FILE",
+        shell_complete=files,
+        help="V's descale (FlashAttention-3's v_descale): a positive number or a file (B, G), as --q-descale.",
+    ),
+    click.option(
         "--accumulate",
         metavar="FORMAT",
         shell_complete=words(*FORMATS, "same"),

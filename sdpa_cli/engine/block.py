@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import expressions, masks, positions, precision
+from sdpa_cli.engine.fp8 import attend_fp8, kernel_descales, runs_fp8
 from sdpa_cli.engine.positions import common_keys as common_keys
 from sdpa_cli.engine.positions import dropout_keep as dropout_keep
 from sdpa_cli.engine.positions import full_keys as full_keys
@@ -167,6 +168,8 @@ def operands(spec: AttentionSpec, lead_index: tuple[int, ...], emulate: bool = T
     k = np.asarray(spec.k[spec.operand_index("k", lead_index)], dtype=native or np.float64)
     v = np.asarray(spec.v[spec.operand_index("v", lead_index)], dtype=native or np.float64)
     if native is None:  # a narrower format, emulated: the inputs rounded to it
+        if (d := kernel_descales(spec, lead_index, emulate)) is not None:
+            k, v = k / d[1], v / d[2]  # the FP8 values: dequantized ones divided back, exactly
         k, v = precision.round_to(k, spec.options.dtype), precision.round_to(v, spec.options.dtype)
     with np.errstate(invalid="ignore"):
         v_bad = ~np.isfinite(v).all(axis=1) if v.size else np.zeros(v.shape[0], np.bool_)
@@ -198,7 +201,8 @@ class Arithmetic:
             native=dt is not None,
             dtype=dt if dt is not None else np.dtype(np.float64),
             fmt=D,
-            logits="float64" if wide else o.logits_dtype,
+            # the FP8 kernel keeps its scores in float32, never in FP8
+            logits="float64" if wide else _logits_format(spec, emulate),
             accumulate="float64" if wide else o.accumulate,
             softmax="float64" if wide else o.softmax_dtype,
         )
@@ -216,6 +220,17 @@ class Arithmetic:
 
     def const(self, x: float) -> Any:
         return self.dtype.type(x)
+
+    @property
+    def fp8_formats(self) -> dict[str, str]:
+        """The FP8 kernel's formats (:func:`~sdpa_cli.engine.fp8.attend_fp8`)."""
+        return {"fmt": self.fmt, "softmax": self.softmax, "accumulate": self.accumulate}
+
+
+def _logits_format(spec: AttentionSpec, emulate: bool) -> str:
+    """--logits-dtype, but float32 where the FP8 kernel would store its scores in FP8."""
+    o = spec.options
+    return "float32" if runs_fp8(spec, emulate) and o.logits_dtype == o.dtype else o.logits_dtype
 
 
 def attend_block(
@@ -244,11 +259,13 @@ def attend_block(
     keys = keys if keys is not None else full_keys(spec)
     ar = Arithmetic.of(spec, emulate)
     ops = inputs or operands(spec, lead_index, emulate)
-    q = ar.r(np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=ar.dtype))
+    q = np.asarray(spec.q[spec.operand_index("q", lead_index)][rows], dtype=ar.dtype)
+    d = kernel_descales(spec, lead_index, emulate)  # FP8 with descales: FlashAttention-3's rules
+    q = ar.r(q if d is None else q / d[0])  # the FP8 values: dequantized Q divided back, exactly
 
     # Non-finite inputs are reported by the diagnostics, not warned about by numpy.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        raw, scaled = _scores(spec, ar, q, ops.k[keys])
+        raw, scaled = _scores(spec, ar, q, ops.k[keys], d)
         capped = None
         if o.softcap is not None:
             # Each step stored in the logits' format, as Gemma 2's eager attention
@@ -263,12 +280,19 @@ def attend_block(
         # The findings read a float mask's sentinel as hiding; the logits keep it added.
         sentinel = sentinel_keys(spec, lead_index, rows, keys, visible)
         visible = seen_keys(visible, sentinel)
-        weights, sink, sink_logit = _weights(spec, ar, masked, lead_index)
         dropped = None
-        if o.dropout > 0:
-            keep = dropout_keep(spec, lead_index, rows, keys)
-            dropped = ar.r(np.where(keep, weights / ar.const(1.0 - o.dropout), ar.const(0.0)))
-        output = ar.r(ar.mm(weights if dropped is None else dropped, ops.v[keys]))
+        if d is not None:  # FP8 with descales: P in FP8, normalised after P·V (engine/fp8.py)
+            sink_logit = (
+                None if spec.sinks is None else float(spec.sinks[sink_head(spec, lead_index)])
+            )
+            fp8 = attend_fp8(masked, ops.v[keys], d[2], sink_logit, **ar.fp8_formats)
+            weights, output, sink = fp8
+        else:
+            weights, sink, sink_logit = _weights(spec, ar, masked, lead_index)
+            if o.dropout > 0:
+                keep = dropout_keep(spec, lead_index, rows, keys)
+                dropped = ar.r(np.where(keep, weights / ar.const(1.0 - o.dropout), ar.const(0.0)))
+            output = ar.r(ar.mm(weights if dropped is None else dropped, ops.v[keys]))
         output = _poisoned_outside(spec, ar, output, ops, keys)
 
     all_visible = visible is None
@@ -323,8 +347,12 @@ def _weights(
     return np.ascontiguousarray(both[:, :-1]), both[:, -1].copy(), float(sink)
 
 
-def _scores(spec: AttentionSpec, ar: Arithmetic, q: F64, k: F64) -> tuple[F64, F64]:
-    """The raw scores Q Kᵀ and the scaled scores (raw · scale / temperature)."""
+def _scores(
+    spec: AttentionSpec, ar: Arithmetic, q: F64, k: F64, d: tuple[float, ...] | None = None
+) -> tuple[F64, F64]:
+    """The raw scores Q Kᵀ and the scaled scores (raw · scale / temperature); with the
+    FP8 kernel's descales ``d``, its float32 product of the FP8 values scaled by
+    scale · q_descale · k_descale, raw reported as the real values' product."""
     factor = spec.factor
     if spec.options.prescale:
         # Q and K each scaled by √scale first (ONNX's reference does this against
@@ -333,6 +361,8 @@ def _scores(spec: AttentionSpec, ar: Arithmetic, q: F64, k: F64) -> tuple[F64, F
         raw = ar.rl(ar.mm(ar.r(q * root), ar.r(k * root).T))
         return raw, raw
     raw = ar.rl(ar.mm(q, k.T))
+    if d is not None:
+        return raw * (d[0] * d[1]), ar.rl(raw * ar.const(factor * d[0] * d[1]))
     return raw, ar.rl(raw * ar.const(factor))
 
 

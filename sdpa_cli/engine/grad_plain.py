@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.block import Arithmetic, attend_block, dropout_keep, operands, sink_head
 from sdpa_cli.engine.driver import block_rows
+from sdpa_cli.engine.fp8 import runs_fp8
 from sdpa_cli.engine.grad import OPERAND
 from sdpa_cli.engine.grad_block import add_bias_gradient, bias_gradient
 from sdpa_cli.engine.spec import AttentionSpec
@@ -82,6 +83,12 @@ def plain_slices(
     o = spec.options
     if o.score_mod is not None:
         raise SpecError("--score-mod", "has no backward pass here; use it with compute")
+    if runs_fp8(spec):  # FlashAttention-3's FP8 kernels are forward only
+        raise SpecError(
+            "--dtype",
+            "FP8 with descales has no backward kernel to emulate; judge gradients with "
+            "--dtype bfloat16 or wider (the descales still dequantize)",
+        )
     ar = Arithmetic.of(spec, emulate=True)
     acc = ar.accumulate
     # Held in the accumulator's format when it is float32 (every value of the sums and

@@ -10,6 +10,7 @@ from typing import Any
 
 from numpy.typing import NDArray
 
+from sdpa_cli.engine.fp8 import read_descale, with_descales
 from sdpa_cli.engine.grad import make_dout
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
 from sdpa_cli.engine.paged import gather_pages
@@ -18,7 +19,7 @@ from sdpa_cli.errors import SpecError
 from sdpa_cli.files.cases import is_case_file, load_case
 from sdpa_cli.files.loaders import Source, load_array
 from sdpa_cli.files.opening import is_stdin
-from sdpa_cli.names import DOUT_SOURCES, TENSOR_FLAGS
+from sdpa_cli.names import DESCALES, DOUT_SOURCES, TENSOR_FLAGS
 from sdpa_cli.text import printable
 
 
@@ -73,6 +74,9 @@ def load_spec(
             # bias, mask, the block table and qv by their file; the others by their flag (--sinks)
             by_file = key in ("bias", "mask", "block_table", "qv")
             names[key] = printable(given) if by_file else _flag(key)
+    for key in DESCALES:  # --q-descale X|FILE: a number, or a file holding them
+        if (given := tensor_paths.get(key)) is not None:
+            loaded[key], names[key] = read_descale(given, key)
     for name, value in flags.items():
         if value is not None:
             raw[name] = value
@@ -102,6 +106,7 @@ def load_spec(
     )
     if paging is not None:
         spec = dataclasses.replace(spec, paging=paging)
+    spec = with_descales(spec, loaded, names)  # FP8 values with descales: kept dequantized
     return spec, description
 
 

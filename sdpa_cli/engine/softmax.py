@@ -60,7 +60,10 @@ def softmax_lse(masked: NDArray[Any], weights: NDArray[Any]) -> F64:
     keys last."""
     if not weights.shape[-1]:
         return np.full(weights.shape[:-1], -math.inf)
-    top = np.argmax(weights, axis=-1)[..., None]
+    # Rounded weights tie (FP8's P: every weight within 3% of the top's is 1 / ℓ): of the
+    # tied, the largest logit's, whose rounding is the smallest relative to its weight.
+    tied = weights == np.max(weights, axis=-1, keepdims=True)
+    top = np.argmax(np.where(tied, masked, -math.inf), axis=-1)[..., None]
     w_top = np.take_along_axis(weights, top, axis=-1)[..., 0].astype(np.float64)
     s_top = np.take_along_axis(masked, top, axis=-1)[..., 0].astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
+from sdpa_cli.engine.descales import Descales
 from sdpa_cli.engine.masks import Sentinels, alibi_slopes, sentinels
 from sdpa_cli.engine.matrices import matrices, with_qv
 from sdpa_cli.engine.options import Options, scale_factor
@@ -86,6 +87,7 @@ class AttentionSpec:
     qv_width: int = 0
     """The width Ev of FlashAttention's ``qv`` term, folded into Q and K (0: none)."""
     paging: Paging | None = None  # K and V gathered from a paged cache's pages (--block-table)
+    descale: Descales | None = None  # FP8 descales: Q, K, V held dequantized (engine/fp8.py)
 
     @property
     def mask_is_bool(self) -> bool:

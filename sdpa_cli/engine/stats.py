@@ -136,7 +136,8 @@ class Stats:
         # Underflow, exp and an added mask value: float16 always (the mission's concern)
         # and the formats the run uses. bfloat16 flushes only below 4.6e-41, its exp
         # overflows where float32's does, and float8 never holds logits.
-        narrow = tuple(dict.fromkeys(["float16", *working]))
+        logits = [d for d in working if not d.startswith("float8")]
+        narrow = tuple(dict.fromkeys(["float16", *logits]))
         return cls(
             spec=spec,
             checked=checked,

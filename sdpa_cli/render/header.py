@@ -10,9 +10,12 @@ from rich.table import Table
 from rich.text import Text
 
 from sdpa_cli.engine.conventions import convention
+from sdpa_cli.engine.descales import Descales
+from sdpa_cli.engine.fp8 import FP8_OUTPUT, runs_fp8
 from sdpa_cli.engine.masks import HIDES
 from sdpa_cli.engine.positions import item_offsets
 from sdpa_cli.engine.spec import AttentionSpec
+from sdpa_cli.names import DESCALES
 from sdpa_cli.render.common import THEME
 from sdpa_cli.text import plural, shape, sig
 
@@ -98,6 +101,8 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
                 + f": kept weights ÷ {sig(1 - o.dropout, 6)}"
             ),
         )
+    if spec.descale is not None:
+        grid.add_row("descale", Text(descale_line(spec.descale)))
     if o.emulated:
         stored = (
             "every stage stored in " + o.dtype
@@ -105,10 +110,35 @@ def header(spec: AttentionSpec, title: str = "sdpa compute") -> RenderableType:
             else f"logits stored in {o.logits_dtype}, weights and output in {o.dtype}"
         )
         how = f"emulated: inputs and {stored}, matmuls accumulated in {o.accumulate}, softmax in {o.softmax_dtype}"
-        grid.add_row("dtype", Text(how))
+        grid.add_row("dtype", Text(fp8_kernel(spec) if runs_fp8(spec) else how))
     if o.prescale:
         grid.add_row("prescale", Text("Q and K each × √scale before the matmul: raw = scaled"))
     return Panel(grid, title=title, title_align="left", box=box.ROUNDED, expand=False)
+
+
+def descale_line(descales: Descales) -> str:
+    """The descales as given (a number, or a file and its shape) and what they mean."""
+    parts = []
+    for name in DESCALES:
+        given = descales.given.get(name)
+        if given is None:
+            parts.append(f"{name} 1")
+        elif given.size == 1:
+            parts.append(f"{name} {sig(float(given.reshape(())), 6)}")
+        else:
+            parts.append(f"{name} {descales.labels[name]} {shape(given.shape)}")
+    return f"{', '.join(parts)}: Q, K, V hold {descales.fmt} values, the real ones × these"
+
+
+def fp8_kernel(spec: AttentionSpec) -> str:
+    """How the FP8 kernel computes (engine/fp8.py), in one line."""
+    o = spec.options
+    return (
+        f"FlashAttention-3's FP8 forward: Q·Kᵀ of the {o.dtype} values accumulated in "
+        f"{o.accumulate}, × scale · q_descale · k_descale; softmax in {o.softmax_dtype}; "
+        f"P = exp(S − max) rounded to {o.dtype} before P·V, the row sums the unrounded P's; "
+        f"O = P·V ÷ row sum × v_descale, stored in {FP8_OUTPUT}"
+    )
 
 
 _RULES = {

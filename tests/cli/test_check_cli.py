@@ -871,13 +871,15 @@ USAGE: list[tuple[str, list[str], str]] = [
         "manifest-with-qkv",
         [*QKV, "--manifest", "m.yaml"],
         "--manifest: the manifest lists inputs and expectations; give no Q K V, --bias, "
-        "--mask, --sinks, --segment-ids, --segment-ids-kv, --dropout-mask, --block-table, --qv or --expect-* beside it",
+        "--mask, --sinks, --segment-ids, --segment-ids-kv, --dropout-mask, --block-table, --qv, "
+        "--q-descale, --k-descale, --v-descale or --expect-* beside it",
     ),
     (
         "manifest-with-expect",
         ["--manifest", "m.yaml", "--expect-output", "output.npy"],
         "--manifest: the manifest lists inputs and expectations; give no Q K V, --bias, "
-        "--mask, --sinks, --segment-ids, --segment-ids-kv, --dropout-mask, --block-table, --qv or --expect-* beside it",
+        "--mask, --sinks, --segment-ids, --segment-ids-kv, --dropout-mask, --block-table, --qv, "
+        "--q-descale, --k-descale, --v-descale or --expect-* beside it",
     ),
     ("missing-file", ["nope.npy", "k.npy", "v.npy"], "nope.npy: no such file"),
     ("no-inputs", [], "give Q K V (or one case file), or --manifest FILE"),
@@ -1176,7 +1178,8 @@ MALFORMED: list[tuple[str, str, str]] = [
         "unknown-key",
         "cases:\n  - {q: q.npy, k: k.npy, v: v.npy, frob: 1}\n",
         "m.yaml: cases[1]: frob: unknown key; expected name, case or q/k/v, bias, mask, sinks, "
-        "segment-ids, segment-ids-kv, dropout-mask, block-table, qv, expect-output, expect-weights, "
+        "segment-ids, segment-ids-kv, dropout-mask, block-table, qv, q-descale, k-descale, "
+        "v-descale, expect-output, expect-weights, "
         "expect-lse, "
         "expect-dq, expect-dk, expect-dv, expect-dbias, expect-dsinks, dout, expect-partials, "
         "decode, an option of compute or a setting of check",
