@@ -278,6 +278,7 @@ def hint_for(export_options: dict[str, Any], options: dict[str, Any]) -> tuple[s
     q, k, v = (np.swapaxes(a, 1, 2) for a in flash_inputs(9, 16, seed=8))
     spec = build_spec(q, k, v, options=Options(**export_options))
     export = trace(spec, stages=("output",)).output
+    assert export is not None
     report = run_checks(
         build_spec(q, k, v, options=Options(**options)), [Expected("output", export, "o.npy")]
     )

@@ -122,8 +122,8 @@ def absorbed(m: dict[str, F64], **options: Any) -> F64:
     """W_UK absorbed into the queries: qv = q_nope W_UKᵀ over the latent cache (V =
     c_kv, one key/value head), the rotary part as Q and K; W_UV applied after."""
     qv = np.einsum("hld,hcd->hlc", m["q_nope"], m["w_uk"])
-    latent = output(m["q_rope"], m["k_rope"][None], m["c_kv"][None], qv[None][0], **options)
-    return np.einsum("hlc,hcd->hld", latent, m["w_uv"])
+    latent = output(m["q_rope"], m["k_rope"][None], m["c_kv"][None], qv, **options)
+    return np.asarray(np.einsum("hlc,hcd->hld", latent, m["w_uv"]), dtype=np.float64)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -131,7 +131,7 @@ def test_absorbed_mla_is_the_naive_computation(causal: bool) -> None:
     m = mla()
     d_qk = m["q_nope"].shape[-1] + m["q_rope"].shape[-1]
     scale = 1 / math.sqrt(d_qk)  # DeepSeek's scale: the naive head's width, given
-    options = {"scale": scale, "causal": causal, "causal_align": "lower-right"}
+    options: dict[str, Any] = {"scale": scale, "causal": causal, "causal_align": "lower-right"}
     want = naive(m, **options)
     np.testing.assert_allclose(absorbed(m, **options), want, rtol=0, atol=TOL)
     H = m["q_nope"].shape[0]
@@ -174,15 +174,17 @@ def test_a_qv_of_the_wrong_shape_is_one_line() -> None:
         build_spec(q, k, v, qv=qv[..., :7])
 
 
-def test_the_cli_takes_qv_and_grad_refuses_it(tmp_path: Path) -> None:
+def test_the_cli_takes_qv_and_grad_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # short names: the header's line does not wrap
     for name, a in zip(("q", "k", "v", "qv"), inputs(), strict=True):
-        np.save(tmp_path / f"{name}.npy", a)
-    files = [str(tmp_path / f"{n}.npy") for n in "qkv"]
-    qv = str(tmp_path / "qv.npy")
+        np.save(f"{name}.npy", a)
+    files, qv = [f"{n}.npy" for n in "qkv"], "qv.npy"
     result = invoke("compute", *files, "--qv", qv, "--format", "json")
     assert result.exit_code == 0, result.stderr
     result = invoke("compute", *files, "--qv", qv)
-    assert "Q·Kᵀ + qv·Vᵀ" in result.stdout
+    assert "qv.npy: scores Q·Kᵀ + qv·Vᵀ (E = 3 + 8)" in result.stdout
     result = invoke("grad", *files, "--qv", qv)
     assert result.exit_code == ExitCode.BAD_INPUT
     assert result.stderr.startswith("sdpa: error: --qv: the backward pass of the qv term")
