@@ -298,6 +298,12 @@ def _end_workers(pool: ProcessPoolExecutor) -> None:
     for process in processes:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             process.terminate()
+    # The pool's manager thread closes its wake-up pipe as the workers die: wait for it,
+    # or the interpreter's exit hook may write to the pipe while it closes (EBADF, an
+    # "Exception ignored" traceback on stderr after the one line).
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=1.0)
 
 
 def _start_worker(parent: int) -> None:
