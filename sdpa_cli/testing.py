@@ -29,9 +29,9 @@ from sdpa_cli.check.records import CheckReport, Expected, failure_lines
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.engine.arrays import resolve, using
+from sdpa_cli.engine.inputs import spec_of
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
-from sdpa_cli.engine.spec import build_spec
-from sdpa_cli.names import EXPORTS, GRADIENTS
+from sdpa_cli.names import DESCALES, EXPORTS, GRADIENTS, INPUT_TENSORS
 from sdpa_cli.text import plural
 
 
@@ -81,11 +81,17 @@ def _verdict(report: CheckReport) -> str:
     return f"{len(names)} of {total} failed, {_listed(names)}"
 
 
+TENSOR_KEYWORDS = (*INPUT_TENSORS[5:], *DESCALES)
+"""The inputs besides Q, K, V, the bias and the mask, taken as keywords beside the
+options: ``sinks``, ``segment_ids``, ..., ``block_table`` (K and V as a paged cache's
+pages), ``qv``, ``q_descale`` (a number or an array)..."""
+
+
 def _check_keywords(options: Mapping[str, Any]) -> None:
-    """Refuse a keyword that is neither an option nor a setting, as Python refuses an
-    unexpected keyword, naming the closest valid one."""
+    """Refuse a keyword that is neither an option, an input nor a setting, as Python
+    refuses an unexpected keyword, naming the closest valid one."""
     for name in options:
-        if name in OPTION_NAMES:
+        if name in OPTION_NAMES or name in TENSOR_KEYWORDS:
             continue
         message = f"assert_attention_close() got an unexpected keyword argument {name!r}"
         close = difflib.get_close_matches(name, _keywords(), n=1)
@@ -120,7 +126,7 @@ def _keywords() -> tuple[str, ...]:
     signature, and the options of the computation."""
     parameters = inspect.signature(assert_attention_close).parameters.values()
     own = tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
-    return own + OPTION_NAMES
+    return own + OPTION_NAMES + TENSOR_KEYWORDS
 
 
 def assert_attention_close(
@@ -156,7 +162,9 @@ def assert_attention_close(
 
     ``softmax(Q·Kᵀ·scale + bias + mask)·V`` is recomputed from ``q``, ``k``, ``v``
     with ``options`` (the options of ``sdpa compute``, as keywords: ``causal=True``,
-    ``scale=0.125``, ``key_lengths=[5, 3]``, ``dtype="float16"``...) and the given
+    ``scale=0.125``, ``key_lengths=[5, 3]``, ``dtype="float16"``...; the inputs of
+    :data:`TENSOR_KEYWORDS` too: ``sinks=``, ``block_table=`` for K and V given as a
+    paged cache's pages, ``qv=``, ``q_descale=0.02``...) and the given
     ``output`` ``(..., L, Ev)``, ``weights`` ``(..., L, S)`` and ``lse`` ``(..., L)``
     are judged as ``sdpa check`` judges them, by default as ``sdpa check`` does
     (``tolerance=None``: :class:`~sdpa_cli.check.settings.CheckSettings`' default;
@@ -200,19 +208,16 @@ def assert_attention_close(
         if value is not None:
             arrays[name], dtype = _as_array(value, name)
             dtypes.add(dtype)
-    raw: dict[str, Any] = dict(options)
+    raw = {n: value for n, value in options.items() if n not in TENSOR_KEYWORDS}
+    inputs = {n: _as_array(value, n)[0] for n, value in options.items() if n in TENSOR_KEYWORDS}
+    # with descales, the FP8 inputs' format is the computation's (its output's, bfloat16,
+    # is not): the spec takes it from them
+    descaled = any(n in inputs for n in DESCALES)
     for narrow in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        if narrow in dtypes and "dtype" not in raw:
+        if narrow in dtypes and "dtype" not in raw and not descaled:
             raw["dtype"] = narrow  # no numpy dtype says so: the computation's format does
-    spec = build_spec(
-        arrays["q"],
-        arrays["k"],
-        arrays["v"],
-        bias=arrays.get("bias"),
-        mask=arrays.get("mask"),
-        options=parse_options(raw, {n: n for n in raw}),
-        names={n: n for n in ("q", "k", "v", "bias", "mask") if n in arrays},
-    )
+    inputs |= {n: arrays[n] for n in ("q", "k", "v", "bias", "mask") if n in arrays}
+    spec = spec_of(inputs, parse_options(raw, {n: n for n in raw}), {n: n for n in inputs})
     # sdpa check's own default tolerance unless one is asked for.
     chosen: dict[str, Any] = {} if tolerance is None else {"tolerance": tolerance}
     settings = CheckSettings(

@@ -376,3 +376,43 @@ def test_numpy_gradients_pass_and_a_slip_fails(dtype: str) -> None:
     grads["dq"] = (exact["dq"] * 1.5).astype(wanted)
     with pytest.raises(AssertionError, match=r"failed, dq\.close \("):
         assert_attention_close(q, k, v, output=out, dout=dout, causal=True, **grads)
+
+
+# --- the inputs beside Q, K, V: a paged cache, the qv term, FP8 descales -----------------
+
+
+def test_a_paged_cache_is_taken_as_it_is() -> None:
+    """K and V as pages (4, 2, 1, 3) read through a block table; the export computed on
+    the keys gathered by hand passes, one with two pages swapped fails."""
+    rng = np.random.default_rng(5)
+    pages_k, pages_v = rng.normal(size=(4, 2, 1, 3)), rng.normal(size=(4, 2, 1, 3))
+    q = rng.normal(size=(2, 1, 1, 3))  # (B, L, H, E)
+    table = np.array([[2, 0], [3, 1]])
+    lengths = (3, 4)
+
+    def export(order: NDArray[Any]) -> F64:
+        k = np.stack([np.concatenate([pages_k[p] for p in row]) for row in order])
+        v = np.stack([np.concatenate([pages_v[p] for p in row]) for row in order])
+        qh, kh, vh = (np.swapaxes(a, 1, 2) for a in (q, k, v))
+        out = attention(qh, kh, vh, key_lengths=lengths).output
+        return np.asarray(np.swapaxes(out, 1, 2), dtype=np.float64)
+
+    options: dict[str, Any] = {"block_table": table, "key_lengths": lengths, "layout": "bshd"}
+    assert_attention_close(q, pages_k, pages_v, output=export(table), **options)
+    with pytest.raises(AssertionError, match=r"output\.close"):
+        assert_attention_close(q, pages_k, pages_v, output=export(table[:, ::-1]), **options)
+
+
+def test_the_qv_term_and_fp8_descales_are_keywords() -> None:
+    q, k, v = qkv()
+    qv = normal(9, 2, 3, 3)
+    want = attention(np.concatenate([q, qv], -1), np.concatenate([k, v], -1), v).output
+    assert_attention_close(q, k, v, output=want, qv=qv)
+    with pytest.raises(TypeError, match="did you mean 'qv'"):
+        assert_attention_close(q, k, v, output=want, qvv=qv)
+    fp8 = np.array([[0.5, -1.0], [2.0, 0.25]])  # e4m3 values, exact
+    descaled = attention(fp8 * 0.5, fp8 * 2.0, fp8 * 4.0).output
+    report = assert_attention_close(
+        fp8, fp8, fp8, output=descaled, q_descale=0.5, k_descale=2.0, v_descale=4.0
+    )
+    assert report.passed

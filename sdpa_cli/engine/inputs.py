@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine.fp8 import read_descale, with_descales
 from sdpa_cli.engine.grad import make_dout
-from sdpa_cli.engine.options import OPTION_NAMES, parse_options
+from sdpa_cli.engine.options import OPTION_NAMES, Options, parse_options
 from sdpa_cli.engine.paged import gather_pages
 from sdpa_cli.engine.spec import AttentionSpec, build_spec
 from sdpa_cli.errors import SpecError
@@ -83,7 +83,16 @@ def load_spec(
             where.pop(name, None)  # a flag is named by its spelling, --causal-align
             if flag_where and name in flag_where:
                 where[name] = flag_where[name]
-    options = parse_options(raw, where)
+    return spec_of(loaded, parse_options(raw, where), names), description
+
+
+def spec_of(arrays: Mapping[str, Any], options: Options, names: Mapping[str, str]) -> AttentionSpec:
+    """Arrays by input name (``q``, ``k``, ``v`` and those of
+    :data:`~sdpa_cli.names.INPUT_TENSORS` and :data:`~sdpa_cli.names.DESCALES` given)
+    and the options → a validated spec: a paged cache's K and V gathered through its
+    block table, FP8 values kept with their descales. What :func:`load_spec` builds from
+    files, and :func:`~sdpa_cli.testing.assert_attention_close` from arrays."""
+    loaded = dict(arrays)
     paging = None
     if (table := loaded.get("block_table")) is not None:  # a paged cache: K, V gathered once
         q_shape = tuple(loaded["q"].shape)
@@ -106,8 +115,7 @@ def load_spec(
     )
     if paging is not None:
         spec = dataclasses.replace(spec, paging=paging)
-    spec = with_descales(spec, loaded, names)  # FP8 values with descales: kept dequantized
-    return spec, description
+    return with_descales(spec, loaded, names)  # FP8 values with descales: kept dequantized
 
 
 def _flag(name: str) -> str:
