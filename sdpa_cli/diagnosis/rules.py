@@ -85,19 +85,31 @@ def nonfinite_values(name: str, a: NDArray[Any]) -> NDArray[np.bool_]:
         return ~np.isfinite(a)  # type: ignore[no-any-return]
 
 
-def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
-    """Each input tensor holding NaN or inf (−inf in a bias or float mask hides keys)."""
+def _inputs(spec: AttentionSpec) -> Iterator[tuple[str, NDArray[Any]]]:
+    """Each float input as its file holds it; with the qv term, Q and K split back into
+    Q and qv, and K (the rest of K is V's, judged as V)."""
+    narrow = spec.E - spec.qv_width
     for name in ("q", "k", "v", "bias", "mask"):
         arr = getattr(spec, name)
         if arr is None or not precision.is_float(arr.dtype):
             continue
-        a = spec.as_loaded(name)
+        if spec.qv_width and name in ("q", "k"):
+            yield name, spec.as_loaded(name, arr[..., :narrow])
+            if name == "q":
+                yield "qv", spec.as_loaded("q", arr[..., narrow:])
+        else:
+            yield name, spec.as_loaded(name)
+
+
+def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
+    """Each input tensor holding NaN or inf (−inf in a bias or float mask hides keys)."""
+    for name, a in _inputs(spec):
         bad = nonfinite_values(name, a)
         n = int(np.count_nonzero(bad))
         if not n:
             continue
         nans = int(np.count_nonzero(np.isnan(a)))
-        label = name.upper() if name in "qkv" else name
+        label = name.upper() if name in ("q", "k", "v") else name
         what = ", ".join(
             part
             for part in (f"{nans} NaN" if nans else "", f"{n - nans} inf" if n - nans else "")

@@ -188,3 +188,13 @@ def test_the_cli_takes_qv_and_grad_refuses_it(
     result = invoke("grad", *files, "--qv", qv)
     assert result.exit_code == ExitCode.BAD_INPUT
     assert result.stderr.startswith("sdpa: error: --qv: the backward pass of the qv term")
+
+
+def test_a_non_finite_qv_is_named_as_qv_not_q() -> None:
+    from sdpa_cli.diagnosis.rules import diagnose
+
+    q, k, v, qv = inputs()
+    qv[1, 0, 2, 5] = np.nan
+    spec = build_spec(q, k, v, qv=qv, names={"qv": "qv.npy"})
+    found = [f for f in diagnose(trace(spec)).findings if f.stage == "input"]
+    assert [f.message for f in found] == ["qv (qv.npy) holds 1 NaN; the first at [1, 0, 2, 5]"]
