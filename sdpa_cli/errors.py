@@ -27,8 +27,9 @@ class ExitCode(enum.IntEnum):
 
 EXIT_CODES_HELP = (  # the epilog of every command's --help
     "Exit codes: 0 success (a reader of stdout that leaves early, as | head, is no failure) · "
-    "1 a check failed (sdpa check, sdpa grad --check-numeric) · 2 bad usage, bad input, or an output (stdout "
-    "included) that cannot be written · 3 internal error (please report) · "
+    "1 a check failed (sdpa check, sdpa grad --check-numeric) or a run diverged (sdpa diff) · "
+    "2 bad usage, bad input, or an output (stdout included) that cannot be written · "
+    "3 internal error (please report) · "
     "130 interrupted (Ctrl-C) · 143 SIGTERM · 129 SIGHUP."
 )
 
