@@ -26,6 +26,7 @@ from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance
 from sdpa_cli.check.elements import close_check
 from sdpa_cli.check.records import Check
 from sdpa_cli.check.settings import CheckSettings
+from sdpa_cli.engine.options import per_item
 from sdpa_cli.engine.positions import item_offsets
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import trace
@@ -88,12 +89,10 @@ def _output(spec: AttentionSpec) -> F64:
     return out
 
 
-def _per_item(spec: AttentionSpec, values: tuple[int, ...] | None, fill: int) -> list[int]:
+def _per_item(spec: AttentionSpec, values: tuple[int, ...] | None, fill: int) -> tuple[int, ...]:
     """One value per batch item (every item the one value, or ``fill`` without any)."""
     items = spec.lead[-2] if len(spec.lead) >= 2 else 1
-    if values is None:
-        return [fill] * items
-    return list(values) if len(values) > 1 else [values[0]] * items
+    return (fill,) * items if values is None else per_item(values, items)
 
 
 def step_spec(spec: AttentionSpec, i: int) -> AttentionSpec:

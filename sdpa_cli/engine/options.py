@@ -166,6 +166,12 @@ class Options:
 OPTION_NAMES = tuple(name for name in Options.__dataclass_fields__ if name != "typed")
 
 
+def per_item(values: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """A per-item option's values for ``n`` items (batch items, packed documents): one
+    value serves every item."""
+    return values if len(values) > 1 else values * n
+
+
 # --- parsing option values (from the command line as text, or a case file as data) ---
 
 

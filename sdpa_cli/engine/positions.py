@@ -22,12 +22,15 @@ sequences, each with its own cache). ``--segment-ids``
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 
 import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.engine import masks
+from sdpa_cli.engine.options import Options, per_item
 from sdpa_cli.engine.spec import AttentionSpec
 
 
@@ -93,22 +96,26 @@ def documents(spec: AttentionSpec) -> masks.Documents | None:
     ``seqused_k``; all by default) and the position of its first query: its
     ``--query-offset``, or the alignment's for its own lengths (lower-right: its used
     keys less its queries, as FlashAttention's varlen kernels), or None."""
-    o = spec.options
+    return _documents(spec.options)
+
+
+@functools.lru_cache(maxsize=16)
+def _documents(o: Options) -> masks.Documents | None:
+    """:func:`documents`, made once per options: every block asks for them."""
     if o.cu_seqlens is None:
         return None
     cu_q = o.cu_seqlens
     cu_k = cu_q if o.cu_seqlens_k is None else o.cu_seqlens_k
-    n = len(cu_q) - 1
-    sizes = [cu_k[d + 1] - cu_k[d] for d in range(n)]
-    given = o.key_lengths
-    used = tuple(sizes if given is None else (given[d if len(given) > 1 else 0] for d in range(n)))
+    queries = [b - a for a, b in itertools.pairwise(cu_q)]
+    used = tuple(b - a for a, b in itertools.pairwise(cu_k))
+    if o.key_lengths is not None:
+        used = per_item(o.key_lengths, len(used))
     if o.query_offset is not None:
-        per = o.query_offset
-        offsets = tuple(per[d if len(per) > 1 else 0] for d in range(n))
+        offsets = per_item(o.query_offset, len(used))
     elif o.causal_align == "upper-left":
-        offsets = (0,) * n
+        offsets = (0,) * len(used)
     else:
-        offsets = tuple(used[d] - (cu_q[d + 1] - cu_q[d]) for d in range(n))
+        offsets = tuple(u - n for u, n in zip(used, queries, strict=True))
     return masks.Documents(cu_q, cu_k, used, offsets)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.engine.options import Options
+from sdpa_cli.engine.options import Options, per_item
 from sdpa_cli.errors import SpecError
 from sdpa_cli.text import shown
 
@@ -115,7 +115,7 @@ def check_documents(opts: Options, lead: tuple[int, ...], L: int, S: int) -> Non
                 "give one or one per document",
             )
         if flag == "--key-lengths":
-            for d, (n, size) in enumerate(zip(itertools.cycle(values), sizes, strict=False)):
+            for d, (n, size) in enumerate(zip(per_item(values, len(sizes)), sizes, strict=True)):
                 if n > size:
                     raise SpecError(flag, f"{n} exceeds document {d}'s {size} keys")
     per_document = opts.key_lengths is not None or opts.query_offset is not None
