@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -125,11 +126,14 @@ class Comparison:
     def agree(self) -> bool:
         return not self.disagreements
 
+    @cached_property
+    def _differing(self) -> list[Index]:
+        return sorted(set().union(*(d.rows for d in self.disagreements)))
+
     def differing(self, most: int | None = None) -> list[Index]:
         """The (batch…, head, query) index of every row two frameworks differ on, in C
         order (the first ``most``)."""
-        rows = sorted(set().union(*(d.rows for d in self.disagreements)))
-        return rows if most is None else rows[:most]
+        return self._differing if most is None else self._differing[:most]
 
     def side_by_side(self, most: int | None = None) -> list[tuple[Index, dict[str, F64]]]:
         """Each differing row (the first ``most``) and every framework's output for it:
@@ -157,7 +161,6 @@ def compare_frameworks(spec: AttentionSpec, jobs: int = 1) -> Comparison:
     """Run ``spec`` under each framework's conventions and compare the outputs."""
     outputs: dict[str, F64] = {}
     empties: dict[str, np.ndarray] = {}
-    # The alignment moves the diagonal only when L ≠ S and no --query-offset places it.
     aligns = {name: _alignment(spec, CONVENTIONS[name]) for name in FRAMEWORKS}
     # The alignments move the diagonal only when they place some item's differently
     # and no --query-offset places them.
