@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from sdpa_cli.capture.calls import Call
+from sdpa_cli.engine import masks
+from sdpa_cli.engine.options import parse_options
+from sdpa_cli.engine.spec import build_spec
+from sdpa_cli.engine.visible import visibility
 
 KINDS = {
     "full_attention": "global",
@@ -25,9 +31,6 @@ KINDS = {
     "chunked_attention": "chunked",
 }
 """Hugging Face's layer types and how a description names them."""
-
-HIDES = -1e4
-"""A float mask's value at or below this hides its key (the engine's reading)."""
 
 
 def layer_kind(module: Any) -> tuple[str, dict[str, Any]] | None:
@@ -85,22 +88,24 @@ def _shown(options: dict[str, Any]) -> str:
 
 
 def _disagreement(call: Call, options: dict[str, Any], torch: Any) -> str | None:
-    """Why ``options`` would not hide exactly the keys the call's mask hides, or None."""
+    """Why ``options`` would not hide exactly the keys the call's mask hides, or None:
+    the keys they leave are the engine's own (:func:`~sdpa_cli.engine.visible.visibility`
+    of the case's options), the mask's those it leaves visible (a float mask's
+    sentinels hide, as the findings read them)."""
     q, k = call.tensors["q"], call.tensors["k"]
     L, S = int(q.shape[-2]), int(k.shape[-2])
     mask = call.tensors.get("mask")
     if mask is None:
         return "the call has no mask to compare them with"
-    i = torch.arange(L, device=mask.device)[:, None] + (S - L)
-    j = torch.arange(S, device=mask.device)[None, :]
-    seen = j <= i
-    if "window" in options:
-        seen &= j >= i - options["window"][0]
-    if (size := options.get("attention_chunk")) is not None:
-        start = i - torch.remainder(i, size)
-        seen &= (j >= start) & (j < start + size)
-    visible = mask > HIDES if mask.dtype.is_floating_point else mask.to(torch.bool)
-    if visible.shape[-2:] == (L, S) and bool((visible == seen).all()):
+    if mask.dtype.is_floating_point:
+        visible = ~masks.hides(mask.detach().double().cpu().numpy())
+    else:
+        visible = mask.detach().to(torch.bool).cpu().numpy()
+    shape = build_spec(
+        np.zeros((L, 1)), np.zeros((S, 1)), np.zeros((S, 1)), options=parse_options(options)
+    )
+    seen = visibility(shape, (), slice(0, L))
+    if visible.shape[-2:] == (L, S) and seen is not None and (visible == seen).all():
         return None
     return "the mask hides other keys as well (padding, or a cache that dropped keys)"
 

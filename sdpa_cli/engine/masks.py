@@ -179,15 +179,21 @@ def chunk(
     own chunk of ``size`` positions, p − p mod C ≤ j < p − p mod C + C (the floor
     remainder, so a negative position's chunk is the one below it, as FlashAttention's
     reference subtracts the remainder)."""
-    p = xp.arange(i0, i1, dtype=np.int64) + offset
-    start = (p - p % size)[:, None]
+    p = xp.arange(i0, i1, dtype=np.int64)[:, None] + offset
     j = xp.arange(keys.start, keys.stop, dtype=np.int64)[None, :]
-    visible: NDArray[np.bool_] = (j >= start) & (j < start + size)
+    visible: NDArray[np.bool_] = in_chunk(p, j, size)
     return visible
 
 
-def chunk_start(position: int, size: int) -> int:
-    """The first position of the chunk that ``position`` sits in."""
+def in_chunk(p: Any, j: Any, size: int) -> Any:
+    """Whether key position ``j`` is in the chunk of query position ``p`` (arrays
+    that broadcast, or integers)."""
+    start = chunk_start(p, size)
+    return (j >= start) & (j < start + size)
+
+
+def chunk_start(position: Any, size: int) -> Any:
+    """The first position of the chunk that ``position`` sits in (an integer or an array)."""
     return position - position % size
 
 
@@ -288,8 +294,7 @@ def packed(
     if window is not None:
         visible &= (d >= -window[0]) & (d <= window[1])
     if chunk is not None:
-        start = p - p % chunk
-        visible &= (local_j >= start) & (local_j < start + chunk)
+        visible &= in_chunk(p, local_j, chunk)
     return np.asarray(visible, dtype=np.bool_)
 
 
