@@ -120,8 +120,9 @@ def _option_alternatives(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSp
             alt(temperature=1.0 / o.temperature),
         )
     if o.placed and o.query_offset is None:
+        placed = positions.item_offsets(spec)
         for other in ("upper-left", "lower-right"):
-            if other != o.causal_align and _offsets(spec, other) != _offsets(spec, o.causal_align):
+            if other != o.causal_align and positions.item_offsets(spec, other) != placed:
                 yield f"--causal-align {other}", alt(causal_align=other)
     yield from _offset_alternatives(spec, alt)
     if o.attention_chunk is not None:
@@ -182,10 +183,11 @@ def _flipped_causal(spec: AttentionSpec) -> Iterator[tuple[str, AttentionSpec]]:
     o = spec.options
     if not o.causal or spec.mask is not None or o.window is not None:
         return
-    if o.query_offset is not None or len(set(_offsets(spec, o.causal_align))) > 1:
+    offsets = positions.item_offsets(spec)
+    if o.query_offset is not None or len(set(offsets)) > 1:
         return
     L, S = spec.L, spec.S
-    diagonal = _offsets(spec, o.causal_align)[0]
+    diagonal = offsets[0]
     rows, keys = np.arange(L)[:, None], np.arange(S)[None, :]
     slips = (
         (
@@ -223,18 +225,14 @@ def _offset_alternatives(
     per_item = "lower-right-per-item"
     if o.causal_align == per_item or (o.key_lengths is None and o.query_lengths is None):
         return
-    offsets = _offsets(spec, per_item)
-    if offsets != _offsets(spec, o.causal_align):
+    offsets = positions.item_offsets(spec, per_item)
+    if offsets != positions.item_offsets(spec):
         shown_offsets = ",".join(str(n) for n in offsets)
         yield (
             f"--causal-align {per_item} (each item's queries end at its key length: "
             f"--query-offset {shown_offsets})",
             alt(causal_align=per_item),
         )
-
-
-def _offsets(spec: AttentionSpec, align: str) -> tuple[int, ...]:
-    return positions.item_offsets(spec, align)
 
 
 def _windows(left: int, right: int) -> Iterator[tuple[tuple[int, int], str]]:
