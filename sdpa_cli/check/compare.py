@@ -420,3 +420,46 @@ def apart(got: float, reference: float, fewest: int = 6, most: int = 9) -> tuple
 
 def _at(at: Index | None) -> str:
     return "-" if at is None else format_index(at)
+
+
+FACTOR = 2.0
+"""How much worse than the plain computation an element may be (``--fudge``), in the
+16- and 8-bit formats: there the plain computation rounds its logits and weights to
+the format, which kernels accumulating in float32 do not, so a faithful kernel's error
+is well under it (0.25 to 1 of it, measured), and twice is a margin."""
+
+FACTORS = {"float32": 4.0}
+"""The factor where it differs: in float32 a kernel's errors and the plain
+computation's are the same kind (the rounding of sums taken in other orders), and
+their largest per slice differ by up to 2.1×, measured on PyTorch's kernels."""
+
+
+def factor_for(export: str, fudge: float | None) -> float:
+    """``--fudge`` when given, else the export format's factor."""
+    return fudge if fudge is not None else FACTORS.get(export, FACTOR)
+
+
+FLOOR_ULPS = 2.0
+"""The floor of each element's allowance, in units in the last place of the format at
+the row's scale."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How an export is judged against the plain computation in its format."""
+
+    export: str
+    factor: float = FACTOR
+    floor_ulps: float = FLOOR_ULPS
+    floor_of: str = "the row's scale"
+    """What the floor's ulps are of, as the report names it (a gradient's: the sum of
+    its terms' magnitudes, ``relative_check``'s ``terms``)."""
+
+    @property
+    def tolerance(self) -> Tolerance:
+        """The rule as the report names it (no single rtol/atol: 0 and 0)."""
+        source = (
+            f"kernel: ≤ {sig(self.factor, 6)}× the plain {self.export} computation's largest "
+            f"error in the (batch, head) slice, floor {sig(self.floor_ulps, 6)} ulp of {self.floor_of}"
+        )
+        return Tolerance(0.0, 0.0, source, factor=self.factor)

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from sdpa_cli.check.compare import Judgement
 from sdpa_cli.check.exports import Fitted
 from sdpa_cli.check.records import Evidence
-from sdpa_cli.check.relative import Judgement, error_ratio
+from sdpa_cli.check.relative import error_ratio
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import CaseHeads, HeadGather, error_by_head
 from sdpa_cli.engine.spec import AttentionSpec
@@ -43,9 +44,7 @@ def kept_for_pages(
         {n: engine(n, f.values, f.merged) for n, f in fitted.items()},
         {n: engine(n, reference[n], f.merged) for n, f in fitted.items()},
         plains,
-        None if judgement is None else judgement.factor,
-        0.0 if judgement is None else judgement.floor_ulps,
-        export="" if judgement is None else judgement.export,
+        judgement,
     )
 
 
@@ -61,9 +60,8 @@ def grid_row(
         a = np.asarray(kept.exports["output"], dtype=np.float64)
         r = np.asarray(kept.reference["output"], dtype=np.float64)
         error = error_by_head(spec, a, r)
-        if kept.factor is not None:
+        if (judgement := kept.judgement) is not None:
             plain = kept.plain.get("output")
-            judgement = Judgement(kept.export, kept.factor, kept.floor_ulps)
             shape = (-1, spec.L, a.shape[-1])
             p = None if plain is None else np.asarray(plain, dtype=np.float64).reshape(shape)
             ratio = error_ratio(a.reshape(shape), r.reshape(shape), p, judgement, rows=True)

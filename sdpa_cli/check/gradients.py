@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance
+from sdpa_cli.check.compare import DTYPE_TOLERANCES, Judgement, Tolerance, factor_for
 from sdpa_cli.check.elements import close_check, finite_check
 from sdpa_cli.check.error_stats import by_slice, pairs
 from sdpa_cli.check.exports import (
@@ -35,7 +35,7 @@ from sdpa_cli.check.exports import (
 )
 from sdpa_cli.check.grad_hints import with_gradient_hints
 from sdpa_cli.check.records import Check, Expected
-from sdpa_cli.check.relative import Judgement, RelativeRule, factor_for, needs_plain
+from sdpa_cli.check.relative import RelativeRule, needs_plain
 from sdpa_cli.check.residual import Residual
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.engine import precision

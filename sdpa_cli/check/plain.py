@@ -17,8 +17,9 @@ from typing import cast
 import numpy as np
 from numpy.typing import NDArray
 
+from sdpa_cli.check.compare import Judgement
 from sdpa_cli.check.exports import RUN_STAGES, Fitted, tensor_values
-from sdpa_cli.check.relative import Judgement, needs_plain
+from sdpa_cli.check.relative import needs_plain
 from sdpa_cli.engine.arrays import NUMPY
 from sdpa_cli.engine.block import block_lse
 from sdpa_cli.engine.driver import Place, sweep

@@ -11,7 +11,7 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from sdpa_cli.check.compare import Mismatch, Tolerance, mismatch_lines
+from sdpa_cli.check.compare import Judgement, Mismatch, Tolerance, mismatch_lines
 from sdpa_cli.check.structure import slice_line
 from sdpa_cli.diagnosis.findings import Diagnosis
 from sdpa_cli.diagnosis.model import CaseHeads
@@ -113,13 +113,10 @@ class Evidence:
     reference: Mapping[str, F64]
     plain: Mapping[str, F64 | None]
     """NaN where the rule did not need it; None where it was not computed at all."""
-    factor: float | None = None
-    """The rule's factor and floor (ulps of the row's scale), None under a fixed
-    tolerance."""
-    floor_ulps: float = 0.0
+    judgement: Judgement | None = None
+    """The kernel-relative rule the verdict used (the format it judged the export in,
+    its factor and floor), None under a fixed tolerance."""
     matched: Mapping[str, AttentionSpec] = field(default_factory=dict)
-    export: str = ""
-    """The format the rule judged the export in (its plain computation's)."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,11 @@
 """``sdpa check``: exported attention tensors judged against a recomputed reference.
 
-Pure data in, data out: a validated spec, the exported arrays and the settings go in;
-a :class:`~sdpa_cli.check.records.CheckReport` (a list of checks, the findings) comes
-out. Rendering, JSON, JUnit and exit codes are the command line's business.
-
-One pass over the blocks gives the findings and the reference's output and LSE
-(:func:`_judge_pass`); then each export is checked (:mod:`sdpa_cli.check.elements`),
-failed comparisons get hints (:mod:`sdpa_cli.check.hints`), and the findings of the
-kinds gated fail the run (:mod:`sdpa_cli.check.gate`).
+Pure data in and out: a validated spec, the exports and the settings in, a
+:class:`~sdpa_cli.check.records.CheckReport` out; rendering, reports and exit codes are
+the command line's. One pass over the blocks gives the findings and the reference's
+output and LSE (:func:`_judge_pass`); then each export is checked (:mod:`~sdpa_cli.check.elements`),
+failed comparisons get hints (:mod:`~sdpa_cli.check.hints`), and the findings of the
+kinds gated fail the run (:mod:`~sdpa_cli.check.gate`).
 """
 
 from __future__ import annotations
@@ -20,7 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from sdpa_cli.check.compare import DTYPE_TOLERANCES, Tolerance, measured_tolerance
+from sdpa_cli.check.compare import (
+    DTYPE_TOLERANCES,
+    Judgement,
+    Tolerance,
+    factor_for,
+    measured_tolerance,
+)
 from sdpa_cli.check.elements import (
     VBounds,
     block_support,
@@ -50,7 +54,7 @@ from sdpa_cli.check.gate import finding_checks, gated_kinds
 from sdpa_cli.check.hints import with_hints
 from sdpa_cli.check.plain import needed_rows, plain_values
 from sdpa_cli.check.records import Check, CheckReport, Expected
-from sdpa_cli.check.relative import Judgement, factor_for, relative_check
+from sdpa_cli.check.relative import relative_check
 from sdpa_cli.check.settings import CheckSettings
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import HeadGather
@@ -86,8 +90,7 @@ class _Pass:
     bounds: VBounds | None = None
     """Per output element, V's range over the keys its row can weigh."""
     backend: Backend = NUMPY
-    """What computed the pass (numpy's per-stage path whatever the backend asked for,
-    where the lean pass does not apply)."""
+    """What computed the pass (numpy's per-stage path where the lean pass does not apply)."""
 
 
 def _judge_pass(
@@ -100,9 +103,8 @@ def _judge_pass(
     gather: HeadGather | None = None,
 ) -> _Pass:
     """Every block once: the findings' statistics (from the run as given, or from the
-    reference when the run is not emulated: it computes the same thing, in a format
-    at least as wide as the inputs'), and the reference's output, LSE and V range;
-    and what a model's grid reads, told to ``gather``."""
+    reference when the run is not emulated: the same computation, at least as wide),
+    the reference's output, LSE and V range, and what a model's grid reads (``gather``)."""
     stats = Stats.empty(spec)
     ref_dtype = native_dtype(ref_spec) or np.dtype(np.float64)
     # V's own values bound the output: its own format holds them (float16: half the

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 from reference import attention
 
+from sdpa_cli.check.compare import Judgement
 from sdpa_cli.check.records import Expected
-from sdpa_cli.check.relative import Judgement, error_ratio
+from sdpa_cli.check.relative import error_ratio
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.engine.options import parse_options
 from sdpa_cli.engine.spec import build_spec
@@ -66,7 +67,8 @@ def test_the_pictured_ratio_fails_what_the_rule_fails() -> None:
     report = run_checks(spec, [Expected("output", export, "out.npy")], evidence=True)
     ev = report.evidence
     assert ev is not None
-    assert ev.factor is not None
+    assert ev.judgement is not None
+    assert ev.judgement.export == "float16"
     (close,) = [c for c in report.checks if c.name == "output.close"]
     assert close.status == "fail"
     assert close.mismatch is not None
@@ -74,6 +76,6 @@ def test_the_pictured_ratio_fails_what_the_rule_fails() -> None:
     r = np.asarray(ev.reference["output"], np.float64).reshape(2, 48, 16)
     plain = ev.plain["output"]
     p = None if plain is None else np.asarray(plain, np.float64).reshape(2, 48, 16)
-    ratio = error_ratio(a, r, p, Judgement("float16", ev.factor, ev.floor_ulps), rows=True)
+    ratio = error_ratio(a, r, p, ev.judgement, rows=True)
     assert int(np.count_nonzero(ratio > 1)) == close.mismatch.mismatched
     assert not (ratio[0] > 1).any()  # the head left alone passes everywhere

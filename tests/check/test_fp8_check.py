@@ -20,8 +20,8 @@ import pytest
 from clirunner import invoke
 from flash_reference import attention_ref
 
+from sdpa_cli.check.compare import FACTOR
 from sdpa_cli.check.records import Expected
-from sdpa_cli.check.relative import FACTOR
 from sdpa_cli.check.run import run_checks
 from sdpa_cli.engine.grad_plain import plain_backward
 from sdpa_cli.engine.inputs import load_spec

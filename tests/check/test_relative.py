@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from sdpa_cli.check import error_stats as error_stats_module
-from sdpa_cli.check.compare import compare
+from sdpa_cli.check.compare import Judgement, compare
 from sdpa_cli.check.error_stats import error_limit_check, error_stats
 from sdpa_cli.check.records import failure_lines
-from sdpa_cli.check.relative import Judgement, relative_check, ulp
+from sdpa_cli.check.relative import relative_check, ulp
 from sdpa_cli.check.structure import slice_line
 
 

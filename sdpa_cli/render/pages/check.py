@@ -24,7 +24,7 @@ import numpy as np
 
 from sdpa_cli.check.compare import tolerance_ratio
 from sdpa_cli.check.records import CaseResult, Check, CheckReport, Evidence, failure_lines
-from sdpa_cli.check.relative import Judgement, error_ratio
+from sdpa_cli.check.relative import error_ratio
 from sdpa_cli.diagnosis.pictures import largest, pooled_to
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64
@@ -83,7 +83,7 @@ def case_sections(result: CaseResult, level: int) -> tuple[str, list[str]]:
         for c in report.failed:
             name = c.name.removesuffix(".close")
             if c.name.endswith(".close") and name in evidence.exports:
-                body.append(_failed_export(c, name, evidence, report.export_dtype, level))
+                body.append(_failed_export(c, name, evidence, level))
     return line, body
 
 
@@ -104,7 +104,7 @@ def _checks_table(report: CheckReport, level: int) -> str:
     return f'<section><h{level}>Checks</h{level}><table class="lines">{rows}</table></section>'
 
 
-def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: int) -> str:
+def _failed_export(check: Check, name: str, ev: Evidence, level: int) -> str:
     """The pictures of one failed comparison (see the module's docstring)."""
     spec = ev.spec
     lead = spec.lead
@@ -116,14 +116,12 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     shape = (n, spec.L, -1) if rows_axis else (n, spec.L)
     a, r = a.reshape(shape), r.reshape(shape)
     plain = None if p is None else np.asarray(p, dtype=np.float64).reshape(shape)
-    if ev.factor is not None:
-        ratio = error_ratio(
-            a, r, plain, Judgement(export, ev.factor, ev.floor_ulps), rows=rows_axis
-        )
+    if (judged := ev.judgement) is not None:  # the rule the verdict used, whole
+        ratio = error_ratio(a, r, plain, judged, rows=rows_axis)
         allowance = (
-            f"the kernel-relative allowance ({number(ev.factor)}× the plain {export} "
-            f"computation's largest error in the slice, at least {number(ev.floor_ulps)} "
-            "ulp of the row's scale)"
+            f"the kernel-relative allowance ({number(judged.factor)}× the plain "
+            f"{judged.export} computation's largest error in the slice, at least "
+            f"{number(judged.floor_ulps)} ulp of {judged.floor_of})"
         )
     else:
         tol = check.tolerance
@@ -162,7 +160,7 @@ def _failed_export(check: Check, name: str, ev: Evidence, export: str, level: in
     if matched is not None:
         parts.append(_mask_panel(ev, matched, name, worst, slices[worst]))
     parts.append("</div>")
-    parts.append(_distribution(a, r, plain, export))
+    parts.append(_distribution(a, r, plain, "" if judged is None else judged.export))
     lines = "\n".join(failure_lines(check))
     parts.append(f"<h3>The report</h3><pre>{esc(lines)}</pre></section>")
     return "".join(parts)
