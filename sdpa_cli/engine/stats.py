@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import positions, precision, row_stats
 from sdpa_cli.engine.block import Block, native_dtype
+from sdpa_cli.engine.fp8 import FP8_OUTPUT, runs_fp8
 from sdpa_cli.engine.records import (
     OVERFLOW_STAGES,
     Moments,
@@ -136,8 +137,7 @@ class Stats:
         # Underflow, exp and an added mask value: float16 always (the mission's concern)
         # and the formats the run uses. bfloat16 flushes only below 4.6e-41, its exp
         # overflows where float32's does, and float8 never holds logits.
-        logits = [d for d in working if not d.startswith("float8")]
-        narrow = tuple(dict.fromkeys(["float16", *logits]))
+        narrow = tuple(dict.fromkeys(["float16", *working]))
         return cls(
             spec=spec,
             checked=checked,
@@ -410,7 +410,11 @@ def input_dtypes(spec: AttentionSpec) -> tuple[str, ...]:
 
 
 def working_formats(spec: AttentionSpec) -> tuple[str, ...]:
-    """The formats this computation really runs in: the inputs' and ``--dtype``'s."""
+    """The formats this computation really runs in: the inputs' and ``--dtype``'s. An
+    FP8 kernel with descales (:func:`~sdpa_cli.engine.fp8.runs_fp8`) keeps its scores
+    in float32 and stores its output in bfloat16: its FP8 holds no score to overflow."""
+    if runs_fp8(spec):
+        return (FP8_OUTPUT,)
     formats = list(input_dtypes(spec))
     if spec.options.emulated:
         formats.append(spec.options.dtype)

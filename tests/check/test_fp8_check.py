@@ -184,3 +184,25 @@ def test_a_manifest_takes_descales_as_numbers_and_files(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stdout
     cases = json.loads(result.stdout)["cases"]
     assert [(c["name"], c["passed"]) for c in cases] == [("per-tensor", True), ("per-head", True)]
+
+
+def test_an_fp8_kernel_holds_no_score_in_fp8_but_a_plain_fp8_run_does() -> None:
+    """FlashAttention-3's FP8 kernel keeps its scores in float32: no score overflows
+    e4m3 there (a false error before); a plain --dtype float8_e4m3fn run stores them in
+    e4m3, and its overflow stays an error."""
+    from sdpa_cli.diagnosis.rules import diagnose
+    from sdpa_cli.engine.trace import trace
+
+    sample = Path(__file__).parents[2] / "samples" / "fp8"
+    kernel, _ = load_spec((str(sample / "fp8.yaml"),))
+    plain, _ = load_spec(
+        tuple(f"{sample / 'qkv.safetensors'}:{n}" for n in "qkv"),
+        flags={"dtype": "float8_e4m3fn", "causal": True},
+    )
+
+    def fp8_severities(spec: Any) -> set[str]:
+        found = diagnose(trace(spec, stages=())).findings
+        return {f.severity for f in found if f.dtype == "float8_e4m3fn"}
+
+    assert fp8_severities(kernel) <= {"info"}
+    assert "error" in fp8_severities(plain)
