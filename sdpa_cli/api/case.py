@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sdpa_cli.api.outputs import Outputs
-from sdpa_cli.names import EXPORTS
+from sdpa_cli.engine.fp8 import descale_number
+from sdpa_cli.names import DESCALES, EXPORTS
 from sdpa_cli.text import printable
 
 if TYPE_CHECKING:
@@ -34,6 +35,12 @@ command line draws a bar; the API's default draws nothing."""
 def unwatched(spec: AttentionSpec, what: str) -> Iterator[Progress | None]:
     """No progress reported: the default :data:`Watch`."""
     yield None
+
+
+def names_a_file(key: str, value: str) -> bool:
+    """Whether an input's value names a file: all do but a descale given as a number
+    (``--q-descale 0.02``, ``q-descale: 0.02`` or ``"0.02"`` in a manifest)."""
+    return key not in DESCALES or descale_number(value) is None
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,8 @@ class Case:
 
     def files(self) -> list[str]:
         """Every file the case reads, for the check that no output destroys one."""
-        return [*self.inputs, *self.tensors.values(), *self.expect.values()] + [
+        tensors = [p for k, p in self.tensors.items() if names_a_file(k, p)]
+        return [*self.inputs, *tensors, *self.expect.values()] + [
             f for f in (self.partials, self.dout) if f
         ]
 

@@ -20,15 +20,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sdpa_cli.api.case import Case
+from sdpa_cli.api.case import Case, names_a_file
 from sdpa_cli.api.judge import run_case
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.check.settings import Overrides
-from sdpa_cli.engine.fp8 import descale_number
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.limits import keep_freed_blocks
 from sdpa_cli.files.remote import is_url
-from sdpa_cli.names import DESCALES
 from sdpa_cli.text import one_line, printable
 
 CONNECT_TIMEOUT = 5.0
@@ -117,11 +115,7 @@ def _absolute(case: Case) -> Case:
         return path if is_url(path) or Path(path).is_absolute() else str(Path.cwd() / path)
 
     def fix_map(paths: Mapping[str, str]) -> dict[str, str]:
-        # a descale given as a number (--q-descale 0.02) names no file
-        return {
-            k: p if k in DESCALES and descale_number(p) is not None else fix(p)
-            for k, p in paths.items()
-        }
+        return {k: fix(p) if names_a_file(k, p) else p for k, p in paths.items()}
 
     return dataclasses.replace(
         case,

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sdpa_cli.api.case import Case
+from sdpa_cli.api.case import Case, names_a_file
 from sdpa_cli.api.judge import run_case as run_case  # workers run it: a test replaces it here
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.check.settings import CHECK_NAMES, Overrides, check_values, merge_check_settings
@@ -61,7 +61,7 @@ from sdpa_cli.files.confine import confine
 from sdpa_cli.files.loaders import Source
 from sdpa_cli.files.remote import is_url
 from sdpa_cli.files.structured import TEXT_SUFFIXES, parse_text
-from sdpa_cli.names import DESCALES, EXPORTS, INPUT_TENSORS
+from sdpa_cli.names import EXPORTS, INPUT_TENSORS
 from sdpa_cli.text import as_typed, printable, shown
 
 INPUT_KEYS = ("case", *INPUT_TENSORS)
@@ -94,7 +94,8 @@ def _entries(
                 "expect-dq, expect-dk, expect-dv, expect-dbias, expect-dsinks, dout, "
                 "expect-partials, decode, an option of compute or a setting of check",
             )
-        if key in DESCALES and isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = isinstance(value, (int, float, str)) and not isinstance(value, bool)
+        if number and not names_a_file(key, str(value)):
             paths[key] = repr(float(value))  # a descale given as a number, not a file
         elif key in PATH_KEYS:
             if not isinstance(value, str):

@@ -160,8 +160,10 @@ def test_an_fp8_kernels_gradients_are_not_emulated(tmp_path: Path) -> None:
         plain_backward(spec, np.ones(spec.output_shape))
 
 
-def test_a_manifest_takes_descales_as_numbers_and_files(tmp_path: Path) -> None:
-    """Per tensor, numbers (`q-descale: 0.01`); per head, files relative to the manifest."""
+@pytest.mark.parametrize("quoted", [False, True])
+def test_a_manifest_takes_descales_as_numbers_and_files(tmp_path: Path, quoted: bool) -> None:
+    """Per tensor, numbers (`q-descale: 0.01`, or quoted, `"0.01"`: a number still, not a
+    file beside the manifest); per head, files relative to the manifest."""
     lines = ["defaults:\n  dtype: float8_e4m3fn\ncases:\n"]
     for name, shape in (("per-tensor", PER_TENSOR), ("per-head", PER_HEAD)):
         arrays, flags = export(shape)
@@ -174,7 +176,8 @@ def test_a_manifest_takes_descales_as_numbers_and_files(tmp_path: Path) -> None:
             entry += f"    {option.replace('_', '-')}: {name}/{key}.npy\n"
         for i, flag in enumerate(flags):
             if flag.endswith("descale"):
-                entry += f"    {flag.removeprefix('--')}: {flags[i + 1]}\n"
+                value = f'"{flags[i + 1]}"' if quoted else flags[i + 1]
+                entry += f"    {flag.removeprefix('--')}: {value}\n"
         if shape.causal:
             entry += "    causal: true\n    causal-align: lower-right\n"
         lines.append(entry)
