@@ -275,8 +275,9 @@ NOTABLE_HEADS = ("sink", "dead", "saturated")
 PAIRINGS = ("name", "layer", "order")
 """How ``sdpa diff`` pairs two runs' calls, in the order it tries them."""
 
-COMPARED = ("q", "k", "v", "output")
-"""What ``sdpa diff`` compares of each pair of calls: the inputs, then the output."""
+COMPARED = ("q", "k", "v", "bias", "output")
+"""What ``sdpa diff`` compares of each pair of calls: the inputs, what is added to the
+logits (a bias and a float mask's values: ALiBi, relative positions), the output."""
 
 DIVERGENCES = ("upstream", "kernel")
 """Where a call of run B parts from run A's: upstream of attention (Q, K, V, the mask,

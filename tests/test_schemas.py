@@ -144,7 +144,7 @@ ENUMS: dict[tuple[str, str], tuple[Any, ...]] = {
     ("report-model", "/properties/notable/items/properties/kind"): names.NOTABLE_HEADS,
     ("diff", "/properties/pairing/properties/by"): names.PAIRINGS,
     ("diff", "/properties/calls/items/properties/differences/propertyNames"): names.COMPARED,
-    ("diff", "/properties/calls/items/properties/differ/items"): (*names.COMPARED[:3], "mask"),
+    ("diff", "/properties/calls/items/properties/differ/items"): (*names.COMPARED[:4], "mask"),
     ("diff", "/properties/calls/items/properties/kernel/anyOf/0/properties/run"): names.DIFF_RUNS,
     ("diff", "/properties/calls/items/properties/kernel_a/anyOf/0/properties/run"): names.DIFF_RUNS,
     ("diff", "/properties/calls/items/properties/where/anyOf/0"): names.DIVERGENCES,

@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 
 from sdpa_cli.check.exports import strip_ones
 from sdpa_cli.check.pairing import Pairing
-from sdpa_cli.engine import precision
+from sdpa_cli.engine import masks, precision
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.visible import visible_keys
 from sdpa_cli.errors import ExitCode
@@ -60,6 +60,9 @@ the second, where both are far under :data:`BOUND`)."""
 
 INPUTS = COMPARED[:3]
 """The inputs compared (Q, K, V), by their names in the files and the JSON."""
+ADDED = COMPARED[3]
+"""What is added to the logits (a bias, a float mask's finite values), compared where
+either run adds something."""
 
 
 @dataclass(frozen=True)
@@ -152,9 +155,11 @@ class CallDiff:
         return precision.fmt(self.format).unit_roundoff
 
     def differing(self) -> tuple[str, ...]:
-        """The inputs that differ, as named in prose: ``Q``, ``K``, ``V``, ``mask``."""
+        """The inputs that differ, as named in prose: ``Q``, ``K``, ``V``, ``bias``,
+        ``mask``."""
         named = [n.upper() for n in INPUTS if n in self.differences and self._past(n)]
-        return (*named, *(["mask"] if self.mask_rows else []))
+        added = [ADDED] if ADDED in self.differences and self._past(ADDED) else []
+        return (*named, *added, *(["mask"] if self.mask_rows else []))
 
     def _past(self, name: str) -> bool:
         x = self.differences[name].relative
@@ -184,12 +189,15 @@ class CallDiff:
         """Why the call diverges, or that it does not, in a few words."""
         if self.mismatch:
             return self.mismatch
-        differ = [n for n in self.differing() if n != "mask"]
+        differ = [n for n in self.differing() if n not in ("mask", ADDED)]
         parts = []
         if differ:
             sizes = ", ".join(self.differences[n.lower()].text() for n in differ)
             verb = "differs" if len(differ) == 1 else "differ"
             parts.append(f"{', '.join(differ)} {verb} by {sizes}")
+        if ADDED in self.differing():
+            added = self.differences[ADDED].text()
+            parts.append(f"what is added to the logits (a bias, a float mask) differs by {added}")
         if self.mask_rows:
             parts.append(f"the mask hides other keys on {self.mask_rows} of {self.rows} rows")
         agree = [n.upper() for n in INPUTS if n in self.differences and n.upper() not in differ]
@@ -297,17 +305,30 @@ def _json(x: float) -> float | str | None:
 
 def mismatch(a: AttentionSpec, b: AttentionSpec) -> str | None:
     """What two calls do not share that no difference measures: their shapes (leading
-    1s aside), their scale, their softcap; None when they share them."""
+    1s aside), their scale (a temperature's included), softcap and dropout, ALiBi,
+    a score-mod, sinks; None when they share them."""
     dims_a, dims_b = _dims(a), _dims(b)
     if dims_a != dims_b:
         return f"the shapes differ: {dims_a} in A, {dims_b} in B"
     for what, x, y in (
         ("scale", a.factor, b.factor),
         ("softcap", a.options.softcap, b.options.softcap),
+        ("dropout", a.options.dropout, b.options.dropout),
     ):
         if x != y and not (x is not None and y is not None and math.isclose(x, y, rel_tol=1e-6)):
             return f"the {what} differs: {_words(x)} in A, {_words(y)} in B"
+    for what, u, w in (
+        ("ALiBi", a.options.alibi, b.options.alibi),
+        ("score-mod", a.options.score_mod, b.options.score_mod),
+        ("sinks", a.sinks is not None, b.sinks is not None),
+    ):
+        if u != w:
+            return f"the {what} differs: {_given(u)} in A, {_given(w)} in B"
     return None
+
+
+def _given(x: object) -> str:
+    return "none" if x is None or x is False else "given" if x is True else str(x)
 
 
 def _dims(spec: AttentionSpec) -> str:
@@ -330,11 +351,13 @@ def compare_call(
     were recorded) of ``b`` against ``a``, counted in ``unit``; the rows compared;
     the rows whose visible keys differ. ``a`` and ``b`` share their shapes
     (:func:`mismatch`)."""
-    rows, keys, mask_rows = _compared(a, b)
+    rows, keys, mask_rows, added = _compared(a, b)
     found = {
         n: difference(_per_head(a, n), _per_head(b, n), rows if n == "q" else keys, a, unit)
         for n in INPUTS
     }
+    if added is not None:
+        found[ADDED] = _worst(added, np.asarray(rows.any(axis=-1)), a, unit)
     out_a, out_b = outputs
     if out_a is not None and out_b is not None:
         n = math.prod(a.lead)
@@ -354,24 +377,60 @@ def _per_head(spec: AttentionSpec, name: str) -> NDArray[np.float64]:
     return whole.reshape(-1, *x.shape[-2:]).astype(np.float64)
 
 
-def _compared(a: AttentionSpec, b: AttentionSpec) -> tuple[NDArray[Any], NDArray[Any], int]:
+def _compared(
+    a: AttentionSpec, b: AttentionSpec
+) -> tuple[NDArray[Any], NDArray[Any], int, NDArray[np.float64] | None]:
     """The query rows that see a key in both runs ``(N, L)``, the keys those rows see
-    in either ``(N, S)``, and how many of those rows see other keys in each."""
+    in either ``(N, S)``, how many of those rows see other keys in each, and per slice
+    ``(N,)`` the relative RMS difference of what is added to the logits on the keys
+    both runs see (None: neither adds anything)."""
     n = math.prod(a.lead)
     rows = np.ones((n, a.L), dtype=bool)
     keys = np.ones((n, a.S), dtype=bool)
+    adds = _adds(a) or _adds(b)
+    added = np.zeros(n) if adds else None
     differ = 0
     every = slice(0, a.L)
     for i, (ia, ib) in enumerate(zip(np.ndindex(*a.lead), np.ndindex(*b.lead), strict=True)):
         va, vb = visible_keys(a, ia, every), visible_keys(b, ib, every)
-        if va is None and vb is None:
+        if va is None and vb is None and added is None:
             continue
         va = np.ones((a.L, a.S), dtype=bool) if va is None else va
         vb = np.ones((a.L, a.S), dtype=bool) if vb is None else vb
         rows[i] = va.any(axis=1) & vb.any(axis=1)
         keys[i] = ((va | vb) & rows[i][:, None]).any(axis=0)
         differ += int(((va != vb).any(axis=1) & rows[i]).sum())
-    return rows, keys, differ
+        if added is not None:
+            both = va & vb
+            added[i] = _relative(_added(a, ia), _added(b, ib), both)
+    return rows, keys, differ, added
+
+
+def _adds(spec: AttentionSpec) -> bool:
+    """Whether the computation adds something to the logits: a bias, a float mask."""
+    return spec.bias is not None or (spec.mask is not None and not spec.mask_is_bool)
+
+
+def _added(spec: AttentionSpec, lead_index: tuple[int, ...]) -> NDArray[np.float64]:
+    """What the slice adds to its logits ``(L, S)``: its bias and its float mask's
+    finite values (the hidden keys' sentinels are the mask, compared as what it hides)."""
+    total = np.zeros((spec.L, spec.S))
+    if spec.bias is not None:
+        total = total + spec.bias[spec.operand_index("bias", lead_index)]
+    if spec.mask is not None and not spec.mask_is_bool:
+        m = np.asarray(spec.mask[spec.operand_index("mask", lead_index)], dtype=np.float64)
+        total = total + np.where(masks.hides(m), 0.0, m)
+    return total
+
+
+def _relative(a: NDArray[np.float64], b: NDArray[np.float64], keep: NDArray[np.bool_]) -> float:
+    """RMS(b − a) / RMS(a) over ``keep`` (inf where only ``b`` adds anything)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        num = float(np.square(np.where(keep, b - a, 0.0)).sum())
+        den = float(np.square(np.where(keep, a, 0.0)).sum())
+    if den > 0:
+        return math.sqrt(num / den)
+    return math.inf if num > 0 else 0.0
 
 
 def difference(
@@ -394,7 +453,13 @@ def difference(
         ratio = np.where(
             den > 0, np.sqrt(num / np.where(den > 0, den, 1.0)), np.where(num > 0, np.inf, 0.0)
         )
-    counted = keep.any(axis=-1)
+    return _worst(ratio, np.asarray(keep.any(axis=-1)), spec, unit)
+
+
+def _worst(
+    ratio: NDArray[np.float64], counted: NDArray[np.bool_], spec: AttentionSpec, unit: float
+) -> Difference:
+    """The largest of the slices' ratios ``(N,)`` among those ``counted``, and where."""
     if not counted.any():
         return Difference(math.nan, (), unit)
     ratio = np.where(counted, ratio, -1.0)

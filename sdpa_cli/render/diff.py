@@ -14,11 +14,11 @@ from rich.text import Text
 
 from sdpa_cli.check.diff import CallDiff, RunDiff
 from sdpa_cli.engine import precision
-from sdpa_cli.names import COMPARED
 from sdpa_cli.render.common import MUTED, THEME, note_text
 from sdpa_cli.text import compact, shared_parts
 
 HEADINGS = {"q": "Q", "k": "K", "v": "V", "output": "O"}
+"""The table's columns: a bias's difference is named under "diverges" (the JSON has it)."""
 
 
 def render_diff(diff: RunDiff, width: int) -> RenderableType:
@@ -62,7 +62,7 @@ def power_of_two(x: float) -> str:
 def _table(diff: RunDiff, names: list[str]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
     table.add_column("call", overflow="fold")
-    for n in COMPARED:
+    for n in HEADINGS:
         table.add_column(HEADINGS[n], justify="right", no_wrap=True)
     table.add_column("kernel", no_wrap=True)
     table.add_column("diverges", overflow="fold")
@@ -75,7 +75,7 @@ def _cells(call: CallDiff) -> list[Text]:
     """Each difference in units, those past the limit marked."""
     differing = {n.lower() for n in call.differing()}
     cells = []
-    for n in COMPARED:
+    for n in HEADINGS:
         found = call.differences.get(n)
         if found is None:
             cells.append(Text("—", MUTED))

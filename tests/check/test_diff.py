@@ -129,6 +129,34 @@ def test_shapes_and_scales_that_differ_are_said_in_words() -> None:
     assert mismatch(spec(q[None], k[None], v[None]), a) is None  # leading 1s aside
 
 
+def test_what_is_added_to_the_logits_is_compared_as_an_input() -> None:
+    """Falcon's SDPA path passes ALiBi inside the float mask: the same Q, K, V with
+    and without it compute different attention, and read as a divergence upstream."""
+    q, k, v = inputs()
+    distance = -np.abs(np.arange(L)[:, None] - np.arange(L)[None, :]).astype(np.float64)
+    alibi = np.where(np.tril(np.ones((L, L), dtype=bool)), 0.5 * distance, -np.inf)
+    a = spec(q, k, v, causal=True)
+    b = spec(q, k, v, mask=alibi)
+    found, rows, mask_rows = compared(a, b)
+    assert mask_rows == 0  # both hide the future keys
+    assert found["bias"].relative == math.inf  # A adds nothing where B adds ALiBi
+    call = CallDiff("x", "x", "bfloat16", found, rows, mask_rows, limit=BOUND * U)
+    assert (call.differing(), call.where) == (("bias",), "upstream")
+    found, _, _ = compared(b, spec(q, k, v, mask=alibi * (1 + U)))  # rounding of ALiBi's slope
+    assert found["bias"].units == pytest.approx(1.0)
+
+
+def test_options_that_change_the_computation_are_said_in_words() -> None:
+    q, k, v = inputs()
+    a = spec(q, k, v, causal=True)
+    assert mismatch(a, spec(q, k, v, causal=True, temperature=2.0)) == (
+        "the scale differs: 0.353553 in A, 0.176777 in B"  # 1/√8, and ÷ the temperature 2
+    )
+    assert mismatch(a, spec(q, k, v, causal=True, alibi=True)) == (
+        "the ALiBi differs: none in A, given in B"
+    )
+
+
 # --- verdicts ------------------------------------------------------------------------
 
 

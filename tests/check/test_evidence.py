@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 from reference import attention
 
-from sdpa_cli.check.compare import Judgement
 from sdpa_cli.check.records import Expected
 from sdpa_cli.check.relative import error_ratio
 from sdpa_cli.check.run import run_checks
