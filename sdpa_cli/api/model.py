@@ -19,7 +19,7 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.trace import split_heads_of_output
 from sdpa_cli.errors import InputError, SdpaError, SpecError
 from sdpa_cli.files.structured import parse_text
-from sdpa_cli.files.tokens import TOKENS_FILE, read_tokens
+from sdpa_cli.files.tokens import TOKENS_FILE, Tokens, read_tokens
 
 
 def model_report(
@@ -88,8 +88,8 @@ def manifest_page(results: list[CaseResult], manifest: str, title: str) -> str:
     return model_page(grid, manifest, _labels(grid, manifest), checks=results, title=title)
 
 
-def _labels(grid: ModelGrid, manifest: str, tokens: str | None = None) -> dict[str, list[str]]:
-    """Each read case's key labels: from the ``tokens`` file (``--tokens``), else from
+def _labels(grid: ModelGrid, manifest: str, tokens: str | None = None) -> dict[str, Tokens]:
+    """Each read case's query and key labels: from the ``tokens`` file (``--tokens``), else from
     a capture's ``tokens.json`` beside the manifest, else none; each fitted to its case.
 
     Raises:
@@ -109,7 +109,7 @@ def _labels(grid: ModelGrid, manifest: str, tokens: str | None = None) -> dict[s
             continue
         L, S = row.heads.lengths
         try:
-            out[row.name] = list(labels.fit(L, S, label).keys)
+            out[row.name] = labels.fit(L, S, label)
         except InputError as exc:
             raise InputError(label, f"{exc.problem} (case {row.name})") from None
     return out

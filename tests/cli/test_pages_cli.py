@@ -58,6 +58,22 @@ def test_tokens_label_the_patterns_and_a_count_that_does_not_fit_is_refused(
     assert not (workdir / "bad.html").exists()
 
 
+def test_a_decoding_steps_query_is_labelled_with_the_last_token(workdir: Path) -> None:
+    """One new query over 8 cached keys (L = 1, S = 8): the keys read the 8 tokens and
+    the query the last of them (it was labelled with the first)."""
+    rng = np.random.default_rng(0)
+    for name, rows in (("q", 1), ("k", 8), ("v", 8)):
+        np.save(workdir / f"{name}.npy", rng.standard_normal((1, 2, rows, 4)))
+    (workdir / "m.yaml").write_text("cases:\n  - {name: step, q: q.npy, k: k.npy, v: v.npy}\n")
+    (workdir / "tokens.txt").write_text("".join(f"t{i}\n" for i in range(8)))
+    result = invoke("report", "model", "m.yaml", "--html", "m.html", "--tokens", "tokens.txt")
+    assert result.exit_code == 0, result.stderr
+    pattern = page_data((workdir / "m.html").read_text())["patterns"]["0,0"]
+    keys = ", ".join(f"&quot;t{i}&quot;" for i in range(8))
+    assert f'data-xnames="[{keys}]"' in pattern
+    assert 'data-ynames="[&quot;t7&quot;]"' in pattern
+
+
 def write_case(workdir: Path, flipped: bool) -> list[str]:
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((1, 2, 64, 16)).astype(np.float16) for _ in range(3))

@@ -18,6 +18,7 @@ import numpy as np
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.diagnosis.model import ModelGrid
 from sdpa_cli.engine.types import F64
+from sdpa_cli.files.tokens import Tokens
 from sdpa_cli.names import NOTABLE_HEADS
 from sdpa_cli.render.grid_words import kind_titles, metric_description, row_labels
 from sdpa_cli.render.pages.check import case_sections
@@ -99,13 +100,13 @@ th.corner { font-size: 0.7rem; white-space: nowrap; }
 def model_page(
     grid: ModelGrid,
     manifest: str,
-    tokens: Mapping[str, Sequence[str]] | None = None,
+    tokens: Mapping[str, Tokens] | None = None,
     *,
     checks: Sequence[CaseResult] | None = None,
     title: str | None = None,
 ) -> str:
     """The page of ``grid`` (from ``manifest``), with each case's token labels where
-    ``tokens`` names them (case name → a label per position); with ``checks`` (a
+    ``tokens`` names them (case name → its queries' and keys' labels); with ``checks`` (a
     manifest's check, case by case in the grid's order), each case's verdict as a
     measure too, and its checks below the grid."""
     th = grid.thresholds
@@ -259,7 +260,7 @@ def _pattern(
     pattern: F64,
     pool: int,
     lengths: tuple[int, int],
-    names: Sequence[str] | None,
+    names: Tokens | None,
 ) -> str:
     """A head's pattern as a heat map of weights, 0 to its largest."""
     hi = float(np.nanmax(pattern)) if pattern.size else 1.0
@@ -274,8 +275,8 @@ def _pattern(
         y_label="query",
         pooled=(pool, pool),
         shape=lengths,
-        x_names=names,
-        y_names=names,
+        x_names=None if names is None else names.keys,
+        y_names=None if names is None else names.queries,
         alt=f"the attention pattern of {row}, head {head}: weights up to {number(hi)}",
         exact=False,  # a thousand heads' values would be most of the page: read from the picture
     )
