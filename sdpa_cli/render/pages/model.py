@@ -118,11 +118,12 @@ def model_page(
         values, present = grid.values(m), grid.present(m)
         finite = values[present & np.isfinite(values)]
         lo, hi = (0.0, 1.0) if m != "error" else (0.0, float(finite.max()) if finite.size else 1.0)
+        hi = hi if hi > lo else lo + 1.0  # every error 0: the scale, and its legend, 0 … 1
         measures[m] = {
             "label": m.replace("_", " "),
             "about": metric_description(m, th),
             "lo": lo,
-            "hi": hi if hi > lo else lo + 1.0,
+            "hi": hi,
             "lo_text": number(lo),
             "hi_text": number(hi),
             "values": [
