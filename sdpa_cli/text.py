@@ -82,6 +82,16 @@ def headroom_bits(bits: float) -> str:
     return "∞" if math.isinf(bits) else f"{bits:+.1f}"
 
 
+def si(x: float, unit: str = "") -> str:
+    """``12.3 MB``, ``456 k``: powers of 1000 (k, M, G), three significant digits, then
+    the unit (``B``); below 1000 the number as it is."""
+    for prefix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= size:
+            return f"{x / size:.3g} {prefix}{unit}"
+    text = f"{x:.3g}"
+    return f"{text} {unit}" if unit else text
+
+
 def percent(fraction: float) -> str:
     """``0.90%``, ``84.84%``; two significant digits below 0.01 %: ``0.0061%``."""
     x = 100 * fraction

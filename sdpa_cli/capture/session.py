@@ -36,7 +36,6 @@ from sdpa_cli.capture.writer import (
     add_safetensors,
     file_stem,
     grown_size,
-    human_bytes,
     list_item,
     manifest_case,
     parse_size,
@@ -53,7 +52,7 @@ from sdpa_cli.capture.writer import (
 )
 from sdpa_cli.errors import InputError, SpecError
 from sdpa_cli.files.tokens import TOKENS_FILE
-from sdpa_cli.text import plural, shown
+from sdpa_cli.text import plural, shown, si
 
 INSTALL_TORCH = "pip install torch"
 TENSORS = "tensors"
@@ -102,7 +101,7 @@ class Summary:
             return f"no attention call captured ({plural(self.seen, 'call')} seen); nothing written to check"
         text = (
             f"{self.captured} of {plural(self.seen, 'attention call')} captured "
-            f"({human_bytes(self.bytes)}) in {self.folder}"
+            f"({si(self.bytes, 'B')}) in {self.folder}"
         )
         if self.skipped:
             text += f", {self.skipped} not replayable (see calls.yaml)"
@@ -292,9 +291,9 @@ class Capture:
                 full = grown_size(call.tensors, metadata, like)
             if self.max_bytes is not None and self.bytes + self.reserved + full > self.max_bytes:
                 self.stopped = (
-                    f"stopped at {plural(self.captured, 'call')} ({human_bytes(self.bytes)}): "
-                    f"call {number} ({name}, {human_bytes(full)}) would pass max_bytes "
-                    f"{human_bytes(self.max_bytes)}; later calls are not captured"
+                    f"stopped at {plural(self.captured, 'call')} ({si(self.bytes, 'B')}): "
+                    f"call {number} ({name}, {si(full, 'B')}) would pass max_bytes "
+                    f"{si(self.max_bytes, 'B')}; later calls are not captured"
                 )
                 self.notify(self.stopped)
                 return

@@ -85,14 +85,6 @@ def parse_size(text: str, where: str = "--max-bytes") -> int:
     return size
 
 
-def human_bytes(n: int) -> str:
-    """``1.2 MB``: powers of 1000, three significant digits."""
-    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if n >= factor:
-            return f"{n / factor:.3g} {unit}"
-    return f"{n} B"
-
-
 def file_stem(number: int, name: str) -> str:
     """``00012-model.layers.3.self_attn``: the call's number, then its name in characters
     safe in any file system and in ``FILE.safetensors:NAME`` (no colon)."""

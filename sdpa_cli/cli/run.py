@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from sdpa_cli.api.outputs import PICTURES, Outputs
+from sdpa_cli.text import si
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -152,9 +153,7 @@ def _rate_column() -> ProgressColumn:
             elapsed = task.elapsed or 0.0
             if not task.completed or elapsed <= 0:
                 return Text("", style="progress.data.speed")
-            return Text(
-                f"{human_rate(task.completed / elapsed)} scores/s", style="progress.data.speed"
-            )
+            return Text(f"{si(task.completed / elapsed)} scores/s", style="progress.data.speed")
 
     return Rate()
 
@@ -176,14 +175,6 @@ def _eta_column() -> ProgressColumn:
             return Text(f"{h}:{m:02d}:{s:02d} left", style="progress.remaining")
 
     return Eta()
-
-
-def human_rate(x: float) -> str:
-    """12.3 M, 456 k, 7.8 G: a rate in three significant digits and a unit."""
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= size:
-            return f"{x / size:.3g} {unit}"
-    return f"{x:.3g}"
 
 
 def make_console(color: bool | None, *, stderr: bool = False) -> Console:

@@ -11,7 +11,6 @@ import pytest
 
 from sdpa_cli.capture.writer import (
     file_stem,
-    human_bytes,
     parse_size,
     safetensors_header,
     tensors_size,
@@ -20,6 +19,7 @@ from sdpa_cli.capture.writer import (
 )
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.loaders import load_array
+from sdpa_cli.text import si
 
 torch = pytest.importorskip("torch")
 
@@ -90,8 +90,8 @@ def test_a_bad_size_is_named(text: str) -> None:
 
 
 def test_human_bytes_and_file_names() -> None:
-    assert human_bytes(999) == "999 B"
-    assert human_bytes(61_056) == "61.1 kB"
-    assert human_bytes(2 << 30) == "2.15 GB"
+    assert si(999, "B") == "999 B"
+    assert si(61_056, "B") == "61.1 kB"
+    assert si(2 << 30, "B") == "2.15 GB"
     assert file_stem(12, "model.layers.3.self_attn#2") == "00012-model.layers.3.self_attn_2"
     assert ":" not in file_stem(1, "a:b/c d")

@@ -8,7 +8,8 @@ import io
 
 from rich.console import Console
 
-from sdpa_cli.cli.run import human_rate, progress_display
+from sdpa_cli.cli.run import progress_display
+from sdpa_cli.text import si
 
 
 class Clock:
@@ -59,7 +60,7 @@ def test_the_estimate_is_the_pace_since_the_start_not_the_last_blocks() -> None:
 
 
 def test_rates_read_in_three_digits_and_a_unit() -> None:
-    assert [human_rate(x) for x in (950, 12_345, 2.5e6, 7.81e9)] == [
+    assert [si(x) for x in (950, 12_345, 2.5e6, 7.81e9)] == [
         "950",
         "12.3 k",
         "2.5 M",
