@@ -36,6 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sdpa_cli.diagnosis.findings import Thresholds
+from sdpa_cli.diagnosis.pictures import pooling
 from sdpa_cli.diagnosis.rows import classify_rows
 from sdpa_cli.engine.arrays import NUMPY
 from sdpa_cli.engine.block import Block, block_lse
@@ -101,11 +102,7 @@ def pattern_pool(L: int, S: int, heads: int) -> int:
     """The pooling (positions a cell, along each axis, a power of two) for ``heads``
     patterns of ``L`` × ``S`` within :data:`PATTERN_CELLS`: 1 where they fit whole."""
     fewest, most = PATTERN_SIDE
-    side = min(most, max(fewest, math.isqrt(PATTERN_CELLS // max(heads, 1))))
-    pool = 1
-    while max(L, S) > side * pool:
-        pool *= 2
-    return pool
+    return pooling(L, S, min(most, max(fewest, math.isqrt(PATTERN_CELLS // max(heads, 1)))))
 
 
 class HeadGather:
