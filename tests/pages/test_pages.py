@@ -75,6 +75,21 @@ def sdpa(folder: Path, *args: str, exit_code: int = 0) -> None:
     assert proc.returncode == exit_code, (proc.returncode, proc.stderr)
 
 
+def sink_mass(page: Path, case: int, head: int) -> float:
+    """A head's sink mass as ``sdpa report model --format json`` gives it, for the
+    manifest the page beside it was made from."""
+    proc = subprocess.run(
+        [sdpa_executable(), "report", "model", "model/manifest.yaml", "--format", "json"],
+        cwd=page.parent,
+        capture_output=True,
+        text=True,
+        env=clean_environ(),
+        timeout=120,
+        check=True,
+    )
+    return float(json.loads(proc.stdout)["metrics"]["sink_mass"][case][head])
+
+
 def assert_size(page: Path, most_kb: int) -> None:
     """The page file exists and is under ``most_kb`` KB (a loose bound: a page that
     grows past it carries something it should not)."""
@@ -165,7 +180,10 @@ def test_choosing_the_sink_shows_its_pattern(browser: Browser, model_page: Path)
         page.click(f"td.cell{SINK}")
         assert page.inner_text("#pattern h3") == "model.layers.1.self_attn, head 0"
         assert "attention sink" in page.inner_text("#pattern p.found")
-        assert "sink mass: 0.98" in page.inner_text("#pattern p.facts")
+        # the sink mass the page says is the one the grid's JSON holds for that head
+        said = re.search(r"sink mass: ([0-9.]+)", page.inner_text("#pattern p.facts"))
+        assert said is not None
+        assert float(said[1]) == pytest.approx(sink_mass(model_page, 1, 0), abs=0.005)
         assert page.eval_on_selector(f"{PATTERN} img", "img => img.naturalWidth") > 0
         assert page.get_attribute(PATTERN, "data-rows") == str(len(TOKENS))
         assert json.loads(page.get_attribute(PATTERN, "data-xnames") or "null") == TOKENS
