@@ -8,13 +8,31 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 from clirunner import ANSI, assert_one_error_line, invoke, strict_json
 
+from sdpa_cli.check.diff import BOUND, JUMP
 from sdpa_cli.errors import ExitCode
+from sdpa_cli.files.loaders import load_array
 from sdpa_cli.files.samples import samples_dir
+from sdpa_cli.text import compact
 
 SAMPLES = samples_dir() / "diff"
 A = "sample:diff/float32"
+U = 2.0**-8  # bfloat16's unit roundoff, the narrower run's
+
+
+def units(run: str, layer: int, name: str) -> float:
+    """How far run's ``name`` at ``layer`` is from float32's, worked out here with numpy
+    from the samples' files: the largest RMS(B − A) / RMS(A) of a (batch, head) slice,
+    in units of bfloat16's unit roundoff (every row sees a key: the runs are causal)."""
+    a, b = (
+        load_array(f"{SAMPLES / r}.safetensors:model.layers.{layer}.{name}", name=name)
+        for r in ("float32", run)
+    )
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    ratio = np.sqrt(np.square(b - a).sum(axis=(-2, -1)) / np.square(a).sum(axis=(-2, -1)))
+    return float(ratio.max()) / U
 
 
 def test_bfloat16_against_float32_names_no_divergence() -> None:
@@ -24,8 +42,11 @@ def test_bfloat16_against_float32_names_no_divergence() -> None:
     lines = result.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines)
     assert "3 calls paired by name" in lines
+    largest = max(units("bfloat16", layer, n) for layer in range(3) for n in "qkv")
+    assert largest < BOUND
     assert lines[-2:] == [
-        "no divergence: 3 of 3 calls compared, Q, K and V within 1.6u of A's; 3 of B's",
+        f"no divergence: 3 of 3 calls compared, Q, K and V within {compact(largest, 2)}u of "
+        "A's; 3 of B's",
         "outputs pass against their own inputs",
     ]
 
@@ -34,11 +55,20 @@ def test_a_rotary_bug_is_upstream_of_attention_in_its_layer() -> None:
     result = invoke("diff", A, "sample:diff/rotary_bug", env={"COLUMNS": "80"})
     assert result.exit_code == ExitCode.CHECK_FAILED, result.output
     rows = [line.split() for line in result.stdout.splitlines()]
-    assert ["1", "209", "293", "1.16", "109", "pass", "upstream:", "Q", "K"] in rows
-    assert ["2", "64.7", "76.5", "58.4", "56.6", "pass"] in rows  # 4× under layer 1's
+    one, two = (
+        [units("rotary_bug", layer, n) for n in ("q", "k", "v", "output")] for layer in (1, 2)
+    )
+    assert one[0] > BOUND  # Q and K turned by the rotary bug, V not
+    assert one[1] > BOUND
+    assert one[2] < BOUND
+    shown = [compact(x, 3) for x in one]
+    assert ["1", *shown, "pass", "upstream:", "Q", "K"] in rows
+    # layer 2 inherits the bug: past 64u, yet under 4× layer 1's, so no new divergence
+    assert BOUND < max(two[:3]) < JUMP * max(one[:3])
+    assert ["2", *(compact(x, 3) for x in two), "pass"] in rows
     assert result.stdout.rstrip().endswith(
         "first divergence: model.layers.1.self_attn — upstream of attention (Q, K differ\n"
-        "by 209u, 293u; V agrees)"
+        f"by {shown[0]}u, {shown[1]}u; V agrees)"
     )
 
 
