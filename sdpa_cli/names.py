@@ -161,6 +161,11 @@ DOUT_SOURCES = ("ones", "random")
 # --- formats ----------------------------------------------------------------------------
 
 FORMATS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+FP8_FORMATS = FORMATS[4:]
+"""The 8-bit formats: FP8 kernels' inputs (``--q-descale`` and the others)."""
+NUMPYLESS = FORMATS[3:]
+"""The formats numpy has no dtype of its own for (ml_dtypes gives them): a torch tensor
+in one comes across as float32, its format said beside it."""
 """The number formats a run may compute in or judge (``--dtype``), widest first."""
 
 REFERENCE_FORMATS = ("float32", "float64")

@@ -31,7 +31,7 @@ from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.engine.arrays import resolve, using
 from sdpa_cli.engine.inputs import spec_of
 from sdpa_cli.engine.options import OPTION_NAMES, parse_options
-from sdpa_cli.names import DESCALES, EXPORTS, GRADIENTS, INPUT_TENSORS
+from sdpa_cli.names import DESCALES, EXPORTS, GRADIENTS, INPUT_TENSORS, NUMPYLESS
 from sdpa_cli.text import plural
 
 
@@ -44,7 +44,7 @@ def _as_array(x: Any, name: str) -> tuple[NDArray[Any], str]:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, without importing torch
         t = x.detach().cpu()
         dtype = str(t.dtype).removeprefix("torch.")
-        if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        if dtype in NUMPYLESS:
             t = t.float()
         return np.asarray(t.numpy()), dtype
     a = np.asarray(x)
@@ -81,7 +81,7 @@ def _verdict(report: CheckReport) -> str:
     return f"{len(names)} of {total} failed, {_listed(names)}"
 
 
-TENSOR_KEYWORDS = (*INPUT_TENSORS[5:], *DESCALES)
+TENSOR_KEYWORDS = INPUT_TENSORS[5:]
 """The inputs besides Q, K, V, the bias and the mask, taken as keywords beside the
 options: ``sinks``, ``segment_ids``, ..., ``block_table`` (K and V as a paged cache's
 pages), ``qv``, ``q_descale`` (a number or an array)..."""
@@ -213,7 +213,7 @@ def assert_attention_close(
     # with descales, the FP8 inputs' format is the computation's (its output's, bfloat16,
     # is not): the spec takes it from them
     descaled = any(n in inputs for n in DESCALES)
-    for narrow in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    for narrow in NUMPYLESS:
         if narrow in dtypes and "dtype" not in raw and not descaled:
             raw["dtype"] = narrow  # no numpy dtype says so: the computation's format does
     inputs |= {n: arrays[n] for n in ("q", "k", "v", "bias", "mask") if n in arrays}

@@ -26,10 +26,8 @@ from numpy.typing import NDArray
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
+from sdpa_cli.names import FP8_FORMATS
 from sdpa_cli.text import format_index, shape, shown
-
-FP8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
-"""The formats FP8 inputs are stored in; FlashAttention-3 takes e4m3."""
 
 F32 = NDArray[np.float32]
 

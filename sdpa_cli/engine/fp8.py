@@ -31,7 +31,6 @@ from numpy.typing import NDArray
 
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.descales import (
-    FP8_FORMATS,
     Descales,
     broadcast,
     check_descale,
@@ -44,7 +43,7 @@ from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.loaders import load_array
-from sdpa_cli.names import DESCALES
+from sdpa_cli.names import DESCALES, FP8_FORMATS
 from sdpa_cli.text import printable
 
 
