@@ -221,11 +221,6 @@ class Arithmetic:
     def const(self, x: float) -> Any:
         return self.dtype.type(x)
 
-    @property
-    def fp8_formats(self) -> dict[str, str]:
-        """The FP8 kernel's formats (:func:`~sdpa_cli.engine.fp8.attend_fp8`)."""
-        return {"fmt": self.fmt, "softmax": self.softmax, "accumulate": self.accumulate}
-
 
 def _logits_format(spec: AttentionSpec, emulate: bool) -> str:
     """--logits-dtype, but float32 where the FP8 kernel would store its scores in FP8."""
@@ -282,13 +277,18 @@ def attend_block(
         visible = seen_keys(visible, sentinel)
         dropped = None
         if d is not None:  # FP8 with descales: P in FP8, normalised after P·V (engine/fp8.py)
-            sink_logit = (
-                None if spec.sinks is None else float(spec.sinks[sink_head(spec, lead_index)])
+            logit = sink_logit(spec, lead_index)
+            weights, output, sink = attend_fp8(
+                masked,
+                ops.v[keys],
+                d[2],
+                logit,
+                fmt=ar.fmt,
+                softmax=ar.softmax,
+                accumulate=ar.accumulate,
             )
-            fp8 = attend_fp8(masked, ops.v[keys], d[2], sink_logit, **ar.fp8_formats)
-            weights, output, sink = fp8
         else:
-            weights, sink, sink_logit = _weights(spec, ar, masked, lead_index)
+            weights, sink, logit = _weights(spec, ar, masked, lead_index)
             if o.dropout > 0:
                 keep = dropout_keep(spec, lead_index, rows, keys)
                 dropped = ar.r(np.where(keep, weights / ar.const(1.0 - o.dropout), ar.const(0.0)))
@@ -314,7 +314,7 @@ def attend_block(
         all_visible,
         sentinel,
         sink,
-        sink_logit,
+        logit,
     )
 
 
