@@ -110,6 +110,9 @@ def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
             continue
         nans = int(np.count_nonzero(np.isnan(a)))
         label = name.upper() if name in ("q", "k", "v") else name
+        source = spec.names.get(name, name)
+        if spec.paging is not None and name in ("k", "v"):  # counted and placed as gathered
+            source += ", gathered through the block table: a page counts for each item reading it"
         what = ", ".join(
             part
             for part in (f"{nans} NaN" if nans else "", f"{n - nans} inf" if n - nans else "")
@@ -120,8 +123,7 @@ def _nonfinite_inputs(spec: AttentionSpec) -> Iterator[Finding]:
         yield Finding(
             "nonfinite",
             "error",
-            f"{label} ({spec.names.get(name, name)}) holds {what}; the first at "
-            f"{format_index(first)}{page}",
+            f"{label} ({source}) holds {what}; the first at {format_index(first)}{page}",
             hint="every score computed from it is NaN or inf; fix the export, or mask those keys",
             index=first,
             stage="input",

@@ -147,7 +147,7 @@ def gather_pages(
         )
     lengths = _lengths(options, B, max_pages * page_size, page_size, label)
     items, logical, physical = _used(table, lengths, page_size)
-    _check_entries(items, logical, physical, P, table, label)
+    _check_entries(items, logical, physical, P, table, label, options.key_lengths is None)
     S = int(lengths.max(initial=0)) if options.key_lengths is not None else max_pages * page_size
     E, Ev = int(k.shape[-1]), int(v.shape[-1])
     need = B * S * G * (E * k.dtype.itemsize + Ev * v.dtype.itemsize)
@@ -214,15 +214,19 @@ def _check_entries(
     P: int,
     table: NDArray[Any],
     label: str,
+    whole: bool = False,
 ) -> None:
-    """Every used entry is a page of K, and no item reads a page twice."""
+    """Every used entry is a page of K, and no item reads a page twice (``whole``: no
+    key lengths were given, so every entry is used)."""
     bad = np.flatnonzero((physical < 0) | (physical >= P))
     if bad.size:
         b, p = int(items[bad[0]]), int(logical[bad[0]])
+        padding = table[b, p] < 0 and whole
+        hint = "; padding past an item's pages? give --key-lengths (cache_seqlens)"
         raise SpecError(
             label,
             f"item {b}'s page {p} (entry [{b}, {p}]) is {table[b, p]}, not a page of K "
-            f"(0 to {P - 1})",
+            f"(0 to {P - 1}){hint if padding else ''}",
         )
     order = np.lexsort((logical, physical, items))
     i, pp, lp = items[order], physical[order], logical[order]

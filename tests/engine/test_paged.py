@@ -195,6 +195,7 @@ def test_a_non_finite_key_is_named_by_its_page(tmp_path: Path) -> None:
     page = f"item 1 key 9: page 2 of its table (physical page {physical}, slot 1)"
     assert page in found[0].message
     assert found[0].details["physical_page"] == physical
+    assert "gathered through the block table" in found[0].message  # its count and index
     assert page in found[1].message  # the raw scores' first: the same key
 
 
@@ -248,6 +249,15 @@ def test_padding_past_an_items_pages_is_never_read(tmp_path: Path) -> None:
     cache = paged_cache(np.random.default_rng(10))
     cache["block_table"][2, 1:] = [99, -7, 10**6]  # item 2 reads 1 key: page 0 only
     assert paged_spec(saved(tmp_path, cache)).paging is not None
+
+
+def test_padding_read_for_want_of_key_lengths_says_to_give_them(tmp_path: Path) -> None:
+    """vLLM pads a table with -1: without --key-lengths every entry is read, and the
+    message says what would make those entries padding."""
+    cache = paged_cache(np.random.default_rng(12))
+    cache["block_table"][2, 1:] = -1
+    with pytest.raises(SpecError, match=r"is -1, not a page of K .*give --key-lengths"):
+        paged_spec(saved(tmp_path, cache), lengths=None)
 
 
 def test_pages_of_another_shape_than_k_are_refused(tmp_path: Path) -> None:
