@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
-
-from numpy.typing import NDArray
 
 from sdpa_cli.api.case import Case, Watch, unwatched
-from sdpa_cli.api.judge import check_case
+from sdpa_cli.api.judge import check_case, read_case
 from sdpa_cli.api.manifest import load_manifest
-from sdpa_cli.api.model import capture_layers, expected_output
+from sdpa_cli.api.model import capture_layers
 from sdpa_cli.check.diff import BOUND, JUMP, CallDiff, Kernel, RunDiff, compare_call, mismatch
-from sdpa_cli.check.exports import export_dtype
+from sdpa_cli.check.exports import export_dtype, output_of
 from sdpa_cli.check.pairing import pair_calls
+from sdpa_cli.check.records import Expected
 from sdpa_cli.check.settings import Overrides
 from sdpa_cli.engine import precision
 from sdpa_cli.engine.spec import AttentionSpec
@@ -98,9 +96,10 @@ def _compared(
     """One pair compared (``rule``: the bound in units, and the jump's floor); its
     error instead when either call cannot be read."""
     try:
-        spec_a, out_a = _read(a)
-        spec_b, out_b = _read(b)
-        fmt = _narrower(_format(spec_a, out_a), _format(spec_b, out_b))
+        read_a, read_b = read_case(a, over), read_case(b, over)
+        (spec_a, _, exports_a), (spec_b, _, exports_b) = read_a, read_b
+        out_a, out_b = output_of(spec_a, exports_a), output_of(spec_b, exports_b)
+        fmt = _narrower(export_dtype(spec_a, exports_a), export_dtype(spec_b, exports_b))
         unit = precision.fmt(fmt).unit_roundoff
         call = CallDiff(a.name, b.name, fmt, limit=max(rule[0] * unit, rule[1]))
         problem = mismatch(spec_a, spec_b)
@@ -110,24 +109,13 @@ def _compared(
         else:
             call = dataclasses.replace(call, mismatch=problem)
         if out_b is not None:
-            call = dataclasses.replace(call, kernel=_kernel(b, "b", over, jobs, watch))
+            call = dataclasses.replace(call, kernel=_kernel(b, read_b, "b", over, jobs, watch))
         if _outputs_part(call) and out_a is not None:
-            call = dataclasses.replace(call, kernel_a=_kernel(a, "a", over, jobs, watch))
+            kernel_a = _kernel(a, read_a, "a", over, jobs, watch)
+            call = dataclasses.replace(call, kernel_a=kernel_a)
     except SdpaError as exc:
         return CallDiff(a.name, b.name, error=str(exc))
     return call
-
-
-def _read(case: Case) -> tuple[AttentionSpec, NDArray[Any] | None]:
-    """A call's computation, and its recorded output in the computation's layout."""
-    spec, _ = case.load()
-    with case.reading():
-        return spec, expected_output(spec, case)
-
-
-def _format(spec: AttentionSpec, output: NDArray[Any] | None) -> str:
-    """The narrowest format of a call's inputs and output."""
-    return _narrower(export_dtype(spec, []), str(output.dtype) if output is not None else None)
 
 
 def _narrower(a: str, b: str | None) -> str:
@@ -144,14 +132,21 @@ def _outputs_part(call: CallDiff) -> bool:
     return call.where is None and kernel_passed and out is not None and out.relative > call.limit
 
 
-def _kernel(case: Case, run: str, over: Overrides, jobs: int, watch: Watch) -> Kernel | None:
+def _kernel(
+    case: Case,
+    read: tuple[AttentionSpec, str | None, list[Expected]],
+    run: str,
+    over: Overrides,
+    jobs: int,
+    watch: Watch,
+) -> Kernel | None:
     """A run's exports judged against attention from its own inputs, as ``sdpa check``
     judges them (its findings aside: they describe the inputs); None when it has none.
 
     Raises:
         SdpaError: an export that does not fit its call.
     """
-    result = check_case(case, over, jobs=jobs, watch=watch)
+    result = check_case(case, over, jobs=jobs, watch=watch, read=read)
     assert result.report is not None  # check_case raises rather than leave none
     judged = [c for c in result.report.checks if not c.name.startswith("findings")]
     if not judged:

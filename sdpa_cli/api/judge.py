@@ -101,11 +101,32 @@ def judge(
     return report
 
 
+def read_case(
+    case: Case, over: Overrides | None = None
+) -> tuple[AttentionSpec, str | None, list[Expected]]:
+    """A case's computation (with ``over``'s flags), its description and its exports,
+    read once: what :func:`check_case` judges, and what ``sdpa diff`` compares first.
+
+    Raises:
+        SdpaError: the case cannot be read, naming the file, the option or the entry.
+    """
+    case = case.given((over or Overrides()).option_flags)
+    spec, description = case.load()
+    with case.reading():
+        return spec, description, load_expected(dict(case.expect))
+
+
 def check_case(
-    case: Case, over: Overrides | None = None, *, jobs: int = 1, watch: Watch = unwatched
+    case: Case,
+    over: Overrides | None = None,
+    *,
+    jobs: int = 1,
+    watch: Watch = unwatched,
+    read: tuple[AttentionSpec, str | None, list[Expected]] | None = None,
 ) -> CaseResult:
     """Read ``case`` and judge it (``over``: what every case of the run shares, the
-    command line's flags and settings).
+    command line's flags and settings; ``read``: the case as :func:`read_case` read it
+    already).
 
     Raises:
         SdpaError: the case cannot be read, or its settings do not fit together,
@@ -114,11 +135,10 @@ def check_case(
     over = over or Overrides()
     if not case.inputs:
         raise SpecError("", "give Q K V (or one case file), or --manifest FILE")
-    case = case.given(over.option_flags)
     settings = over.settings(case.check)
-    spec, description = case.load()
+    spec, description, expected = read or read_case(case, over)
+    case = case.given(over.option_flags)
     with case.reading():
-        expected = load_expected(dict(case.expect))
         partials = load_partials(case.partials) if case.partials is not None else None
         dout = load_array(case.dout, name="dout") if case.dout is not None else None
     with watch(spec, "checking") as progress, using(over.backend):

@@ -11,12 +11,11 @@ from numpy.typing import NDArray
 
 from sdpa_cli.api.case import Case, Watch, unwatched
 from sdpa_cli.api.manifest import load_manifest
-from sdpa_cli.check.exports import fit_expected, load_expected
+from sdpa_cli.check.exports import load_expected, output_of
 from sdpa_cli.check.records import CaseResult
 from sdpa_cli.diagnosis.findings import Thresholds
 from sdpa_cli.diagnosis.model import GridRow, ModelGrid, head_metrics, model_grid, pattern_pool
 from sdpa_cli.engine.spec import AttentionSpec
-from sdpa_cli.engine.trace import split_heads_of_output
 from sdpa_cli.errors import InputError, SdpaError, SpecError
 from sdpa_cli.files.structured import parse_text
 from sdpa_cli.files.tokens import TOKENS_FILE, Tokens, read_tokens
@@ -159,8 +158,4 @@ def _grid_row(
 def expected_output(spec: AttentionSpec, case: Case) -> NDArray[Any] | None:
     """The case's expect-output in the computation's layout ``(*lead, L, Ev)`` (heads
     split under ``heads``), fitted as sdpa check fits it; None without one."""
-    path = case.expect.get("output")
-    if path is None:
-        return None
-    fitted = fit_expected(spec, load_expected({"output": path})[0])
-    return split_heads_of_output(spec, fitted.values) if fitted.merged else fitted.values
+    return output_of(spec, load_expected({"output": case.expect.get("output")}))

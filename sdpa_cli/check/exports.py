@@ -5,7 +5,7 @@ runs, and a run's value of each export (the LSE read off the softmax)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from sdpa_cli.engine.block import softmax_lse
 from sdpa_cli.engine.grad import OPERAND
 from sdpa_cli.engine.spec import AttentionSpec
 from sdpa_cli.engine.stats import input_dtypes
-from sdpa_cli.engine.trace import Trace, merge_heads
+from sdpa_cli.engine.trace import Trace, merge_heads, split_heads_of_output
 from sdpa_cli.engine.types import F64, Index
 from sdpa_cli.errors import SpecError
 from sdpa_cli.files.loaders import load_array
@@ -178,6 +178,16 @@ def loaded_index(spec: AttentionSpec, name: str, at: Index) -> Index:
 
 
 # --- the runs compared with -------------------------------------------------------------
+
+
+def output_of(spec: AttentionSpec, expected: Sequence[Expected]) -> F64 | None:
+    """The exported output in the computation's layout ``(*lead, L, Ev)`` (heads split
+    under ``--heads``), fitted as the check fits it; None without one."""
+    found = next((e for e in expected if e.name == "output"), None)
+    if found is None:
+        return None
+    fitted = fit_expected(spec, found)
+    return split_heads_of_output(spec, fitted.values) if fitted.merged else fitted.values
 
 
 def export_dtype(spec: AttentionSpec, expected: list[Expected]) -> str:
