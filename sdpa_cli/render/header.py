@@ -183,9 +183,7 @@ def mask_lines(spec: AttentionSpec) -> list[tuple[str, str]]:
         lines.append(("alignment", f"{where}{o.causal_align}, {offset} {shown_offsets}"))
     if o.attention_chunk is not None:
         size = o.attention_chunk
-        lines.append(
-            ("chunks", f"{size} positions (a query sees its own chunk: p − p mod {size} ≤ j)")
-        )
+        lines.append(("chunks", f"of {size} positions: a query sees only its own chunk's keys"))
     if o.cu_seqlens is not None:
         cu = ",".join(str(n) for n in o.cu_seqlens)
         docs = f"{len(o.cu_seqlens) - 1} packed, cu_seqlens {cu}"
